@@ -1,0 +1,9 @@
+// ddp-cpp: data-parallel training for C++ on LibTorch. The umbrella header.
+#pragma once
+
+#include "ddp/blas.h"            // ensure_fast_blas, inspect_blas
+#include "ddp/config.h"          // DDP_VERSION, DDP_WITH_NCCL
+#include "ddp/distributed.h"     // init_process_group, get_rank, all_reduce, ...
+#include "ddp/env.h"             // the launch environment contract
+#include "ddp/error.h"           // ddp::Error and its subclasses
+#include "ddp/process_group.h"   // ProcessGroup, Work, ReduceOp, InitOptions

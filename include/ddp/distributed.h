@@ -1,0 +1,40 @@
+// The default process group and PyTorch-style free functions over it.
+//
+//   ddp::init_process_group();          // once, at start-up (reads the launch environment)
+//   if (ddp::is_main_process()) ...;    // rank 0
+//   ddp::all_reduce(t);                 // blocking, over the default group
+//   ddp::destroy_process_group();
+//
+// The default group is a convenience for programs; every component also accepts a
+// ProcessGroup explicitly, so a test can host several ranks in one process.
+// Before init_process_group() (or after destroy), get_rank() is 0 and get_world_size() is 1 so
+// that single-process code runs unchanged; the collectives throw ddp::Error.
+#pragma once
+
+#include <memory>
+
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+// Creates the default group (make_process_group) and returns it. Throws ddp::Error if one
+// already exists.
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
+// Releases the default group (in-flight collectives must have been waited for).
+void destroy_process_group();
+bool is_initialized();
+// The default group; throws ddp::Error when init_process_group() was not called.
+std::shared_ptr<ProcessGroup> default_group();
+
+int get_rank();
+int get_world_size();
+int get_local_rank();
+bool is_main_process();  // global rank 0
+
+// Blocking collectives over the default group.
+void barrier();
+void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+void broadcast(at::Tensor& tensor, int root = 0);
+void all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input);
+
+}  // namespace ddp

@@ -1,0 +1,49 @@
+// Errors thrown by ddp-cpp.
+//
+// Every failure a user can cause or meet (a bad environment, a rank that never joined, a
+// collective that timed out) is thrown as a subclass of ddp::Error whose message names the rank,
+// the operation and the remedy. The library never calls exit(); only a tool's main() turns an
+// error into an exit code. InternalError means a bug in ddp-cpp itself.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace ddp {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The environment, options or command line are wrong; nothing was started.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Ranks could not form a group: missing ranks, unreachable store, port in use, mismatched ranks.
+class RendezvousError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective failed (a peer crashed, the connection broke, inputs differ between ranks).
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective did not complete within the group's timeout.
+class TimeoutError : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
+// An invariant of ddp-cpp itself was broken: a bug to report, not a usage error.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace ddp

@@ -1,0 +1,132 @@
+// A process group: the ranks of a job and the collectives they run together.
+//
+//   auto pg = ddp::make_process_group();           // env:// contract, backend "auto"
+//   at::Tensor t = torch::ones({4}) * pg->rank();
+//   pg->all_reduce(t, ddp::ReduceOp::kSum).wait(); // t = 0 + 1 + ... + (N-1) on every rank
+//
+// Forming a group (make_process_group): every rank connects to the rendezvous store that rank 0
+// hosts on MASTER_ADDR:MASTER_PORT (or the launcher's agent hosts), registers, and waits until
+// all WORLD_SIZE ranks have joined. A rank that never comes, a duplicate RANK, a WORLD_SIZE that
+// differs between ranks, a port in use or an unreachable store is a ddp::RendezvousError or
+// ddp::ConfigError on every rank, within the rendezvous timeout: never a hang, never a group
+// with fewer ranks.
+//
+// Collectives are asynchronous: each returns a Work to wait() on. Every rank must issue the same
+// collectives in the same order (as in PyTorch). Each carries a sequence number (per group,
+// from 1) that errors quote, and is bounded by the group's timeout: wait() throws
+// ddp::TimeoutError when peers do not arrive in time, ddp::CollectiveError when one failed.
+//
+// Thread-safety: a ProcessGroup may be shared between threads, but the issue order of its
+// collectives must match across ranks. Works are independent values.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "ddp/env.h"
+
+namespace ddp {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+const char* to_string(ReduceOp op);
+
+// A rank that has not joined within this time is reported missing. Multi-node jobs start
+// their nodes at different moments, so this is generous; tests set 1-2 s.
+inline constexpr std::chrono::seconds kDefaultRendezvousTimeout{300};
+// A collective whose peers do not arrive within this time fails (NCCL's default in PyTorch 2).
+inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
+
+struct InitOptions {
+  // "gloo" (CPU tensors), "nccl" (CUDA tensors; CUDA builds only) or "auto" (nccl when it is
+  // compiled in and a GPU is visible, else gloo).
+  std::string backend = "auto";
+  // Explicit placement; when rank and world_size are both set, the launch environment is not
+  // consulted for them (useful to host N ranks as N threads of one test).
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  std::optional<std::string> master_addr;  // default: MASTER_ADDR
+  std::optional<int> master_port;          // default: MASTER_PORT
+  // Unset: DDP_RDZV_TIMEOUT (seconds), else kDefaultRendezvousTimeout.
+  std::optional<std::chrono::milliseconds> rendezvous_timeout;
+  // Unset: DDP_COLLECTIVE_TIMEOUT (seconds), else kDefaultCollectiveTimeout.
+  std::optional<std::chrono::milliseconds> timeout;
+  // Network interface for Gloo (unset: GLOO_SOCKET_IFNAME, else the address that routes to
+  // MASTER_ADDR, or 127.0.0.1 when every rank is on this node).
+  std::optional<std::string> gloo_interface;
+  // Store key namespace, so one store can host several groups.
+  std::string group_name = "default";
+};
+
+// The outcome of one asynchronous collective. Copyable; copies share the same operation.
+class Work {
+ public:
+  Work();
+  ~Work();
+  Work(const Work&);
+  Work& operator=(const Work&);
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+
+  // Blocks until the collective is done and its result is in the output tensors. Throws
+  // ddp::TimeoutError / ddp::CollectiveError naming the rank, operation and sequence number.
+  // Safe to call again (returns at once, or rethrows the same error).
+  void wait();
+  // True once wait() would return without blocking.
+  bool is_completed() const;
+  // e.g. "all_reduce #12 (sum, 1024 x Float)".
+  std::string description() const;
+
+  struct State;  // implementation detail
+
+ private:
+  friend class ProcessGroup;
+  explicit Work(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+class ProcessGroup {
+ public:
+  struct Impl;  // implementation detail: the c10d backend and store
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;
+  int size() const;
+  int local_rank() const;
+  int local_size() const;
+  const std::string& backend() const;           // "gloo" or "nccl"
+  std::chrono::milliseconds timeout() const;    // collective timeout
+  const DistEnv& env() const;                   // where this rank stands in the job
+  uint64_t last_sequence_number() const;        // of the most recently issued collective
+
+  // In-place reduction of `tensor` across ranks (kAvg divides by size()).
+  [[nodiscard]] Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // Copies `tensor` of rank `root` into `tensor` on every rank.
+  [[nodiscard]] Work broadcast(at::Tensor& tensor, int root = 0);
+  // outputs[r] receives rank r's `input`; outputs must hold size() tensors shaped like input.
+  [[nodiscard]] Work all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input);
+  // output = reduction over ranks of inputs[rank()]; inputs holds size() tensors like output.
+  [[nodiscard]] Work reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                    ReduceOp op = ReduceOp::kSum);
+  // Completes once every rank has called barrier().
+  [[nodiscard]] Work barrier();
+
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Forms a new group (see the top of this file). Throws ddp::ConfigError for a malformed
+// environment or options, ddp::RendezvousError when the ranks cannot form the group.
+std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options = {});
+
+}  // namespace ddp

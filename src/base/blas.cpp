@@ -1,0 +1,154 @@
+// BLAS inspection and OpenBLAS core selection (see include/ddp/blas.h).
+#include "ddp/blas.h"
+
+#include <dlfcn.h>   // dlsym, dladdr, dlopen
+#include <unistd.h>  // execv
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstdlib>  // getenv, setenv, realpath
+#include <filesystem>
+
+#include <fmt/format.h>
+
+namespace ddp {
+namespace {
+
+// Set in the re-executed image so that we never loop.
+constexpr const char* kReexecMarker = "DDP_BLAS_REEXECUTED";
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+int cpu_level() {
+  __builtin_cpu_init();
+  // __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512cd")) {
+    return 4;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 3;
+  if (__builtin_cpu_supports("avx")) return 2;
+  return 1;
+}
+
+using CorenameFn = char* (*)();
+
+}  // namespace
+
+int openblas_core_level(std::string_view core) {
+  static constexpr std::array<std::pair<std::string_view, int>, 29> kLevels = {{
+      {"skylakex", 4}, {"cooperlake", 4}, {"sapphirerapids", 4},
+      {"haswell", 3}, {"zen", 3}, {"skylake", 3},
+      {"sandybridge", 2}, {"bulldozer", 2}, {"piledriver", 2}, {"steamroller", 2},
+      {"excavator", 2},
+      {"prescott", 1}, {"core2", 1}, {"penryn", 1}, {"dunnington", 1}, {"nehalem", 1},
+      {"atom", 1}, {"athlon", 1}, {"opteron", 1}, {"opteron_sse3", 1}, {"barcelona", 1},
+      {"bobcat", 1}, {"nano", 1}, {"katmai", 1}, {"coppermine", 1}, {"northwood", 1},
+      {"banias", 1}, {"yonah", 1}, {"generic", 1},
+  }};
+  const std::string name = lower(core);
+  for (const auto& [known, level] : kLevels) {
+    if (name == known) return level;
+  }
+  return 0;
+}
+
+std::string best_openblas_core() {
+  switch (cpu_level()) {
+    case 4:
+      // Cooperlake = SkylakeX kernels plus bf16 ones; only for CPUs that have AVX512-BF16.
+      return __builtin_cpu_supports("avx512bf16") ? "Cooperlake" : "SkylakeX";
+    case 3: return "Haswell";
+    case 2: return "Sandybridge";
+    default: return "";
+  }
+}
+
+bool BlasReport::needs_core_override() const {
+  if (vendor != "OpenBLAS" || !user_coretype.empty() || cpu_best_core.empty()) return false;
+  const int have = openblas_core_level(core);
+  return have > 0 && have < openblas_core_level(cpu_best_core);
+}
+
+std::string BlasReport::summary() const {
+  std::string s = fmt::format("BLAS: {}", vendor);
+  if (!core.empty()) s += fmt::format(" (core {})", core);
+  if (!library.empty()) s += fmt::format(" from {}", library);
+  if (!user_coretype.empty()) {
+    s += fmt::format("; OPENBLAS_CORETYPE={}{}", user_coretype,
+                     reexecuted ? " chosen by ddp from this CPU's features" : " set by the user");
+    const int user_level = openblas_core_level(user_coretype);
+    if (!reexecuted && user_level > 0 && user_level < openblas_core_level(cpu_best_core)) {
+      s += fmt::format(" (kept; this CPU could run the faster {} kernels)", cpu_best_core);
+    }
+  }
+  if (is_reference()) {
+    s += "; WARNING: the reference BLAS is 20-50x slower than OpenBLAS: install "
+         "libopenblas0-pthread (scripts/install-deps.sh does)";
+  } else if (needs_core_override()) {
+    s += fmt::format("; WARNING: this CPU supports the faster {0} kernels: call "
+                     "ddp::ensure_fast_blas(argc, argv) first in main() or export "
+                     "OPENBLAS_CORETYPE={0}",
+                     cpu_best_core);
+  }
+  return s;
+}
+
+BlasReport inspect_blas() {
+  BlasReport r;
+  if (const char* v = std::getenv("OPENBLAS_CORETYPE")) r.user_coretype = v;
+  r.reexecuted = std::getenv(kReexecMarker) != nullptr;
+  r.cpu_best_core = best_openblas_core();
+
+  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
+  if (sgemm == nullptr) {
+    // Nothing loaded it yet (e.g. a tool that does not link LibTorch): load the system's.
+    void* handle = dlopen("libblas.so.3", RTLD_LAZY | RTLD_GLOBAL);
+    if (handle != nullptr) sgemm = dlsym(handle, "sgemm_");
+  }
+  if (sgemm == nullptr) {
+    r.vendor = "none";
+    return r;
+  }
+  Dl_info info{};
+  if (dladdr(sgemm, &info) != 0 && info.dli_fname != nullptr) {
+    std::error_code ec;
+    auto path = std::filesystem::canonical(info.dli_fname, ec);
+    r.library = ec ? std::string(info.dli_fname) : path.string();
+  }
+  if (auto corename = reinterpret_cast<CorenameFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"))) {
+    r.vendor = "OpenBLAS";
+    if (const char* c = corename()) r.core = c;
+  } else if (r.library.find("/blas/") != std::string::npos) {
+    r.vendor = "reference BLAS (netlib)";
+  } else {
+    r.vendor = "unknown";
+  }
+  return r;
+}
+
+BlasReport ensure_fast_blas(int argc, char** argv) {
+  (void)argc;
+  BlasReport r = inspect_blas();
+  if (!r.needs_core_override() || r.reexecuted || argv == nullptr || argv[0] == nullptr) {
+    return r;
+  }
+  // OpenBLAS picked its core when it was loaded, before main(): only a fresh image can change
+  // it. execv keeps the pid, so launchers (ddprun, mpirun) still track the same process.
+  setenv("OPENBLAS_CORETYPE", r.cpu_best_core.c_str(), /*overwrite=*/0);
+  setenv(kReexecMarker, "1", 1);
+  execv("/proc/self/exe", argv);
+  // exec failed (no /proc?): carry on with the slow kernels; summary() carries the advice.
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv(kReexecMarker);
+  return r;
+}
+
+}  // namespace ddp

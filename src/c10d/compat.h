@@ -1,0 +1,51 @@
+// The one place that knows which LibTorch version we are built against.
+//
+// c10d's API moved between 1.13 (Debian's libtorch-dev) and 2.x (the CUDA builds): in 1.13 a
+// backend such as ProcessGroupGloo *is* a c10d::ProcessGroup; from 2.0 on it is a c10d::Backend
+// that a ProcessGroup dispatches to. Collective signatures on the backend object are the same in
+// both, so the rest of ddp-cpp talks to `c10d_compat::Backend` and never names a version.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
+
+#include "ddp/config.h"
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
+namespace ddp::c10d_compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using Backend = ::c10d::Backend;
+#else
+using Backend = ::c10d::ProcessGroup;
+#endif
+
+// How Gloo picks the network interface its pairs bind to.
+struct GlooDeviceSpec {
+  std::string interface;  // e.g. "eth0" (GLOO_SOCKET_IFNAME); wins when set
+  std::string hostname;   // address to bind, e.g. "127.0.0.1" or this node's routable address
+};
+
+c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
+                                      int size, std::chrono::milliseconds timeout,
+                                      const GlooDeviceSpec& device);
+
+#if DDP_WITH_NCCL
+c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
+                                      int size, std::chrono::milliseconds timeout);
+#endif
+
+// True when the backend implements ReduceOp::AVG itself (NCCL); Gloo sums and we divide.
+bool backend_supports_avg(const std::string& backend_name);
+
+}  // namespace ddp::c10d_compat

@@ -1,0 +1,74 @@
+// The default process group and the free functions over it (see include/ddp/distributed.h).
+#include <mutex>
+
+#include "base/check.h"
+#include "ddp/distributed.h"
+
+namespace ddp {
+namespace {
+
+// The one piece of global state, for convenience only; components take groups explicitly.
+std::mutex g_mu;
+std::shared_ptr<ProcessGroup> g_default;  // guarded by g_mu
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    DDP_CHECK(!g_default, Error,
+              "init_process_group() called twice; call destroy_process_group() first");
+  }
+  auto pg = make_process_group(options);  // may take long: outside the lock
+  std::lock_guard<std::mutex> lock(g_mu);
+  DDP_CHECK(!g_default, Error, "init_process_group() raced with another call");
+  g_default = pg;
+  return pg;
+}
+
+void destroy_process_group() {
+  std::shared_ptr<ProcessGroup> old;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    old.swap(g_default);
+  }
+  // `old` (and with it the sockets) is released here, outside the lock.
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_default != nullptr;
+}
+
+std::shared_ptr<ProcessGroup> default_group() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  DDP_CHECK(g_default, Error,
+            "no default process group: call ddp::init_process_group() first");
+  return g_default;
+}
+
+int get_rank() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_default ? g_default->rank() : 0;
+}
+
+int get_world_size() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_default ? g_default->size() : 1;
+}
+
+int get_local_rank() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_default ? g_default->local_rank() : 0;
+}
+
+bool is_main_process() { return get_rank() == 0; }
+
+void barrier() { default_group()->barrier().wait(); }
+void all_reduce(at::Tensor& tensor, ReduceOp op) { default_group()->all_reduce(tensor, op).wait(); }
+void broadcast(at::Tensor& tensor, int root) { default_group()->broadcast(tensor, root).wait(); }
+void all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
+  default_group()->all_gather(outputs, input).wait();
+}
+
+}  // namespace ddp

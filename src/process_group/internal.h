@@ -1,0 +1,49 @@
+// Internals of ProcessGroup and Work, shared by the files of src/process_group/ and by the
+// library's other components (which need the c10d backend, e.g. for coalesced broadcasts).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "c10d/compat.h"
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+struct ProcessGroup::Impl {
+  // Constant after construction.
+  DistEnv env;  // rank, size, local placement as the group was formed
+  std::string backend_name;
+  std::chrono::milliseconds timeout{0};
+  c10::intrusive_ptr<::c10d::Store> store;
+  c10::intrusive_ptr<c10d_compat::Backend> backend;
+
+  // Sequence number of the last collective issued (first is 1).
+  std::atomic<uint64_t> seq{0};
+};
+
+// Note [Work completion]
+// A c10d work finishes its network part on a backend thread. Some of our operations need a
+// local step afterwards (divide for kAvg on Gloo, sum the received chunks of a reduce_scatter).
+// That step runs exactly once, in the first wait() that sees the c10d work complete, under
+// `mu`; later waits return at once or rethrow the stored error.
+struct Work::State {
+  // Constant after construction.
+  std::string op;      // "all_reduce"
+  std::string detail;  // "sum, 1024 x Float"
+  uint64_t seq = 0;
+  int rank = 0;
+  std::chrono::milliseconds timeout{0};
+  std::chrono::steady_clock::time_point issued;
+  c10::intrusive_ptr<::c10d::Work> work;
+  std::function<void()> then;  // local completion step; may be empty
+
+  std::mutex mu;
+  bool finished = false;       // guarded by mu
+  std::exception_ptr error;    // guarded by mu
+};
+
+}  // namespace ddp

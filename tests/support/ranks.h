@@ -1,0 +1,91 @@
+// Test support: N ranks as N threads of one process, over Gloo on 127.0.0.1 (gloo's pattern).
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ddp/process_group.h"
+
+namespace ddp::testing {
+
+// A port that was free a moment ago (the kernel picks it; collisions are unlikely).
+inline int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Options that place `rank` of `world` on a store at 127.0.0.1:`port`.
+inline InitOptions thread_rank(int rank, int world, int port,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  InitOptions o;
+  o.backend = "gloo";
+  o.rank = rank;
+  o.world_size = world;
+  o.master_addr = "127.0.0.1";
+  o.master_port = port;
+  o.rendezvous_timeout = std::chrono::seconds(30);
+  o.timeout = timeout;
+  return o;
+}
+
+// Runs fn(rank) on `world` threads and returns each thread's exception (nullptr if none).
+inline std::vector<std::exception_ptr> run_threads(int world, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  }
+  return "";
+}
+
+// Forms a group of `world` thread-ranks and runs fn(pg) on each; any exception fails the test.
+inline void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const int port = free_port();
+  auto errors = run_threads(world, [&](int r) {
+    auto pg = make_process_group(thread_rank(r, world, port, timeout));
+    fn(*pg);
+    pg->barrier().wait();  // keep the store (rank 0) alive until everyone is done
+  });
+  for (int r = 0; r < world; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << message_of(errors[r]);
+  }
+}
+
+}  // namespace ddp::testing

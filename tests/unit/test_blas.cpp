@@ -1,0 +1,73 @@
+// BLAS inspection and the choice of OpenBLAS core.
+#include <gtest/gtest.h>
+
+#include "ddp/blas.h"
+
+namespace ddp {
+namespace {
+
+TEST(Blas, CoreLevels) {
+  EXPECT_EQ(openblas_core_level("SkylakeX"), 4);
+  EXPECT_EQ(openblas_core_level("COOPERLAKE"), 4);
+  EXPECT_EQ(openblas_core_level("Haswell"), 3);
+  EXPECT_EQ(openblas_core_level("Zen"), 3);
+  EXPECT_EQ(openblas_core_level("Sandybridge"), 2);
+  EXPECT_EQ(openblas_core_level("Prescott"), 1);
+  EXPECT_EQ(openblas_core_level("Nehalem"), 1);
+  EXPECT_EQ(openblas_core_level("SomethingNew"), 0);
+}
+
+TEST(Blas, BestCoreIsOneThisCpuRuns) {
+  const std::string best = best_openblas_core();
+  __builtin_cpu_init();
+  if (best == "Cooperlake" || best == "SkylakeX") {
+    EXPECT_TRUE(__builtin_cpu_supports("avx512f"));
+    EXPECT_TRUE(__builtin_cpu_supports("avx512bw"));
+    EXPECT_TRUE(__builtin_cpu_supports("avx512vl"));
+  }
+  if (best == "Cooperlake") EXPECT_TRUE(__builtin_cpu_supports("avx512bf16"));
+  if (best == "Haswell") EXPECT_TRUE(__builtin_cpu_supports("avx2"));
+  if (!best.empty()) EXPECT_GE(openblas_core_level(best), 2);
+}
+
+BlasReport openblas(std::string core, std::string best, std::string user = "") {
+  BlasReport r;
+  r.vendor = "OpenBLAS";
+  r.core = std::move(core);
+  r.cpu_best_core = std::move(best);
+  r.user_coretype = std::move(user);
+  return r;
+}
+
+TEST(Blas, OverrideOnlyWhenOpenBlasPickedAWeakerCore) {
+  // The AVX-512 Xeon case: OpenBLAS 0.3.21 falls back to SSE3 kernels.
+  EXPECT_TRUE(openblas("Prescott", "SkylakeX").needs_core_override());
+  EXPECT_TRUE(openblas("Haswell", "Cooperlake").needs_core_override());
+  EXPECT_NE(openblas("Prescott", "SkylakeX").summary().find("OPENBLAS_CORETYPE=SkylakeX"),
+            std::string::npos);
+  // Already the best it can be.
+  EXPECT_FALSE(openblas("Cooperlake", "Cooperlake").needs_core_override());
+  EXPECT_FALSE(openblas("SkylakeX", "Cooperlake").needs_core_override());
+  // The user's own choice always wins.
+  EXPECT_FALSE(openblas("Prescott", "SkylakeX", "Prescott").needs_core_override());
+  // Unknown core names are left alone; so is a CPU with nothing better to offer.
+  EXPECT_FALSE(openblas("Mystery", "SkylakeX").needs_core_override());
+  EXPECT_FALSE(openblas("Prescott", "").needs_core_override());
+  // Not OpenBLAS: nothing to override, but the reference BLAS gets a warning.
+  BlasReport ref;
+  ref.vendor = "reference BLAS (netlib)";
+  EXPECT_FALSE(ref.needs_core_override());
+  EXPECT_NE(ref.summary().find("libopenblas0-pthread"), std::string::npos);
+}
+
+TEST(Blas, InspectsTheLoadedLibrary) {
+  BlasReport r = inspect_blas();
+  // scripts/install-deps.sh installs OpenBLAS, which Debian's alternatives then prefer.
+  EXPECT_EQ(r.vendor, "OpenBLAS") << r.summary();
+  EXPECT_FALSE(r.core.empty());
+  EXPECT_NE(r.library.find("openblas"), std::string::npos) << r.library;
+  EXPECT_FALSE(r.summary().empty());
+}
+
+}  // namespace
+}  // namespace ddp
