@@ -1,0 +1,175 @@
+// DistributedDataParallel: every rank holds a replica; after backward() every rank holds the
+// mean of all ranks' gradients, reduced in buckets while backward is still running.
+//
+//   auto net = std::make_shared<Net>();
+//   ddp::DistributedDataParallel model(net, {.bucket_cap_mb = 25});
+//   torch::optim::SGD opt(model.parameters(), 0.1);
+//   auto loss = torch::nll_loss(model(x), y);   // forward through the wrapper
+//   loss.backward();                            // bucketed all-reduce overlaps backward
+//   opt.step();
+//
+// Names, options and defaults follow PyTorch's torch.nn.parallel.DistributedDataParallel, so
+// code ports line by line. How it works: Note [Reducer] in src/parallel/reducer.h.
+//
+// Construction (with init_sync) is a collective: every rank must construct its wrapper, with
+// the same parameters (count, names, shapes, dtypes) registered in the same order; rank 0's
+// parameters and buffers are then copied to every rank. Each forward through the wrapper is
+// followed by at most one backward; calling backward twice per forward is an error (the second
+// would not be reduced), as is a parameter that gets no gradient unless find_unused_parameters
+// or static_graph says that may happen.
+//
+// Thread-safety: one wrapper is driven by one training thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "ddp/comm_hooks.h"
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+inline constexpr double kDefaultBucketCapMb = 25;     // PyTorch's default
+inline constexpr double kDefaultFirstBucketMb = 1;    // PyTorch's kDefaultFirstBucketBytes
+inline constexpr double kDefaultBroadcastChunkMb = 250;  // PyTorch's coalesced broadcast chunk
+
+enum class DebugLevel { kOff, kInfo, kDetail };
+
+struct DDPOptions {
+  // The group to reduce over; null means the default group (init_process_group()).
+  std::shared_ptr<ProcessGroup> process_group;
+  // Copy rank 0's buffers (e.g. BatchNorm running stats) to every rank at each forward.
+  bool broadcast_buffers = true;
+  // Target bucket size. Small values force many buckets (useful in tests).
+  double bucket_cap_mb = kDefaultBucketCapMb;
+  // Size of the first bucket of each dtype: small, so the first all-reduce starts early.
+  double first_bucket_mb = kDefaultFirstBucketMb;
+  // Parameters may get no gradient in an iteration (on some or all ranks).
+  bool find_unused_parameters = false;
+  // Parameters' .grad tensors are views into the buckets: no copy in or out, one less copy of
+  // the gradients in memory. Optimizers must not replace .grad (zero_grad() is fine).
+  bool gradient_as_bucket_view = false;
+  // The set of used parameters and how often each gets a gradient never changes: recorded in
+  // the first iteration and reused (allows unused parameters and reentrant checkpointing).
+  bool static_graph = false;
+  // Verify parameters across ranks and copy rank 0's parameters and buffers at construction.
+  bool init_sync = true;
+  // Unset: DDP_DEBUG (off|info|detail), else TORCH_DISTRIBUTED_DEBUG, else off. info logs the
+  // bucket layout; detail also logs, per iteration, the order in which parameters were ready.
+  std::optional<DebugLevel> debug;
+};
+
+// Timings of the last reduced iteration (seconds, from the first gradient hook of backward).
+struct IterationStats {
+  std::vector<double> bucket_launch_s;  // when each bucket's communication started
+  double last_gradient_s = 0;           // when the last parameter's gradient was ready
+  double finalize_start_s = 0;          // when backward's end-of-graph callback ran
+  double finalize_end_s = 0;            // when all buckets were reduced and written back
+  std::vector<std::string> ready_order; // parameter names in the order they were ready
+};
+
+namespace detail {
+class DdpCore;  // the non-template machinery (src/parallel/ddp_core.cpp)
+}
+
+// Restores gradient synchronisation when it goes out of scope (see no_sync()).
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(detail::DdpCore& core);
+  ~NoSyncGuard();
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  detail::DdpCore& core_;
+  bool previous_;
+};
+
+namespace detail {
+
+// The wrapper minus the module type: construction, forward preparation, hooks, no_sync.
+class DdpCore {
+ public:
+  DdpCore(std::shared_ptr<torch::nn::Module> module, DDPOptions options);
+  ~DdpCore();
+
+  void before_forward();
+  void register_comm_hook(CommHook hook);
+  bool require_sync() const { return require_sync_; }
+  void set_require_sync(bool on) { require_sync_ = on; }
+  ProcessGroup& process_group();
+  const IterationStats& last_iteration_stats() const;
+  // Parameter names per bucket, in launch order.
+  std::vector<std::vector<std::string>> bucket_layout() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  bool require_sync_ = true;
+};
+
+}  // namespace detail
+
+template <typename ModuleType>
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<ModuleType> module, DDPOptions options = {})
+      : module_(std::move(module)),
+        core_(std::make_unique<detail::DdpCore>(module_, std::move(options))) {}
+  DistributedDataParallel(torch::nn::ModuleHolder<ModuleType> holder, DDPOptions options = {})
+      : DistributedDataParallel(holder.ptr(), std::move(options)) {}
+
+  // Forward through the wrapper: broadcasts buffers, prepares gradient reduction, then calls
+  // the module's own forward with whatever arguments it takes.
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    core_->before_forward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  // Gradients accumulate locally until the guard is released; the next backward after that
+  // (its forward outside the guard) reduces the accumulated sum:
+  //   { auto guard = model.no_sync(); for (micro 1..K-1) model(x).backward(); }
+  //   model(x_K).backward();   // reduces the sum of all K micro-batches
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
+
+  void register_comm_hook(CommHook hook) { core_->register_comm_hook(std::move(hook)); }
+
+  // The wrapped module: what users save and evaluate.
+  const std::shared_ptr<ModuleType>& module() const { return module_; }
+  ModuleType* operator->() const { return module_.get(); }
+  std::vector<at::Tensor> parameters(bool recurse = true) const {
+    return module_->parameters(recurse);
+  }
+  torch::OrderedDict<std::string, at::Tensor> named_parameters(bool recurse = true) const {
+    return module_->named_parameters(recurse);
+  }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+
+  ProcessGroup& process_group() { return core_->process_group(); }
+  const IterationStats& last_iteration_stats() const { return core_->last_iteration_stats(); }
+  std::vector<std::vector<std::string>> bucket_layout() const { return core_->bucket_layout(); }
+
+ private:
+  std::shared_ptr<ModuleType> module_;
+  std::unique_ptr<detail::DdpCore> core_;
+};
+
+template <typename M>
+DistributedDataParallel(std::shared_ptr<M>, DDPOptions = {}) -> DistributedDataParallel<M>;
+template <typename M>
+DistributedDataParallel(torch::nn::ModuleHolder<M>, DDPOptions = {}) -> DistributedDataParallel<M>;
+
+}  // namespace ddp

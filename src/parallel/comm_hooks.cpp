@@ -1,0 +1,113 @@
+// Futures and the built-in communication hooks (see include/ddp/comm_hooks.h).
+#include "ddp/comm_hooks.h"
+
+#include <mutex>
+
+#include <ATen/ATen.h>
+
+#include "c10d/compat.h"
+#include "ddp/error.h"
+#include "process_group/internal.h"
+
+namespace ddp {
+
+struct Future::State {
+  std::mutex mu;
+  Work work;                                    // may be empty (already completed)
+  bool has_work = false;
+  at::Tensor value;
+  std::function<at::Tensor(at::Tensor)> then;  // cleared once applied
+};
+
+Future Future::completed(at::Tensor value) {
+  Future f;
+  f.state_ = std::make_shared<State>();
+  f.state_->value = std::move(value);
+  return f;
+}
+
+Future::Future(Work work, at::Tensor value, std::function<at::Tensor(at::Tensor)> then)
+    : state_(std::make_shared<State>()) {
+  state_->work = std::move(work);
+  state_->has_work = true;
+  state_->value = std::move(value);
+  state_->then = std::move(then);
+}
+
+at::Tensor Future::wait() {
+  if (!state_) throw Error("ddp::Future::wait() on an empty Future");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->has_work) state_->work.wait();  // rethrows the collective's error
+  if (state_->then) {
+    auto then = std::move(state_->then);
+    state_->then = nullptr;
+    state_->value = then(state_->value);
+  }
+  return state_->value;
+}
+
+bool Future::is_completed() const {
+  if (!state_) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return !state_->has_work || state_->work.is_completed();
+}
+
+namespace comm_hooks {
+namespace {
+
+// Divides by the world size in `dtype`, all-reduces, and returns the result in the bucket's
+// own dtype. The division comes first so that low-precision sums do not overflow.
+Future compressed_allreduce(GradBucket& bucket, at::ScalarType dtype) {
+  ProcessGroup& pg = bucket.process_group();
+  at::Tensor buffer = bucket.buffer();
+  at::Tensor wire = buffer.to(dtype).div_(pg.size());
+  return Future(pg.all_reduce(wire, ReduceOp::kSum), wire, [buffer](at::Tensor reduced) {
+    buffer.copy_(reduced);
+    return buffer;
+  });
+}
+
+}  // namespace
+
+CommHook allreduce() {
+  return [](GradBucket& bucket) {
+    ProcessGroup& pg = bucket.process_group();
+    at::Tensor& buffer = bucket.buffer();
+    buffer.div_(pg.size());
+    return Future(pg.all_reduce(buffer, ReduceOp::kSum), buffer);
+  };
+}
+
+CommHook fp16_compress() {
+  return [](GradBucket& bucket) { return compressed_allreduce(bucket, at::kHalf); };
+}
+
+CommHook bf16_compress() {
+  return [](GradBucket& bucket) {
+    ProcessGroup& pg = bucket.process_group();
+    if (c10d_compat::backend_reduces(pg.backend(), at::kBFloat16)) {
+      return compressed_allreduce(bucket, at::kBFloat16);
+    }
+    // No bfloat16 reduction in this backend: gather every rank's bfloat16 values (their raw
+    // 16-bit patterns, paired into int32 words, a type every backend moves) and sum them in
+    // float32 here. Same rounding of the inputs as a bfloat16 all-reduce, exact sum.
+    at::Tensor buffer = bucket.buffer();
+    const int64_t n = buffer.numel();
+    at::Tensor wire = at::zeros({n + (n % 2)}, buffer.options().dtype(at::kBFloat16));
+    wire.narrow(0, 0, n).copy_(buffer);
+    at::Tensor words = wire.view(at::kInt);
+    std::vector<at::Tensor> gathered;
+    for (int r = 0; r < pg.size(); ++r) gathered.push_back(at::empty_like(words));
+    Work work = pg.all_gather(gathered, words);
+    const int world = pg.size();
+    return Future(std::move(work), buffer, [buffer, gathered, n, world](at::Tensor) {
+      at::Tensor sum = at::zeros({n}, buffer.options().dtype(at::kFloat));
+      for (const auto& g : gathered) sum.add_(g.view(at::kBFloat16).narrow(0, 0, n).to(at::kFloat));
+      buffer.copy_(sum.div_(world));
+      return buffer;
+    });
+  };
+}
+
+}  // namespace comm_hooks
+}  // namespace ddp

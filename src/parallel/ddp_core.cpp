@@ -1,0 +1,121 @@
+// DistributedDataParallel's non-template part: construction, forward, no_sync.
+#include <cstdlib>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <torch/nn/module.h>
+
+#include "base/check.h"
+#include "ddp/distributed.h"
+#include "ddp/distributed_data_parallel.h"
+#include "parallel/reducer.h"
+#include "parallel/replica_sync.h"
+
+namespace ddp {
+
+NoSyncGuard::NoSyncGuard(detail::DdpCore& core) : core_(core), previous_(core.require_sync()) {
+  core_.set_require_sync(false);
+}
+NoSyncGuard::~NoSyncGuard() { core_.set_require_sync(previous_); }
+
+namespace detail {
+namespace {
+
+int64_t megabytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }
+
+DebugLevel parse_level(const char* value) {
+  const std::string v = value;
+  if (v == "info" || v == "INFO") return DebugLevel::kInfo;
+  if (v == "detail" || v == "DETAIL") return DebugLevel::kDetail;
+  DDP_CHECK(v.empty() || v == "off" || v == "OFF", ConfigError,
+            "invalid value '{}' for DDP_DEBUG/TORCH_DISTRIBUTED_DEBUG: use off, info or detail",
+            v);
+  return DebugLevel::kOff;
+}
+
+DebugLevel debug_level(const DDPOptions& o) {
+  if (o.debug) return *o.debug;
+  if (const char* v = std::getenv("DDP_DEBUG")) return parse_level(v);
+  if (const char* v = std::getenv("TORCH_DISTRIBUTED_DEBUG")) return parse_level(v);
+  return DebugLevel::kOff;
+}
+
+// Named tensors, each once (a tensor registered under two names is the same parameter).
+void collect(const torch::OrderedDict<std::string, at::Tensor>& named, bool trainable_only,
+             std::vector<at::Tensor>& tensors, std::vector<std::string>& names) {
+  std::unordered_set<const void*> seen;
+  for (const auto& item : named) {
+    const at::Tensor& t = item.value();
+    if (!t.defined() || (trainable_only && !t.requires_grad())) continue;
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    tensors.push_back(t);
+    names.push_back(item.key());
+  }
+}
+
+}  // namespace
+
+struct DdpCore::State {
+  // Constant after construction.
+  std::shared_ptr<torch::nn::Module> module;
+  DDPOptions options;
+  std::shared_ptr<ProcessGroup> group;
+  std::vector<at::Tensor> params;
+  std::vector<std::string> param_names;
+  std::vector<at::Tensor> buffers;
+  std::vector<std::string> buffer_names;
+  std::unique_ptr<Reducer> reducer;
+};
+
+DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, DDPOptions options)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  DDP_CHECK(module != nullptr, ConfigError, "DistributedDataParallel: the module is null");
+  DDP_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_mb > 0, ConfigError,
+            "DistributedDataParallel: bucket_cap_mb ({}) and first_bucket_mb ({}) must be > 0",
+            options.bucket_cap_mb, options.first_bucket_mb);
+  s.module = std::move(module);
+  s.group = options.process_group ? options.process_group : default_group();
+  s.options = std::move(options);
+  collect(s.module->named_parameters(/*recurse=*/true), true, s.params, s.param_names);
+  collect(s.module->named_buffers(/*recurse=*/true), false, s.buffers, s.buffer_names);
+
+  if (s.options.init_sync) {
+    verify_same_parameters(*s.group, s.params, s.param_names);
+    std::vector<at::Tensor> state = s.params;
+    state.insert(state.end(), s.buffers.begin(), s.buffers.end());
+    broadcast_coalesced(*s.group, state, 0, megabytes(kDefaultBroadcastChunkMb));
+  }
+
+  ReducerOptions ro;
+  ro.first_bucket_bytes = megabytes(s.options.first_bucket_mb);
+  ro.bucket_bytes = megabytes(s.options.bucket_cap_mb);
+  ro.find_unused_parameters = s.options.find_unused_parameters;
+  ro.gradient_as_bucket_view = s.options.gradient_as_bucket_view;
+  ro.static_graph = s.options.static_graph;
+  ro.debug = debug_level(s.options);
+  s.reducer = std::make_unique<Reducer>(s.params, s.param_names, *s.group, ro);
+}
+
+DdpCore::~DdpCore() = default;
+
+void DdpCore::before_forward() {
+  State& s = *state_;
+  s.reducer->prepare_for_forward(require_sync_);
+  if (s.options.broadcast_buffers && !s.buffers.empty()) {
+    broadcast_coalesced(*s.group, s.buffers, 0, megabytes(kDefaultBroadcastChunkMb));
+  }
+}
+
+void DdpCore::register_comm_hook(CommHook hook) { state_->reducer->register_comm_hook(std::move(hook)); }
+
+ProcessGroup& DdpCore::process_group() { return *state_->group; }
+
+const IterationStats& DdpCore::last_iteration_stats() const { return state_->reducer->last_stats(); }
+
+std::vector<std::vector<std::string>> DdpCore::bucket_layout() const {
+  return state_->reducer->layout();
+}
+
+}  // namespace detail
+}  // namespace ddp

@@ -1,0 +1,128 @@
+// The reducer: gradient buckets, autograd hooks, overlapped all-reduce, write-back.
+//
+// Note [Reducer]
+// One iteration = one forward through DDP (prepare_for_forward) + one backward:
+//   1. A post-hook on each parameter's AccumulateGrad node fires once its gradient is
+//      accumulated. The first hook of the iteration queues finalize() on the autograd engine,
+//      to run when the whole backward graph has executed.
+//   2. The hook marks the parameter ready: its gradient is copied into its slot of a flat bucket
+//      (or already is that slot, with gradient_as_bucket_view). When a bucket's last parameter
+//      is ready, the bucket is ready.
+//   3. Buckets are launched strictly in bucket order (a ready bucket waits for the ones before
+//      it), so every rank issues the same collectives in the same order even though ready
+//      orders can differ across ranks. Launching calls the comm hook (default: divide by the
+//      world size and all-reduce asynchronously): communication runs while backward continues.
+//   4. finalize(): parameters that got no gradient are marked ready now (with
+//      find_unused_parameters / static_graph; otherwise this is the error naming them), the
+//      remaining buckets launch, every bucket's Future is waited for in order, and the averaged
+//      values are written back to .grad (nothing to write with gradient_as_bucket_view).
+//      With find_unused_parameters, a bitmap of which parameters were used anywhere is
+//      all-reduced too: parameters used by no rank keep their .grad untouched, as in PyTorch.
+//   5. After the first reduced iteration, buckets are rebuilt once in the order gradients were
+//      actually ready (rank 0's order, broadcast, so all ranks agree) — unless the set of used
+//      parameters may change (find_unused_parameters without static_graph).
+// static_graph: the first iteration only counts hook firings per parameter (no overlap); later
+// iterations expect the same counts (reentrant checkpointing fires a hook several times) and
+// mark the recorded unused parameters ready at the first hook.
+// no_sync: forwards under the guard prepare nothing; hooks ignore the iteration and gradients
+// simply accumulate in .grad, to be reduced by the next synced backward.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "ddp/comm_hooks.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/process_group.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace ddp::detail {
+
+struct ReducerOptions {
+  int64_t first_bucket_bytes = 0;
+  int64_t bucket_bytes = 0;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool static_graph = false;
+  DebugLevel debug = DebugLevel::kOff;
+};
+
+class Reducer {
+ public:
+  // `params` require grad and are leaves; `names` name them in messages.
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, ProcessGroup& group,
+          ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Called at each forward through DDP; `sync` false under no_sync(). May run one collective
+  // (the bucket rebuild after the first iteration).
+  void prepare_for_forward(bool sync);
+  void register_comm_hook(CommHook hook);
+  const IterationStats& last_stats() const { return last_stats_; }
+  std::vector<std::vector<std::string>> layout() const;
+
+ private:
+  struct Bucket;
+  enum class Phase { kIdle, kForwarded, kBackward, kFinalized };
+
+  void on_gradient(size_t var);
+  void begin_backward();
+  void mark_ready(size_t var);
+  void launch_ready_buckets();
+  void finalize();
+  void finalize_locked();
+  std::vector<size_t> handle_missing_gradients();
+  void write_back(const std::vector<char>& globally_unused);
+  void build_buckets(const std::vector<size_t>& order);
+  void maybe_rebuild_buckets();
+  void log_layout(const char* when) const;
+  double since_start() const;
+  void fail_iteration();
+
+  // Constant after construction.
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  ProcessGroup& group_;
+  const ReducerOptions options_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooks alive
+  std::vector<uintptr_t> hook_keys_;
+
+  // Guarded by mu_ (hooks may run on autograd device threads).
+  mutable std::mutex mu_;
+  CommHook hook_;
+  std::vector<Bucket> buckets_;
+  struct Location {
+    size_t bucket = 0;
+    size_t slot = 0;
+  };
+  std::vector<Location> location_;  // per parameter
+  Phase phase_ = Phase::kIdle;
+  bool sync_ = false;
+  std::vector<int> fired_;          // hook firings this iteration, per parameter
+  std::vector<char> ready_;         // marked ready this iteration, per parameter
+  std::vector<size_t> hook_order_;  // parameters in the order their hooks first fired
+  size_t next_launch_ = 0;
+  std::chrono::steady_clock::time_point start_;
+  IterationStats stats_;
+  IterationStats last_stats_;
+  int64_t iterations_ = 0;               // reduced iterations so far
+  bool rebuilt_ = false;
+  std::vector<size_t> first_hook_order_; // from the first reduced iteration
+  // static_graph, recorded in the first reduced iteration:
+  bool recorded_ = false;
+  std::vector<int> expected_fires_;
+  std::vector<char> recorded_globally_unused_;
+};
+
+}  // namespace ddp::detail
