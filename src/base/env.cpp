@@ -162,10 +162,9 @@ void parse_open_mpi(const EnvMap& env, DistEnv& out) {
   out.local_rank =
       get_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, out.local_world_size - 1, hint).value_or(0);
   out.group_rank = out.rank / out.local_world_size;
-  std::string job;
-  if (const std::string* v = find(env, "OMPI_MCA_ess_base_jobid")) job = *v;
-  else if (const std::string* v = find(env, "PMIX_NAMESPACE")) job = *v;
-  fill_master_endpoint(env, out, out.local_world_size == out.world_size, job, "");
+  const std::string* job = find(env, "OMPI_MCA_ess_base_jobid");
+  if (job == nullptr) job = find(env, "PMIX_NAMESPACE");
+  fill_master_endpoint(env, out, out.local_world_size == out.world_size, job ? *job : "", "");
 }
 
 void parse_pmi(const EnvMap& env, DistEnv& out) {

@@ -1,0 +1,39 @@
+// record_error: the torchrun error-file protocol (see include/ddp/error.h).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "ddp/error.h"
+
+namespace ddp {
+
+void record_error(std::string_view message) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr || *path == '\0') return;
+  try {
+    using namespace std::chrono;
+    const auto now = system_clock::now().time_since_epoch();
+    nlohmann::json doc = {
+        {"message",
+         {{"message", std::string(message)},
+          {"extraInfo",
+           {{"py_callstack", ""},
+            {"timestamp", std::to_string(duration_cast<seconds>(now).count())},
+            {"timestamp_us", std::to_string(duration_cast<microseconds>(now).count())}}}}}};
+    // Write-then-rename, so the launcher never reads half a file.
+    const std::string tmp = std::string(path) + ".tmp";
+    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+      const std::string text = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::fwrite(text.data(), 1, text.size(), f);
+      std::fclose(f);
+      std::rename(tmp.c_str(), path);
+    }
+  } catch (...) {
+    // Reporting must never turn one error into another.
+  }
+}
+
+}  // namespace ddp

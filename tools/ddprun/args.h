@@ -1,0 +1,157 @@
+// ddprun's configuration: the command line in, a LaunchConfig and each worker's environment out.
+//
+// Pure functions: no processes, no sockets, no reads of the real environment. The caller passes
+// the environment (for the PET_* fallbacks and as the base of the workers' environment) and what
+// the host has (CPUs, GPUs), so tests can check every path without launching anything.
+//
+// Flags follow torchrun (torch/distributed/run.py): every multi-word flag has a dash and an
+// underscore spelling, and each one can also come from PET_<NAME> (PET_NPROC_PER_NODE=2); the
+// command line wins. Errors are UsageError (a ddp::ConfigError) naming the flag, the value and
+// where it came from, and saying what would be accepted.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ddp/env.h"    // ddp::EnvMap
+#include "ddp/error.h"  // ddp::ConfigError
+
+namespace ddp::launcher {
+
+// The command line is wrong (unknown flag, bad value, inconsistent flags): nothing was started.
+// ddprun exits with kUsageExitCode.
+class UsageError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+inline constexpr int kUsageExitCode = 2;  // like argparse, getopt tools and torchrun
+
+inline constexpr int kDefaultNprocPerNode = 1;
+inline constexpr int kDefaultNnodes = 1;
+inline constexpr const char* kDefaultMasterAddr = "127.0.0.1";
+inline constexpr int kDefaultMasterPort = 29500;  // torchrun's --master-port default
+inline constexpr int kDefaultRdzvPort = 29400;    // torchrun's port for a bare --rdzv-endpoint host
+inline constexpr const char* kDefaultRunId = "none";  // torchrun's --rdzv-id default
+inline constexpr const char* kDefaultRole = "default";
+inline constexpr int kDefaultMaxRestarts = 0;
+inline constexpr double kDefaultMonitorInterval = 0.1;  // s; torchrun's since pytorch#124692
+inline constexpr double kDefaultGracePeriod = 10.0;     // s between SIGTERM and SIGKILL
+inline constexpr const char* kPythonInterpreter = "python3";  // for PROGRAM.py and -m
+
+enum class RdzvBackend { kStatic, kC10d };
+
+// Which of a worker's streams a flag applies to; torchrun's Std (1=stdout, 2=stderr, 3=both).
+enum class Std : std::uint8_t { kNone = 0, kOut = 1, kErr = 2, kAll = 3 };
+inline bool has(Std set, Std stream) {
+  return (static_cast<unsigned>(set) & static_cast<unsigned>(stream)) != 0;
+}
+
+// --redirects / --tee: one value for every local rank ("3") or one per local rank ("0:1,1:2";
+// local ranks not listed get kNone).
+struct StdSpec {
+  Std all = Std::kNone;
+  std::map<int, Std> by_local_rank;
+
+  Std for_local_rank(int local_rank) const;
+  bool any() const;  // does any rank have a stream selected?
+};
+
+// What the host offers, for --nproc-per-node auto|cpu|gpu.
+struct HostInfo {
+  int cpus = 1;  // online CPUs
+  int gpus = 0;  // NVIDIA GPUs (entries of /proc/driver/nvidia/gpus)
+};
+HostInfo probe_host();
+
+// Everything ddprun needs to launch and supervise one node's worker group.
+struct LaunchConfig {
+  // --- the group's shape
+  int nproc_per_node = kDefaultNprocPerNode;  // P: workers on this node
+  int nnodes = kDefaultNnodes;                // N: nodes in the job
+  int node_rank = 0;                          // K: this node; global rank = K * P + local rank
+
+  // --- where rank 0 hosts the store (MASTER_ADDR/MASTER_PORT) and the run's name
+  std::string master_addr = kDefaultMasterAddr;
+  int master_port = kDefaultMasterPort;
+  bool pick_free_port = false;  // --standalone or port 0: pick one on 127.0.0.1 per attempt
+  std::string run_id = kDefaultRunId;
+  bool random_run_id = false;  // --standalone: the launcher draws a fresh id
+  RdzvBackend rdzv_backend = RdzvBackend::kStatic;
+  std::map<std::string, std::string> rdzv_conf;  // --rdzv-conf k=v,... as given
+  std::string role = kDefaultRole;
+
+  // --- timeouts exported to the workers (DDP_RDZV_TIMEOUT, DDP_COLLECTIVE_TIMEOUT), in seconds
+  std::optional<double> rdzv_timeout_s;
+  std::optional<double> collective_timeout_s;
+
+  // --- supervision
+  int max_restarts = kDefaultMaxRestarts;
+  double monitor_interval_s = kDefaultMonitorInterval;
+  double grace_period_s = kDefaultGracePeriod;
+
+  // --- output
+  std::string log_dir;  // empty: no --log-dir
+  StdSpec redirects;    // streams written to files only
+  StdSpec tee;          // streams written to files and shown
+  std::optional<std::set<int>> local_ranks_filter;  // local ranks shown on the console
+
+  // --- what each worker runs
+  std::string program;                   // PROGRAM as given
+  bool module = false;                   // -m: PROGRAM is a Python module
+  bool via_python = false;               // worker_argv starts with "python3 -u" (.py or -m)
+  std::vector<std::string> worker_argv;  // what to exec: {"python3", "-u", "x.py", "--lr", "1"}
+
+  int world_size() const { return nnodes * nproc_per_node; }
+  int global_rank(int local_rank) const { return node_rank * nproc_per_node + local_rank; }
+  bool shows_on_console(int local_rank, Std stream) const;
+  bool writes_to_file(int local_rank, Std stream) const;
+  bool any_log_files() const { return redirects.any() || tee.any(); }
+};
+
+// The result of parsing: either help text to print, or a configuration to run.
+struct CommandLine {
+  bool help = false;
+  std::string help_text;
+  LaunchConfig config;
+  std::vector<std::string> notes;  // things worth one line on stderr (flags that were ignored...)
+};
+
+// Parses `args` (argv without argv[0]). `env` supplies the PET_* fallbacks.
+// Throws UsageError.
+CommandLine parse_command_line(const std::vector<std::string>& args, const EnvMap& env,
+                               const HostInfo& host);
+
+// The help text (same as --help).
+std::string help_text();
+
+// "--redirects 0:1,1:2" and friends; `flag` names the flag in errors. Throws UsageError.
+StdSpec parse_std_spec(const std::string& flag, const std::string& value);
+
+// host[:port] or [v6addr][:port]; port defaults to kDefaultRdzvPort. Throws UsageError.
+struct Endpoint {
+  std::string host;
+  int port = kDefaultRdzvPort;
+};
+Endpoint parse_endpoint(const std::string& flag, const std::string& value);
+
+// What one attempt of the group shares: decided by the launcher at run time.
+struct GroupSpec {
+  std::string master_addr;
+  int master_port = 0;
+  std::string run_id;
+  int restart_count = 0;  // 0 on the first attempt
+};
+
+// The full environment of local rank `local_rank`: `base` plus the torchrun contract
+// (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...), see Note [Worker environment] in args.cpp.
+EnvMap worker_environment(const LaunchConfig& config, const GroupSpec& group, int local_rank,
+                          const std::string& error_file, const EnvMap& base);
+
+// True when worker_environment() sets OMP_NUM_THREADS=1 (P > 1 and `base` has none).
+bool sets_omp_num_threads(const LaunchConfig& config, const EnvMap& base);
+
+}  // namespace ddp::launcher

@@ -1,0 +1,515 @@
+// ddprun's supervisor (see launcher.h).
+//
+// Note [Supervision]
+// One thread does everything, in one loop per attempt of the worker group:
+//
+//   1. Start. For each local rank: two pipes (stdout, stderr), then fork. The child puts itself
+//      in its own process group (so that stopping a worker stops its children too), asks for
+//      SIGKILL when ddprun dies (PR_SET_PDEATHSIG, then re-checks getppid() in case ddprun died
+//      before the prctl), restores the signal mask, points fds 0/1/2 at /dev/null and the pipes,
+//      and execs. An exec failure exits 127/126 with "ddprun: cannot execute ...".
+//      (spawn_worker() in process.cpp.)
+//   2. Watch. poll() on a signalfd (SIGCHLD and the forwarded signals, blocked since before the
+//      first fork, so none is lost) and on every pipe, waking at least every --monitor-interval.
+//      Output is cut into lines, prefixed "[rank N]: " and written whole (a partial line waits
+//      for its end, or for the worker's exit); log files get the raw bytes. (Stream, output.h.)
+//   3. Reap. waitpid(-1, WNOHANG) until nothing is left to collect. ddprun is a child subreaper,
+//      so a worker's orphaned children come back to it and are reaped here too.
+//   4. Stop. The first worker to exit non-zero or die of a signal fails the attempt: every
+//      worker's process group gets SIGTERM, and SIGKILL once --grace-period has passed. A
+//      forwarded signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) stops the group the same way with that
+//      signal; a second one sends SIGKILL at once. When every worker has exited 0, process
+//      groups that still hold something (a worker's leftover child) are stopped the same way.
+//      Workers that exit while the group is being stopped are reaped and recorded like any other.
+//   5. End. The attempt is over when every worker is reaped and every worker's process group is
+//      empty. The pipes are drained and partial last lines flushed. If the attempt failed, the
+//      root cause is chosen now, from every worker's end and error file (Note [Root cause] in
+//      summary.h): it need not be the failure that started the stop.
+//
+// Then run() either returns (success, or ddprun was signalled), starts the next attempt
+// (--max-restarts; TORCHELASTIC_RESTART_COUNT + 1), or prints the root-cause summary.
+// No process outlives run(): WorkerGroup's destructor SIGKILLs and reaps whatever is left if an
+// exception cuts the loop short.
+#include "launcher.h"
+
+#include <netinet/in.h>  // sockaddr_in, htonl, ntohs
+#include <poll.h>        // poll
+#include <sys/socket.h>  // socket, bind, getsockname
+#include <sys/wait.h>    // waitpid, W* macros
+#include <unistd.h>      // access, gethostname
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstring>  // strerror
+#include <memory>
+#include <optional>
+#include <random>  // std::random_device for run ids
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ddp/env.h"  // current_environment
+#include "output.h"   // Stream, RunDirectory, note
+#include "summary.h"  // WorkerEnd, pick_root_cause, format_failure_summary
+
+namespace ddp::launcher {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using WallClock = std::chrono::system_clock;
+
+// An error file is read up to this size. Its message is cut much shorter for the summary, but
+// the JSON must be whole to be parsed, and a Python traceback (py_callstack) can be long.
+constexpr std::size_t kMaxErrorFileBytes = 1024 * 1024;
+
+double seconds_between(SteadyClock::time_point a, SteadyClock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::int64_t unix_us(WallClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+// A port that was free a moment ago on 127.0.0.1 (torchrun's --standalone does the same; another
+// process could take it before rank 0 binds it, which rank 0 reports as "port in use").
+int pick_free_port() {
+  UniqueFd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (sock.get() < 0) throw_errno("cannot create a socket to pick a free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (::bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    throw_errno("cannot bind 127.0.0.1:0 to pick a free port");
+  }
+  socklen_t len = sizeof addr;
+  if (::getsockname(sock.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw_errno("getsockname");
+  }
+  return ntohs(addr.sin_port);
+}
+
+// A UUID4-shaped id, like torchrun's --standalone run ids.
+std::string random_run_id() {
+  std::random_device rd;
+  std::string hex;
+  for (int i = 0; i < 4; ++i) hex += fmt::format("{:08x}", rd());
+  hex[12] = '4';
+  return fmt::format("{}-{}-{}-{}-{}", hex.substr(0, 8), hex.substr(8, 4), hex.substr(12, 4),
+                     hex.substr(16, 4), hex.substr(20, 12));
+}
+
+// ---------------------------------------------------------------------------------------------
+// One attempt of the worker group.
+
+struct Worker {
+  Worker(int local_rank_in, int rank_in, Stream out_in, Stream err_in)
+      : local_rank(local_rank_in),
+        rank(rank_in),
+        out(std::move(out_in)),
+        err(std::move(err_in)) {}
+
+  const int local_rank;
+  const int rank;
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE
+  Stream out;
+  Stream err;
+  pid_t pid = -1;  // also the id of its process group
+  bool running = false;
+  int signal_sent = 0;  // the last signal ddprun sent its process group; 0: none
+
+  // Valid once reaped (!running).
+  int wait_status = 0;
+  int reap_order = -1;  // 0: the first worker reaped in this attempt
+  WallClock::time_point reaped_at;
+
+  bool succeeded() const { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
+  // Sends `signal` to the worker's whole process group. False when the group is empty.
+  bool signal_group(int signal) const { return signal_process_group(pid, signal); }
+};
+
+enum class Outcome { kSucceeded, kFailed, kInterrupted };
+
+// What every attempt shares; constant for the whole run.
+struct SharedState {
+  const LaunchConfig& config;
+  SignalChannel& signals;
+  const RunDirectory& run_dir;
+  const EnvMap& base_env;
+  const std::string& program_path;
+  const rlimit& fd_limit;
+  std::string host;
+};
+
+class WorkerGroup {
+ public:
+  WorkerGroup(SharedState& shared, GroupSpec group) : s_(shared), group_(std::move(group)) {}
+  ~WorkerGroup() { kill_and_reap_everything(); }
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  Outcome run();
+
+  // After run():
+  int interrupt_signal() const { return interrupt_signal_; }
+  bool has_root_cause() const { return root_cause_.has_value(); }
+  std::string one_line_failure() const;
+  std::string summary(int attempt, int attempts) const;
+
+ private:
+  void start_all();
+  void start(Worker& w);
+  void wait_for_events();
+  void handle_signals();
+  void reap();
+  void on_exit(Worker& w, int status);
+  void advance();
+  bool finished();
+  void stop_all(int signal);
+  void kill_all(const std::string& why);
+  bool any_group_alive() const;
+  bool all_reaped() const;
+  void collect_ends();
+  void kill_and_reap_everything();
+
+  // Constant after construction.
+  SharedState& s_;
+  const GroupSpec group_;
+
+  std::vector<std::unique_ptr<Worker>> workers_;
+  int reaped_count_ = 0;
+
+  // Stopping state: set once, by the first failure or signal.
+  bool stopping_ = false;
+  SteadyClock::time_point kill_deadline_;
+  bool killed_ = false;
+  std::string kill_reason_;  // "after the 10s grace period"
+  SteadyClock::time_point killed_at_;
+  Worker* first_failure_ = nullptr;  // the failure that stopped the group; not the root cause
+  int interrupt_signal_ = 0;         // first forwarded signal received
+  bool warned_stuck_ = false;
+
+  // Set at the end of run().
+  std::vector<WorkerEnd> ends_;           // one per worker, in local rank order
+  std::optional<RootCause> root_cause_;  // into ends_; set when the attempt failed
+};
+
+Outcome WorkerGroup::run() {
+  start_all();
+  while (!finished()) {
+    wait_for_events();
+    handle_signals();
+    reap();
+    advance();
+  }
+  for (auto& w : workers_) {
+    w->out.drain();
+    w->err.drain();
+  }
+  collect_ends();
+  if (first_failure_ != nullptr) root_cause_ = pick_root_cause(ends_);
+  if (interrupt_signal_ != 0) return Outcome::kInterrupted;
+  return first_failure_ != nullptr ? Outcome::kFailed : Outcome::kSucceeded;
+}
+
+void WorkerGroup::start_all() {
+  const LaunchConfig& c = s_.config;
+  for (int lr = 0; lr < c.nproc_per_node; ++lr) {
+    std::string dir = s_.run_dir.rank_dir(group_.restart_count, lr);
+    int rank = c.global_rank(lr);
+    std::string prefix = fmt::format("[rank {}]: ", rank);
+    auto stream = [&](Std which, int console_fd, const char* file, std::size_t tail) {
+      UniqueFd log;
+      if (c.writes_to_file(lr, which)) log = open_log(dir + "/" + file);
+      return Stream(prefix, c.shows_on_console(lr, which) ? console_fd : -1, std::move(log), tail);
+    };
+    auto w = std::make_unique<Worker>(lr, rank, stream(Std::kOut, STDOUT_FILENO, "stdout.log", 0),
+                                      stream(Std::kErr, STDERR_FILENO, "stderr.log",
+                                             kStderrTailLines));
+    w->error_file = dir + "/error.json";
+    workers_.push_back(std::move(w));
+    start(*workers_.back());
+  }
+}
+
+void WorkerGroup::start(Worker& w) {
+  ExecImage image;
+  image.path = s_.program_path;
+  image.argv = s_.config.worker_argv;
+  for (const auto& [k, v] :
+       worker_environment(s_.config, group_, w.local_rank, w.error_file, s_.base_env)) {
+    image.envp.push_back(k + "=" + v);
+  }
+  image.name = fmt::format("rank {}", w.rank);
+  SpawnedWorker spawned = spawn_worker(image, s_.signals.original_mask(), s_.fd_limit);
+  w.pid = spawned.pid;
+  w.running = true;
+  w.out.attach(std::move(spawned.out));
+  w.err.attach(std::move(spawned.err));
+}
+
+void WorkerGroup::wait_for_events() {
+  double timeout_s = s_.config.monitor_interval_s;
+  if (stopping_ && !killed_) {
+    timeout_s = std::min(timeout_s, seconds_between(SteadyClock::now(), kill_deadline_));
+  }
+  int timeout_ms = std::max(1, static_cast<int>(timeout_s * 1000.0 + 0.999));
+
+  std::vector<pollfd> fds{{s_.signals.fd(), POLLIN, 0}};
+  std::vector<Stream*> streams;
+  for (auto& w : workers_) {
+    for (Stream* st : {&w->out, &w->err}) {
+      if (st->fd() < 0) continue;
+      fds.push_back({st->fd(), POLLIN, 0});
+      streams.push_back(st);
+    }
+  }
+  if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) throw_errno("poll");
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    if (fds[i + 1].revents != 0) streams[i]->pump();
+  }
+}
+
+void WorkerGroup::handle_signals() {
+  for (int sig : s_.signals.read_pending()) {
+    if (sig == SIGCHLD) continue;  // reap() runs next anyway
+    if (interrupt_signal_ == 0 && !stopping_) {
+      interrupt_signal_ = sig;
+      note(fmt::format("received {}; forwarding it to the workers (SIGKILL in {})",
+                       signal_name(sig), format_seconds(s_.config.grace_period_s)));
+      stop_all(sig);
+    } else if (!killed_) {
+      if (interrupt_signal_ == 0) interrupt_signal_ = sig;
+      note(fmt::format("received {} while stopping the workers; sending SIGKILL now",
+                       signal_name(sig)));
+      kill_all(fmt::format("after ddprun received {} while stopping", signal_name(sig)));
+    }
+  }
+}
+
+void WorkerGroup::reap() {
+  while (true) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;  // 0: nothing exited; -1/ECHILD: no children left
+    for (auto& w : workers_) {
+      if (w->pid == pid && w->running) on_exit(*w, status);
+    }
+    // Any other pid is an orphan of a worker, adopted by ddprun the subreaper: reaped, done.
+  }
+}
+
+void WorkerGroup::on_exit(Worker& w, int status) {
+  w.running = false;
+  w.wait_status = status;
+  w.reap_order = reaped_count_++;
+  w.reaped_at = WallClock::now();
+  if (!w.succeeded() && !stopping_ && first_failure_ == nullptr) first_failure_ = &w;
+  // advance() stops the others, after this round of reaping: a worker that died at the same
+  // moment is then reported as having failed too, not as stopped by ddprun.
+}
+
+// Decisions after each round of reaping: stop the group after a failure, stop leftovers after a
+// clean exit, SIGKILL at the end of the grace period.
+void WorkerGroup::advance() {
+  if (!stopping_ && first_failure_ != nullptr) {
+    Worker& w = *first_failure_;
+    w.out.pump();  // its last words first, then ours
+    w.err.pump();
+    auto running = std::ranges::count_if(workers_, [](const auto& o) { return o->running; });
+    note(fmt::format("rank {} failed ({}); stopping the other {} running worker(s): SIGTERM, then "
+                     "SIGKILL after {}",
+                     w.rank, describe_wait_status(w.wait_status), running,
+                     format_seconds(s_.config.grace_period_s)));
+    stop_all(SIGTERM);
+  }
+  if (!stopping_ && all_reaped() && any_group_alive()) {
+    note("the workers exited but left processes in their process groups; stopping them");
+    stop_all(SIGTERM);
+  }
+  if (stopping_ && !killed_ && SteadyClock::now() >= kill_deadline_) {
+    kill_all(fmt::format("after the {} grace period", format_seconds(s_.config.grace_period_s)));
+  }
+  if (killed_) {
+    for (auto& w : workers_) w->signal_group(SIGKILL);  // stragglers forked during the stop
+  }
+}
+
+// Done when every worker is reaped and its process group is empty. Processes that outlive
+// SIGKILL by kKillWait (stuck in the kernel) are waited for if they are workers, and given up on
+// with a note if they are the workers' leftovers.
+bool WorkerGroup::finished() {
+  const bool reaped = all_reaped();
+  if (reaped && !any_group_alive()) return true;
+  if (!killed_ || seconds_between(killed_at_, SteadyClock::now()) < kKillWait) return false;
+  if (!reaped) {
+    if (!warned_stuck_) note("some workers are still alive after SIGKILL; waiting for them");
+    warned_stuck_ = true;
+    return false;
+  }
+  note(fmt::format("processes left in the workers' process groups survived SIGKILL for {}; "
+                   "leaving them",
+                   format_seconds(kKillWait)));
+  return true;
+}
+
+void WorkerGroup::stop_all(int signal) {
+  for (auto& w : workers_) {
+    if (w->running) w->signal_sent = signal;
+    w->signal_group(signal);
+  }
+  if (!stopping_) {
+    stopping_ = true;
+    kill_deadline_ =
+        SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                 std::chrono::duration<double>(s_.config.grace_period_s));
+  }
+}
+
+void WorkerGroup::kill_all(const std::string& why) {
+  for (auto& w : workers_) {
+    if (w->running) w->signal_sent = SIGKILL;
+    w->signal_group(SIGKILL);
+  }
+  if (!killed_) {
+    killed_ = true;
+    killed_at_ = SteadyClock::now();
+    kill_reason_ = why;
+  }
+  stopping_ = true;
+}
+
+bool WorkerGroup::any_group_alive() const {
+  return std::ranges::any_of(workers_, [](const auto& w) { return w->signal_group(0); });
+}
+
+bool WorkerGroup::all_reaped() const {
+  return std::ranges::none_of(workers_, [](const auto& w) { return w->running; });
+}
+
+// What the summary needs of each worker, error files included: read now that every worker is
+// reaped, so that those written during the teardown count too (Note [Root cause]).
+void WorkerGroup::collect_ends() {
+  ends_.clear();
+  for (const auto& w : workers_) {
+    WorkerEnd e;
+    e.rank = w->rank;
+    e.local_rank = w->local_rank;
+    e.pid = w->pid;
+    e.reaped = !w->running;
+    e.wait_status = w->wait_status;
+    e.signal_sent = w->signal_sent;
+    e.reap_order = w->reap_order;
+    e.reaped_at_us = unix_us(w->reaped_at);
+    const std::string text = read_small_file(w->error_file, kMaxErrorFileBytes);
+    if (!text.empty()) e.error_file = parse_error_file(text);
+    e.stderr_tail.assign(w->err.tail().begin(), w->err.tail().end());
+    ends_.push_back(std::move(e));
+  }
+}
+
+void WorkerGroup::kill_and_reap_everything() {
+  for (auto& w : workers_) {
+    w->signal_group(SIGKILL);
+    if (w->running) {
+      int status = 0;
+      while (::waitpid(w->pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      w->running = false;
+    }
+  }
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+}
+
+std::string WorkerGroup::one_line_failure() const {
+  if (!root_cause_) return "no root cause recorded";
+  const WorkerEnd& w = ends_[root_cause_->index];
+  return fmt::format("rank {} (local_rank {}) {}", w.rank, w.local_rank,
+                     describe_wait_status(w.wait_status));
+}
+
+std::string WorkerGroup::summary(int attempt, int attempts) const {
+  SummaryContext context{attempt, attempts, s_.host, kill_reason_};
+  return format_failure_summary(context, ends_, root_cause_);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void print_startup_notes(const LaunchConfig& config, const EnvMap& base, const RunDirectory& dir) {
+  if (sets_omp_num_threads(config, base)) {
+    note(fmt::format("setting OMP_NUM_THREADS=1 for each of the {} workers on this node so they do "
+                     "not oversubscribe the CPUs; export OMP_NUM_THREADS=<n> to choose another "
+                     "value",
+                     config.nproc_per_node));
+  }
+  if (config.any_log_files()) {
+    note(fmt::format("worker logs: {}/attempt_<k>/<local_rank>/{{stdout,stderr}}.log", dir.path()));
+  }
+}
+
+GroupSpec group_for_attempt(const LaunchConfig& config, const std::string& run_id, int attempt) {
+  GroupSpec g;
+  g.master_addr = config.master_addr;
+  g.master_port = config.pick_free_port ? pick_free_port() : config.master_port;
+  g.run_id = run_id;
+  g.restart_count = attempt;
+  return g;
+}
+
+}  // namespace
+
+RunResult run(const LaunchConfig& config) {
+  const EnvMap base_env = current_environment();
+  auto path_it = base_env.find("PATH");
+  const std::string program_path =
+      resolve_program(config.worker_argv.at(0),
+                      path_it != base_env.end() ? path_it->second : "/usr/local/bin:/usr/bin:/bin");
+  if (config.via_python && !config.module && ::access(config.program.c_str(), R_OK) != 0) {
+    throw ExecError(fmt::format("cannot run '{}' with {}: {}", config.program, kPythonInterpreter,
+                                std::strerror(errno)),
+                    127);
+  }
+
+  ensure_standard_fds();
+  const rlimit fd_limit = raise_fd_limit();
+  const std::string run_id = config.random_run_id ? random_run_id() : config.run_id;
+  RunDirectory run_dir(config, run_id);
+  SignalChannel signals;  // blocked from here on: before the first fork
+  SubreaperScope subreaper;
+  SharedState shared{config, signals, run_dir, base_env, program_path, fd_limit, host_name()};
+  print_startup_notes(config, base_env, run_dir);
+
+  const int attempts = config.max_restarts + 1;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    WorkerGroup group(shared, group_for_attempt(config, run_id, attempt));
+    Outcome outcome = group.run();
+    if (outcome == Outcome::kSucceeded) return RunResult{0, 0};
+    if (outcome == Outcome::kFailed && attempt + 1 < attempts) {
+      note(fmt::format(
+          "worker group failed (attempt {} of {}): {}; restarting it (restart {} of {})",
+          attempt + 1, attempts, group.one_line_failure(), attempt + 1, config.max_restarts));
+      continue;
+    }
+    const std::string summary = group.summary(attempt + 1, attempts);
+    if (outcome == Outcome::kInterrupted) {
+      if (group.has_root_cause()) write_all(STDERR_FILENO, summary);
+      note(fmt::format("stopped by {}", signal_name(group.interrupt_signal())));
+      return RunResult{128 + group.interrupt_signal(), group.interrupt_signal()};
+    }
+    write_all(STDERR_FILENO, summary);
+    return RunResult{1, 0};
+  }
+  return RunResult{1, 0};  // not reached: the last attempt returns above
+}
+
+}  // namespace ddp::launcher
