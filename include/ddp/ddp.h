@@ -4,8 +4,12 @@
 #include "ddp/blas.h"            // ensure_fast_blas, inspect_blas
 #include "ddp/comm_hooks.h"      // GradBucket, Future, comm_hooks::fp16_compress, ...
 #include "ddp/config.h"          // DDP_VERSION, DDP_WITH_NCCL
+#include "ddp/data_loader.h"     // DataLoader, LoaderOptions: batches, worker threads
+#include "ddp/datasets.h"        // Dataset, TensorDataset, FashionMnist, read_idx_*
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DDPOptions
 #include "ddp/distributed.h"     // init_process_group, get_rank, all_reduce, ...
 #include "ddp/env.h"             // the launch environment contract
 #include "ddp/error.h"           // ddp::Error and its subclasses
+#include "ddp/metrics.h"         // EvalStats, all_reduce(EvalStats): exact evaluation
 #include "ddp/process_group.h"   // ProcessGroup, Work, ReduceOp, InitOptions
+#include "ddp/sampler.h"         // DistributedSampler, SamplerOptions, SamplerState

@@ -8,6 +8,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace ddp {
 
@@ -40,10 +41,27 @@ class TimeoutError : public CollectiveError {
   using CollectiveError::CollectiveError;
 };
 
+// Input data is missing, truncated or malformed (a dataset file, a sample index out of range,
+// a loader worker that failed); the message names the file or batch and what was wrong.
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
 // An invariant of ddp-cpp itself was broken: a bug to report, not a usage error.
 class InternalError : public Error {
  public:
   using Error::Error;
 };
+
+
+// Records why this worker is failing in the file named by TORCHELASTIC_ERROR_FILE (set by
+// ddprun and torchrun), in torchrun's format plus a microsecond timestamp:
+//   {"message": {"message": "...", "extraInfo": {"py_callstack": "",
+//                "timestamp": "<unix s>", "timestamp_us": "<unix us>"}}}
+// The launcher reports the earliest recorded failure as the root cause, so a rank that fails
+// because a peer died is not mistaken for the culprit. No-op when the variable is unset;
+// never throws. Call it from main() where an error becomes an exit code.
+void record_error(std::string_view message);
 
 }  // namespace ddp

@@ -1,0 +1,242 @@
+// DistributedSampler (see include/ddp/sampler.h): Python's rule, a shared cursor, resume.
+#include "ddp/sampler.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>  // at::CPUGeneratorImpl, the generator behind torch.Generator()
+#include <ATen/ops/randperm.h>      // at::randperm, the kernel torch.randperm calls
+
+#include "base/check.h"
+#include "ddp/distributed.h"  // get_world_size, get_rank: the defaults for replicas and rank
+
+namespace ddp {
+namespace {
+
+// Samples per rank for a plan over m remaining samples (Python's num_samples when m = n).
+int64_t plan_num_samples(int64_t m, int num_replicas, int rank, bool drop_last, bool pad) {
+  if (m <= 0) return 0;
+  if (drop_last) return m / num_replicas;                           // ceil((m - R) / R) if m % R
+  if (pad) return (m + num_replicas - 1) / num_replicas;            // ceil(m / R)
+  return m > rank ? (m - rank + num_replicas - 1) / num_replicas : 0;  // |list[r::R]|
+}
+
+}  // namespace
+
+int64_t SamplerState::consumed() const {
+  const int64_t rest = dataset_size - offset;
+  return offset + std::min(position * num_replicas, std::max<int64_t>(rest, 0));
+}
+
+std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(n);
+  if (!shuffle) {
+    for (int64_t i = 0; i < n; ++i) order[i] = i;
+    return order;
+  }
+  // Python: g = torch.Generator(); g.manual_seed(seed + epoch); torch.randperm(n, generator=g).
+  // Same generator class, same seeding, same kernel: the same permutation bit for bit.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(epoch));
+  const at::Tensor perm = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
+  const int64_t* p = perm.data_ptr<int64_t>();
+  std::copy(p, p + n, order.begin());
+  return order;
+}
+
+std::vector<int64_t> shard_indices(const std::vector<int64_t>& order, int64_t offset,
+                                   int num_replicas, int rank, bool drop_last, bool pad) {
+  const int64_t n = static_cast<int64_t>(order.size());
+  DDP_ASSERT(offset >= 0 && offset <= n, "offset {} of {}", offset, n);
+  const int64_t m = n - offset;  // the plan covers order[offset..n)
+  const int64_t count = plan_num_samples(m, num_replicas, rank, drop_last, pad);
+  std::vector<int64_t> out(count);
+  // Python pads by repeating the head, cyclically when padding > m: element i of the padded
+  // list is rest[i % m]; the truncated (drop_last) list is a prefix, where i < m anyway.
+  for (int64_t j = 0; j < count; ++j) out[j] = order[offset + (j * num_replicas + rank) % m];
+  return out;
+}
+
+// Note [Shared cursor]: every copy of a DistributedSampler points at one Shared.
+struct DistributedSampler::Shared {
+  // Constant after construction.
+  int64_t n = 0;
+  SamplerOptions options;  // num_replicas and rank resolved
+
+  mutable std::mutex mu;
+  int64_t epoch = 0;       // guarded by mu
+  int64_t position = 0;    // guarded by mu; samples of this epoch consumed by this rank
+  int64_t offset = 0;      // guarded by mu; Note [Sampler position and resume]
+  bool restored = false;   // guarded by mu; load_state() since the last begin_pass()
+
+  int R() const { return *options.num_replicas; }
+  int r() const { return *options.rank; }
+  int64_t num_samples_locked() const {
+    return plan_num_samples(n - offset, R(), r(), options.drop_last, options.pad);
+  }
+  std::vector<int64_t> indices_locked() const {
+    return shard_indices(epoch_order(n, options.shuffle, options.seed, epoch), offset, R(), r(),
+                         options.drop_last, options.pad);
+  }
+};
+
+DistributedSampler::DistributedSampler(std::shared_ptr<Shared> shared)
+    : shared_(std::move(shared)) {}
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, SamplerOptions options)
+    : shared_(std::make_shared<Shared>()) {
+  DDP_CHECK(dataset_size > 0, ConfigError,
+            "DistributedSampler: dataset_size is {}; it must be at least 1 (an empty dataset "
+            "gives every rank nothing to train on)", dataset_size);
+  if (!options.num_replicas) options.num_replicas = get_world_size();
+  if (!options.rank) options.rank = get_rank();
+  const int R = *options.num_replicas;
+  const int r = *options.rank;
+  DDP_CHECK(R > 0, ConfigError,
+            "DistributedSampler: num_replicas is {}; it must be at least 1 (leave it unset to "
+            "use the default process group's world size)", R);
+  DDP_CHECK(r >= 0 && r < R, ConfigError,
+            "DistributedSampler: rank {} is outside [0, {}] for num_replicas {}; pass the "
+            "group's rank (leave both unset to use the default process group)", r, R - 1, R);
+  DDP_CHECK(options.pad || !options.drop_last, ConfigError,
+            "DistributedSampler: pad=false (evaluation: every sample once, uneven shards) and "
+            "drop_last=true (drop the tail) contradict each other; choose one");
+  shared_->n = dataset_size;
+  shared_->options = options;
+}
+
+void DistributedSampler::set_epoch(int64_t epoch) {
+  DDP_CHECK(epoch >= 0, ConfigError, "DistributedSampler::set_epoch({}): epochs count from 0",
+            epoch);
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  if (epoch == shared_->epoch) return;  // keeps a restored position (Note [... and resume])
+  shared_->epoch = epoch;
+  shared_->position = 0;
+  shared_->offset = 0;
+  shared_->restored = false;
+}
+
+int64_t DistributedSampler::epoch() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->epoch;
+}
+
+std::vector<int64_t> DistributedSampler::indices() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->indices_locked();
+}
+
+std::vector<int64_t> DistributedSampler::remaining() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  auto all = shared_->indices_locked();
+  all.erase(all.begin(), all.begin() + shared_->position);
+  return all;
+}
+
+std::vector<int64_t> DistributedSampler::begin_pass() {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  Shared& s = *shared_;
+  const bool finished = s.position == s.num_samples_locked();
+  if (finished && !s.restored) {  // a new pass over a finished epoch: start it over
+    s.position = 0;
+    s.offset = 0;
+  }
+  s.restored = false;
+  auto all = s.indices_locked();
+  all.erase(all.begin(), all.begin() + s.position);
+  return all;
+}
+
+void DistributedSampler::advance(int64_t count) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  const int64_t total = shared_->num_samples_locked();
+  DDP_CHECK(count >= 0 && shared_->position + count <= total, ConfigError,
+            "DistributedSampler::advance({}): position {} + {} exceeds the {} samples of "
+            "epoch {} on rank {}", count, shared_->position, count, total, shared_->epoch,
+            shared_->r());
+  shared_->position += count;
+}
+
+int64_t DistributedSampler::num_samples() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->num_samples_locked();
+}
+
+int64_t DistributedSampler::position() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->position;
+}
+
+int64_t DistributedSampler::dataset_size() const { return shared_->n; }
+int DistributedSampler::num_replicas() const { return shared_->R(); }
+int DistributedSampler::rank() const { return shared_->r(); }
+const SamplerOptions& DistributedSampler::options() const { return shared_->options; }
+
+SamplerState DistributedSampler::state() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  const Shared& s = *shared_;
+  SamplerState st;
+  st.epoch = s.epoch;
+  st.position = s.position;
+  st.num_replicas = s.R();
+  st.offset = s.offset;
+  st.dataset_size = s.n;
+  st.seed = s.options.seed;
+  st.shuffle = s.options.shuffle;
+  st.drop_last = s.options.drop_last;
+  st.pad = s.options.pad;
+  return st;
+}
+
+void DistributedSampler::load_state(const SamplerState& st) {
+  Shared& s = *shared_;
+  const SamplerOptions& o = s.options;
+  auto mismatch = [&](const char* what, auto saved, auto here) {
+    return fmt::format("DistributedSampler::load_state: the state was saved with {} = {}, this "
+                       "sampler has {}; build the sampler with the options of the run being "
+                       "resumed (only num_replicas and rank may change)", what, saved, here);
+  };
+  DDP_CHECK(st.dataset_size == s.n, ConfigError, "{}",
+            mismatch("dataset_size", st.dataset_size, s.n));
+  DDP_CHECK(st.seed == o.seed, ConfigError, "{}", mismatch("seed", st.seed, o.seed));
+  DDP_CHECK(st.shuffle == o.shuffle, ConfigError, "{}",
+            mismatch("shuffle", st.shuffle, o.shuffle));
+  DDP_CHECK(st.drop_last == o.drop_last, ConfigError, "{}",
+            mismatch("drop_last", st.drop_last, o.drop_last));
+  DDP_CHECK(st.pad == o.pad, ConfigError, "{}", mismatch("pad", st.pad, o.pad));
+  DDP_CHECK(st.epoch >= 0 && st.num_replicas > 0 && st.offset >= 0 && st.offset <= s.n,
+            ConfigError,
+            "DistributedSampler::load_state: corrupt state (epoch {}, num_replicas {}, offset "
+            "{} of {} samples)", st.epoch, st.num_replicas, st.offset, s.n);
+  // Rank 0 has the most samples when shards are uneven (pad=false), so it bounds the position.
+  const int64_t saved_total = plan_num_samples(s.n - st.offset, static_cast<int>(st.num_replicas),
+                                               0, st.drop_last, st.pad);
+  DDP_CHECK(st.position >= 0 && st.position <= saved_total, ConfigError,
+            "DistributedSampler::load_state: position {} is outside [0, {}], the samples per "
+            "rank of epoch {} at world size {}: the state is corrupt", st.position, saved_total,
+            st.epoch, st.num_replicas);
+
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.epoch = st.epoch;
+  if (st.num_replicas == s.R()) {  // same shard plan: continue inside it
+    s.offset = st.offset;
+    s.position = st.position;
+  } else {  // reshard the unconsumed rest of the permutation (Note [Sampler position ...])
+    s.offset = st.consumed();
+    s.position = 0;
+  }
+  s.restored = true;
+}
+
+DistributedSampler DistributedSampler::clone() const {
+  auto copy = std::make_shared<Shared>();
+  copy->n = shared_->n;
+  copy->options = shared_->options;
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  copy->epoch = shared_->epoch;
+  copy->position = shared_->position;
+  copy->offset = shared_->offset;
+  copy->restored = shared_->restored;
+  return DistributedSampler(std::move(copy));
+}
+
+}  // namespace ddp
