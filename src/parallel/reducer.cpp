@@ -55,11 +55,14 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   fired_.assign(n, 0);
   ready_.assign(n, 0);
   location_.resize(n);
-  // Before any iteration, gradients are expected in reverse registration order.
-  std::vector<size_t> order(n);
-  std::iota(order.rbegin(), order.rend(), 0);
-  build_buckets(order);
-  log_layout("initial");
+  passthrough_ = group_.size() == 1;
+  if (passthrough_) {
+    if (options_.debug != DebugLevel::kOff) {
+      std::fprintf(stderr, "[rank 0] ddp: world size 1: gradients need no reduction\n");
+    }
+  } else {
+    build_initial_buckets();
+  }
 
   for (size_t i = 0; i < n; ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
@@ -88,6 +91,14 @@ Reducer::~Reducer() {
   }
 }
 
+void Reducer::build_initial_buckets() {
+  // Before any iteration, gradients are expected in reverse registration order.
+  std::vector<size_t> order(params_.size());
+  std::iota(order.rbegin(), order.rend(), 0);
+  build_buckets(order);
+  log_layout("initial");
+}
+
 void Reducer::register_comm_hook(CommHook hook) {
   std::lock_guard<std::mutex> lock(mu_);
   DDP_CHECK(hook != nullptr, Error, "register_comm_hook: the hook is empty");
@@ -96,6 +107,10 @@ void Reducer::register_comm_hook(CommHook hook) {
             "DistributedDataParallel (every rank must use the same hook from the start)",
             group_.rank());
   hook_ = std::move(hook);
+  if (passthrough_) {
+    passthrough_ = false;
+    build_initial_buckets();
+  }
 }
 
 double Reducer::since_start() const {
@@ -197,7 +212,7 @@ void Reducer::maybe_rebuild_buckets() {
 
 void Reducer::on_gradient(size_t var) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (phase_ == Phase::kIdle || !sync_) return;  // not through DDP, or no_sync: accumulate
+  if (phase_ == Phase::kIdle || !sync_ || passthrough_) return;  // accumulate locally
   DDP_CHECK(phase_ != Phase::kFinalized, Error,
             "[rank {}] DistributedDataParallel: parameter '{}' received a gradient after this "
             "iteration's gradients were already reduced. Each forward through DDP must be "

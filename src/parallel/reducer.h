@@ -26,6 +26,9 @@
 // mark the recorded unused parameters ready at the first hook.
 // no_sync: forwards under the guard prepare nothing; hooks ignore the iteration and gradients
 // simply accumulate in .grad, to be reduced by the next synced backward.
+// World size 1 with the default hook: the mean over one rank is the local gradient, so hooks
+// return at once and no bucket memory is allocated (a registered comm hook turns this off:
+// its numerics, e.g. fp16 rounding, apply at any world size).
 #pragma once
 
 #include <chrono>
@@ -84,6 +87,7 @@ class Reducer {
   void finalize_locked();
   std::vector<size_t> handle_missing_gradients();
   void write_back(const std::vector<char>& globally_unused);
+  void build_initial_buckets();
   void build_buckets(const std::vector<size_t>& order);
   void maybe_rebuild_buckets();
   void log_layout(const char* when) const;
@@ -107,6 +111,7 @@ class Reducer {
     size_t slot = 0;
   };
   std::vector<Location> location_;  // per parameter
+  bool passthrough_ = false;         // world size 1, default hook: nothing to reduce
   Phase phase_ = Phase::kIdle;
   bool sync_ = false;
   std::vector<int> fired_;          // hook firings this iteration, per parameter

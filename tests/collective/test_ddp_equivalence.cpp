@@ -242,7 +242,7 @@ TEST_P(Equivalence, ManySmallParametersInManyBuckets) {
         return torch::cross_entropy_loss(model(shard(data.x[s], r, n)), shard(data.y[s], r, n));
       });
   expect_all_equal(replicas, *reference);
-  EXPECT_GE(buckets, 15u);
+  if (n > 1) EXPECT_GE(buckets, 15u);  // world size 1 passes gradients through
 }
 
 TEST_P(Equivalence, NoSyncAccumulationOfFourMicroBatchesEqualsOneBigBatch) {

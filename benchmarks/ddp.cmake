@@ -1,0 +1,2 @@
+add_executable(bench_ddp bench_ddp.cpp)
+target_link_libraries(bench_ddp PRIVATE ddp::ddp)
