@@ -2,14 +2,14 @@
 //
 //   model.register_comm_hook(ddp::comm_hooks::fp16_compress());
 //   model.register_comm_hook([](ddp::GradBucket& b) {        // your own
-//     b.buffer().div_(b.process_group().size());
+//     b.buffer().div_(b.divisor());
 //     return ddp::Future(b.process_group().all_reduce(b.buffer()), b.buffer());
 //   });
 //
 // A hook receives a bucket whose buffer() holds this rank's gradients (the sum over this rank's
 // micro-batches, not divided by anything) and returns a Future whose value, once waited for, is
 // a tensor shaped and typed like buffer() holding the value every rank must use (normally the
-// mean over ranks). Hooks run during backward, as soon as the bucket is ready; the Future is
+// mean over ranks: the sum divided by divisor()). Hooks run during backward, as soon as the bucket is ready; the Future is
 // waited for at the end of backward. Every rank must issue the same collectives in the same
 // order. Built-ins mirror PyTorch's torch.distributed.algorithms.ddp_comm_hooks.
 #pragma once
@@ -45,9 +45,10 @@ class Future {
 class GradBucket {
  public:
   GradBucket(size_t index, bool is_last, at::Tensor buffer, std::vector<at::Tensor> gradients,
-             std::vector<at::Tensor> parameters, ProcessGroup& group)
+             std::vector<at::Tensor> parameters, ProcessGroup& group, int divisor)
       : index_(index), is_last_(is_last), buffer_(std::move(buffer)),
-        gradients_(std::move(gradients)), parameters_(std::move(parameters)), group_(group) {}
+        gradients_(std::move(gradients)), parameters_(std::move(parameters)), group_(group),
+        divisor_(divisor) {}
 
   size_t index() const { return index_; }
   bool is_last() const { return is_last_; }
@@ -57,6 +58,9 @@ class GradBucket {
   const std::vector<at::Tensor>& gradients() const { return gradients_; }
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
   ProcessGroup& process_group() { return group_; }
+  // How many ranks' gradients the sum stands for: the group size, or under ddp::Join the
+  // ranks still training (unless divide_by_initial_world_size). Divide by it for the mean.
+  int divisor() const { return divisor_; }
 
  private:
   size_t index_;
@@ -65,6 +69,7 @@ class GradBucket {
   std::vector<at::Tensor> gradients_;
   std::vector<at::Tensor> parameters_;
   ProcessGroup& group_;
+  int divisor_;
 };
 
 using CommHook = std::function<Future(GradBucket&)>;

@@ -92,15 +92,25 @@ class NoSyncGuard {
   bool previous_;
 };
 
+struct JoinOptions;
+
 namespace detail {
 
-// The wrapper minus the module type: construction, forward preparation, hooks, no_sync.
+// The wrapper minus the module type: construction, forward preparation, hooks, no_sync, and
+// the join protocol's steps (see ddp/join.h).
 class DdpCore {
  public:
   DdpCore(std::shared_ptr<torch::nn::Module> module, DDPOptions options);
   ~DdpCore();
 
   void before_forward();
+  // Join protocol: attach/detach; one round of "who is still training" (an all-gather; returns
+  // the active ranks, ascending); shadow one iteration of the others; copy `root`'s model.
+  void attach_join(const JoinOptions* options);
+  std::vector<int> join_round(bool active);
+  void shadow_iteration(const std::vector<int>& active);
+  void sync_model_from(int root);
+  int last_active_rank() const;
   void register_comm_hook(CommHook hook);
   bool require_sync() const { return require_sync_; }
   void set_require_sync(bool on) { require_sync_ = on; }
@@ -161,6 +171,7 @@ class DistributedDataParallel {
   ProcessGroup& process_group() { return core_->process_group(); }
   const IterationStats& last_iteration_stats() const { return core_->last_iteration_stats(); }
   std::vector<std::vector<std::string>> bucket_layout() const { return core_->bucket_layout(); }
+  detail::DdpCore& core() { return *core_; }  // for ddp::Join
 
  private:
   std::shared_ptr<ModuleType> module_;

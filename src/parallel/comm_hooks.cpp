@@ -60,7 +60,7 @@ namespace {
 Future compressed_allreduce(GradBucket& bucket, at::ScalarType dtype) {
   ProcessGroup& pg = bucket.process_group();
   at::Tensor buffer = bucket.buffer();
-  at::Tensor wire = buffer.to(dtype).div_(pg.size());
+  at::Tensor wire = buffer.to(dtype).div_(bucket.divisor());
   return Future(pg.all_reduce(wire, ReduceOp::kSum), wire, [buffer](at::Tensor reduced) {
     buffer.copy_(reduced);
     return buffer;
@@ -73,7 +73,7 @@ CommHook allreduce() {
   return [](GradBucket& bucket) {
     ProcessGroup& pg = bucket.process_group();
     at::Tensor& buffer = bucket.buffer();
-    buffer.div_(pg.size());
+    buffer.div_(bucket.divisor());
     return Future(pg.all_reduce(buffer, ReduceOp::kSum), buffer);
   };
 }
@@ -99,11 +99,11 @@ CommHook bf16_compress() {
     std::vector<at::Tensor> gathered;
     for (int r = 0; r < pg.size(); ++r) gathered.push_back(at::empty_like(words));
     Work work = pg.all_gather(gathered, words);
-    const int world = pg.size();
-    return Future(std::move(work), buffer, [buffer, gathered, n, world](at::Tensor) {
+    const int divisor = bucket.divisor();
+    return Future(std::move(work), buffer, [buffer, gathered, n, divisor](at::Tensor) {
       at::Tensor sum = at::zeros({n}, buffer.options().dtype(at::kFloat));
       for (const auto& g : gathered) sum.add_(g.view(at::kBFloat16).narrow(0, 0, n).to(at::kFloat));
-      buffer.copy_(sum.div_(world));
+      buffer.copy_(sum.div_(divisor));
       return buffer;
     });
   };

@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "ddp/distributed.h"
 #include "ddp/distributed_data_parallel.h"
+#include "ddp/join.h"
 #include "parallel/reducer.h"
 #include "parallel/replica_sync.h"
 
@@ -65,6 +66,10 @@ struct DdpCore::State {
   std::vector<at::Tensor> buffers;
   std::vector<std::string> buffer_names;
   std::unique_ptr<Reducer> reducer;
+
+  // While a ddp::Join is attached.
+  const JoinOptions* join = nullptr;
+  std::vector<int> last_active;  // ranks training in the last round where any was
 };
 
 DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, DDPOptions options)
@@ -101,11 +106,72 @@ DdpCore::~DdpCore() = default;
 
 void DdpCore::before_forward() {
   State& s = *state_;
+  int buffer_root = 0;
+  if (s.join != nullptr) {
+    DDP_CHECK(require_sync_, Error,
+              "[rank {}] no_sync() is not supported under ddp::Join: every forward through the "
+              "wrapper must be a synced training step",
+              s.group->rank());
+    const std::vector<int> active = join_round(true);
+    DDP_CHECK(!s.join->throw_on_early_termination ||
+                  static_cast<int>(active.size()) == s.group->size(),
+              Error,
+              "[rank {}] ddp::Join(throw_on_early_termination): another rank ran out of data; "
+              "{} of {} ranks are still training",
+              s.group->rank(), active.size(), s.group->size());
+    s.reducer->set_divisor(s.join->divide_by_initial_world_size
+                               ? s.group->size()
+                               : static_cast<int>(active.size()));
+    buffer_root = active.back();  // the highest rank still training (this one is)
+  }
   s.reducer->prepare_for_forward(require_sync_);
   if (s.options.broadcast_buffers && !s.buffers.empty()) {
-    broadcast_coalesced(*s.group, s.buffers, 0, megabytes(kDefaultBroadcastChunkMb));
+    broadcast_coalesced(*s.group, s.buffers, buffer_root, megabytes(kDefaultBroadcastChunkMb));
   }
 }
+
+void DdpCore::attach_join(const JoinOptions* options) {
+  State& s = *state_;
+  s.join = options;
+  s.last_active.clear();
+  for (int r = 0; r < s.group->size(); ++r) s.last_active.push_back(r);
+  if (options == nullptr) s.reducer->set_divisor(s.group->size());
+}
+
+std::vector<int> DdpCore::join_round(bool active) {
+  State& s = *state_;
+  at::Tensor mine = at::full({1}, active ? 1 : 0, at::kInt);
+  std::vector<at::Tensor> all(s.group->size());
+  for (auto& t : all) t = at::empty_like(mine);
+  s.group->all_gather(all, mine).wait();
+  std::vector<int> ranks;
+  for (int r = 0; r < s.group->size(); ++r) {
+    if (all[r].item<int>() != 0) ranks.push_back(r);
+  }
+  if (!ranks.empty()) s.last_active = ranks;
+  return ranks;
+}
+
+void DdpCore::shadow_iteration(const std::vector<int>& active) {
+  State& s = *state_;
+  s.reducer->set_divisor(s.join->divide_by_initial_world_size ? s.group->size()
+                                                              : static_cast<int>(active.size()));
+  // The same collectives, in the same order, as before_forward + backward on the others.
+  s.reducer->prepare_for_forward(/*sync=*/true);
+  if (s.options.broadcast_buffers && !s.buffers.empty()) {
+    broadcast_coalesced(*s.group, s.buffers, active.back(), megabytes(kDefaultBroadcastChunkMb));
+  }
+  s.reducer->shadow_backward();
+}
+
+void DdpCore::sync_model_from(int root) {
+  State& s = *state_;
+  std::vector<at::Tensor> state = s.params;
+  state.insert(state.end(), s.buffers.begin(), s.buffers.end());
+  broadcast_coalesced(*s.group, state, root, megabytes(kDefaultBroadcastChunkMb));
+}
+
+int DdpCore::last_active_rank() const { return state_->last_active.back(); }
 
 void DdpCore::register_comm_hook(CommHook hook) { state_->reducer->register_comm_hook(std::move(hook)); }
 

@@ -55,6 +55,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   fired_.assign(n, 0);
   ready_.assign(n, 0);
   location_.resize(n);
+  divisor_ = group_.size();
   passthrough_ = group_.size() == 1;
   if (passthrough_) {
     if (options_.debug != DebugLevel::kOff) {
@@ -283,16 +284,57 @@ void Reducer::mark_ready(size_t var) {
 
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
-    const size_t b = next_launch_++;
-    Bucket& bucket = buckets_[b];
-    std::vector<at::Tensor> params;
-    for (size_t v : bucket.vars) params.push_back(params_[v]);
-    GradBucket gb(b, b + 1 == buckets_.size(), bucket.contents, bucket.views, std::move(params),
-                  group_);
-    bucket.future = hook_(gb);
-    bucket.launched = true;
-    stats_.bucket_launch_s[b] = since_start();
+    launch_bucket(next_launch_++);
+    stats_.bucket_launch_s[next_launch_ - 1] = since_start();
   }
+}
+
+void Reducer::launch_bucket(size_t b) {
+  Bucket& bucket = buckets_[b];
+  std::vector<at::Tensor> params;
+  for (size_t v : bucket.vars) params.push_back(params_[v]);
+  GradBucket gb(b, b + 1 == buckets_.size(), bucket.contents, bucket.views, std::move(params),
+                group_, divisor_);
+  bucket.future = hook_(gb);
+  bucket.launched = true;
+}
+
+void Reducer::set_divisor(int divisor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DDP_ASSERT(divisor >= 1, "divisor {}", divisor);
+  divisor_ = divisor;
+}
+
+bool Reducer::needs_used_bitmap() const {
+  const bool recording = options_.static_graph && !recorded_;
+  return (options_.find_unused_parameters && !recorded_) || recording;
+}
+
+void Reducer::shadow_backward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DDP_ASSERT(phase_ == Phase::kForwarded, "shadow_backward without prepare_for_forward");
+  if (passthrough_) return;
+  const bool bitmap = needs_used_bitmap();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].contents.zero_();
+    launch_bucket(b);
+  }
+  at::Tensor unused = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
+  Work used_work;
+  if (bitmap) used_work = group_.all_reduce(unused, ReduceOp::kSum);
+  for (auto& bucket : buckets_) {
+    bucket.future.wait();
+    bucket.launched = false;
+  }
+  if (bitmap) used_work.wait();
+  // Keep the iteration-dependent state in step with the ranks that trained this iteration.
+  if (options_.static_graph && !recorded_) {
+    recorded_ = true;
+    expected_fires_.assign(params_.size(), 0);
+    recorded_globally_unused_.assign(params_.size(), 0);
+  }
+  ++iterations_;
+  phase_ = Phase::kIdle;
 }
 
 void Reducer::fail_iteration() {
@@ -362,7 +404,7 @@ void Reducer::finalize_locked() {
 
   // Which parameters did any rank use? (find_unused_parameters; static_graph records it once.)
   std::vector<char> globally_unused(params_.size(), 0);
-  const bool need_bitmap = (options_.find_unused_parameters && !recorded_) || recording;
+  const bool need_bitmap = needs_used_bitmap();
   at::Tensor used;
   Work used_work;
   if (need_bitmap) {

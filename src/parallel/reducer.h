@@ -72,6 +72,14 @@ class Reducer {
   // (the bucket rebuild after the first iteration).
   void prepare_for_forward(bool sync);
   void register_comm_hook(CommHook hook);
+  // What built-in hooks divide the bucket sums by in the coming iterations (default: the
+  // world size; ddp::Join sets the number of ranks still training).
+  void set_divisor(int divisor);
+  // For a rank that has joined (ran out of data), after prepare_for_forward(true): issues
+  // exactly the collectives of the others' synced backward (every bucket through the comm
+  // hook, the used-parameter bitmap), contributing zeros, and waits for them. Gradients are
+  // untouched.
+  void shadow_backward();
   const IterationStats& last_stats() const { return last_stats_; }
   std::vector<std::vector<std::string>> layout() const;
 
@@ -85,6 +93,8 @@ class Reducer {
   void launch_ready_buckets();
   void finalize();
   void finalize_locked();
+  bool needs_used_bitmap() const;
+  void launch_bucket(size_t b);
   std::vector<size_t> handle_missing_gradients();
   void write_back(const std::vector<char>& globally_unused);
   void build_initial_buckets();
@@ -112,6 +122,7 @@ class Reducer {
   };
   std::vector<Location> location_;  // per parameter
   bool passthrough_ = false;         // world size 1, default hook: nothing to reduce
+  int divisor_ = 1;                  // see set_divisor()
   Phase phase_ = Phase::kIdle;
   bool sync_ = false;
   std::vector<int> fired_;          // hook firings this iteration, per parameter

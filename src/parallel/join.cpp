@@ -1,0 +1,45 @@
+// ddp::Join (see include/ddp/join.h).
+#include "ddp/join.h"
+
+#include <cstdio>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "base/check.h"
+
+namespace ddp {
+
+Join::Join(detail::DdpCore& core, JoinOptions options) : core_(core) {
+  options_holder_ = options;  // the core reads them through a pointer while attached
+  core_.attach_join(&options_holder_);
+}
+
+Join::~Join() {
+  if (!finished_ && std::uncaught_exceptions() == 0) {
+    std::fprintf(stderr,
+                 "[rank %d] ddp::Join destroyed without finish(): the other ranks will wait for "
+                 "this one until their collective timeout. Call join.finish() after the loop.\n",
+                 core_.process_group().rank());
+  }
+  core_.attach_join(nullptr);
+}
+
+void Join::finish() {
+  DDP_CHECK(!finished_, Error, "ddp::Join::finish() called twice");
+  finished_ = true;
+  const int world = core_.process_group().size();
+  while (true) {
+    const std::vector<int> active = core_.join_round(false);
+    if (active.empty()) break;
+    DDP_CHECK(!options_holder_.throw_on_early_termination, Error,
+              "[rank {}] ddp::Join(throw_on_early_termination): this rank ran out of data while "
+              "{} of {} ranks are still training",
+              core_.process_group().rank(), active.size(), world);
+    core_.shadow_iteration(active);
+  }
+  core_.sync_model_from(core_.last_active_rank());
+  core_.attach_join(nullptr);
+}
+
+}  // namespace ddp
