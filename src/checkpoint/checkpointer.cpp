@@ -1,0 +1,342 @@
+// Checkpointer: a directory of checkpoints (Note [Checkpoint directory]) and the collective
+// protocol around it (see "Collective behaviour" in ddp/checkpoint.h).
+#include <sys/stat.h>  // stat: is last.ckpt the same file as a step checkpoint?
+#include <unistd.h>    // unlink
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <exception>
+#include <system_error>
+#include <tuple>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "checkpoint/encode.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/state.h"
+#include "ddp/checkpoint.h"
+#include "ddp/process_group.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// --- names ----------------------------------------------------------------------------------
+
+// "epoch=E-step=S.ckpt" -> (step, epoch); nullopt for any other name.
+std::optional<std::pair<int64_t, int64_t>> parse_name(std::string_view name) {
+  constexpr std::string_view kEpoch = "epoch=", kStep = "-step=", kExt = ".ckpt";
+  if (!name.starts_with(kEpoch) || !name.ends_with(kExt)) return std::nullopt;
+  name.remove_prefix(kEpoch.size());
+  name.remove_suffix(kExt.size());
+  const size_t dash = name.find(kStep);
+  if (dash == std::string_view::npos) return std::nullopt;
+  auto number = [](std::string_view s) -> std::optional<int64_t> {
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size() || v < 0) return {};
+    return v;
+  };
+  auto epoch = number(name.substr(0, dash));
+  auto step = number(name.substr(dash + kStep.size()));
+  if (!epoch || !step) return std::nullopt;
+  return std::make_pair(*step, *epoch);
+}
+
+// The reason without the leading "<path>: " the error messages start with.
+std::string reason_of(const std::exception& e, const fs::path& path) {
+  std::string_view msg = e.what();
+  const std::string prefix = path.string() + ": ";
+  if (msg.starts_with(prefix)) msg.remove_prefix(prefix.size());
+  return std::string(msg);
+}
+
+struct Candidate {
+  fs::path path;
+  int64_t step = 0;
+  int64_t epoch = 0;
+  bool is_last = false;
+};
+
+bool same_file(const fs::path& a, const fs::path& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+// --- collectives (rank 0 decides, everyone learns) ------------------------------------------
+
+at::TensorOptions comm_options(const ProcessGroup& g, at::ScalarType type) {
+  auto o = at::TensorOptions().dtype(type);
+  if (g.backend() == "nccl") o = o.device(c10::Device(c10::DeviceType::CUDA, g.local_rank()));
+  return o;
+}
+
+int64_t broadcast_i64(ProcessGroup& g, int64_t value) {
+  at::Tensor t = at::tensor({value}, comm_options(g, at::kLong));
+  g.broadcast(t, 0).wait();
+  return t.cpu().item<int64_t>();
+}
+
+// Rank 0's `bytes` on every rank; `size` is their length, already broadcast.
+std::string broadcast_bytes(ProcessGroup& g, const std::string& bytes, int64_t size) {
+  if (size == 0) return "";
+  at::Tensor t = at::empty({size}, comm_options(g, at::kByte));
+  if (g.rank() == 0) t.copy_(at::from_blob(const_cast<char*>(bytes.data()), {size}, at::kByte));
+  g.broadcast(t, 0).wait();
+  const at::Tensor c = t.cpu();
+  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(size));
+}
+
+std::vector<int64_t> all_gather_i64(ProcessGroup& g, int64_t value) {
+  at::Tensor in = at::tensor({value}, comm_options(g, at::kLong));
+  std::vector<at::Tensor> out(g.size());
+  for (auto& t : out) t = at::empty({1}, comm_options(g, at::kLong));
+  g.all_gather(out, in).wait();
+  std::vector<int64_t> values;
+  for (auto& t : out) values.push_back(t.cpu().item<int64_t>());
+  return values;
+}
+
+// Every rank's `mine` (byte strings of any length), on every rank.
+std::vector<std::string> all_gather_bytes(ProcessGroup& g, const std::string& mine) {
+  const auto sizes = all_gather_i64(g, static_cast<int64_t>(mine.size()));
+  const int64_t max = *std::max_element(sizes.begin(), sizes.end());
+  at::Tensor in = at::zeros({max}, at::kByte);
+  if (!mine.empty()) std::memcpy(in.data_ptr(), mine.data(), mine.size());
+  in = in.to(comm_options(g, at::kByte).device());
+  std::vector<at::Tensor> out(g.size());
+  for (auto& t : out) t = at::empty({max}, comm_options(g, at::kByte));
+  g.all_gather(out, in).wait();
+  std::vector<std::string> all;
+  for (int r = 0; r < g.size(); ++r) {
+    const at::Tensor c = out[r].cpu();
+    all.emplace_back(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(sizes[r]));
+  }
+  return all;
+}
+
+}  // namespace
+
+std::string Checkpointer::file_name(int64_t epoch, int64_t step) {
+  return fmt::format("epoch={}-step={}.ckpt", epoch, step);
+}
+
+Checkpointer::Checkpointer(std::filesystem::path dir, CheckpointerOptions options)
+    : dir_(std::move(dir)), options_(std::move(options)) {
+  if (options_.keep < 0) {
+    throw ConfigError(fmt::format("Checkpointer: keep = {}; use 0 to keep every checkpoint or "
+                                  "K > 0 to keep the K newest",
+                                  options_.keep));
+  }
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) {
+    throw CheckpointError(fmt::format("{}: cannot create the checkpoint directory: {}",
+                                      dir_.string(), ec.message()));
+  }
+}
+
+std::vector<fs::path> Checkpointer::list() const {
+  std::vector<std::tuple<int64_t, int64_t, fs::path>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto parsed = parse_name(it->path().filename().string());
+    std::error_code type_ec;
+    if (parsed && it->is_regular_file(type_ec)) {
+      found.emplace_back(parsed->first, parsed->second, it->path());
+    }
+  }
+  if (ec) {
+    throw CheckpointError(fmt::format("{}: cannot list the checkpoint directory: {}",
+                                      dir_.string(), ec.message()));
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return std::tie(std::get<0>(a), std::get<1>(a)) > std::tie(std::get<0>(b), std::get<1>(b));
+  });
+  std::vector<fs::path> out;
+  for (auto& f : found) out.push_back(std::get<2>(f));
+  return out;
+}
+
+std::vector<fs::path> Checkpointer::remove_stale_temp_files() const {
+  std::vector<fs::path> removed;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    if (ckpt::is_temp_name(it->path().filename().string()) && ::unlink(it->path().c_str()) == 0) {
+      removed.push_back(it->path());
+    }
+  }
+  return removed;
+}
+
+SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointMeta& meta_in,
+                                   ProcessGroup* group) const {
+  ckpt::check_save_args(refs, meta_in);  // on every rank, before any collective
+  CheckpointMeta meta = meta_in;
+  if (group) meta.world_size = group->size();
+  if (meta.model_label.empty()) meta.model_label = options_.model_label;
+  SavedCheckpoint out;
+  out.path = dir_ / file_name(meta.epoch, meta.step);
+
+  // Every rank's generators: ranks may draw different random numbers (per-rank seeds).
+  std::vector<std::string> rng;
+  if (refs.rng) {
+    std::string mine = ckpt::capture_rng();
+    rng = group ? all_gather_bytes(*group, mine) : std::vector<std::string>{std::move(mine)};
+  }
+
+  std::exception_ptr error;
+  if (!group || group->rank() == 0) {
+    try {
+      remove_stale_temp_files();
+      const ckpt::Encoded e = ckpt::encode_checkpoint(refs, meta, rng);
+      ckpt::write_atomic(out.path, {e.head, e.payload}, options_.fault_hook);
+      if (options_.save_last) {
+        const fs::path last = last_path();
+        if (!ckpt::link_atomic(out.path, last, options_.fault_hook)) {
+          ckpt::write_atomic(last, {e.head, e.payload}, options_.fault_hook);
+          out.warnings.push_back(fmt::format(
+              "{}: the file system refuses hard links; wrote a copy", last.string()));
+        }
+      }
+      // Keep-K: the file just written, and the keep-1 newest others.
+      int others = 0;
+      for (const auto& f : list()) {
+        if (f == out.path || options_.keep == 0) continue;
+        if (++others < options_.keep) continue;
+        if (::unlink(f.c_str()) == 0) {
+          out.removed.push_back(f);
+        } else {
+          out.warnings.push_back(fmt::format("{}: cannot remove an old checkpoint: {}",
+                                             f.string(), ckpt::errno_text(errno)));
+        }
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  // The outcome, from rank 0: nobody returns before the file is complete, nobody believes in
+  // a checkpoint that failed.
+  if (group) {
+    const int64_t failed = broadcast_i64(*group, error ? 1 : 0);
+    if (!error && failed) {
+      throw CheckpointError(fmt::format(
+          "[rank {}] checkpoint save: rank 0 failed to write {} (its error says why)",
+          group->rank(), out.path.string()));
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
+namespace {
+
+ResumePoint scan(const Checkpointer& c) {
+  ResumePoint out;
+  std::vector<Candidate> candidates;
+  std::error_code ec;
+  for (fs::directory_iterator it(c.dir(), ec), end; !ec && it != end; it.increment(ec)) {
+    if (auto parsed = parse_name(it->path().filename().string())) {
+      candidates.push_back({it->path(), parsed->first, parsed->second, false});
+    }
+  }
+  if (ec) {
+    throw CheckpointError(fmt::format("{}: cannot list the checkpoint directory: {}",
+                                      c.dir().string(), ec.message()));
+  }
+  // last.ckpt is usually a hard link to the newest step file (then skip it: the same bytes);
+  // otherwise (a copy, or its step file was removed) it competes by the step in its header.
+  const fs::path last = c.last_path();
+  if (fs::exists(last, ec)) {
+    const bool linked = std::any_of(candidates.begin(), candidates.end(),
+                                    [&](const Candidate& k) { return same_file(k.path, last); });
+    if (!linked) {
+      try {
+        const CheckpointMeta m = read_checkpoint_meta(last);
+        candidates.push_back({last, m.step, m.epoch, true});
+      } catch (const CheckpointError& e) {
+        out.skipped.push_back({last, reason_of(e, last)});
+      }
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.step, a.epoch, b.is_last) > std::tie(b.step, b.epoch, a.is_last);
+  });
+  for (const auto& k : candidates) {
+    try {
+      verify_checkpoint(k.path);
+      out.path = k.path;
+      return out;
+    } catch (const CheckpointError& e) {  // damaged, or unreadable: fall back to an older one
+      out.skipped.push_back({k.path, reason_of(e, k.path)});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ResumePoint Checkpointer::latest_valid(ProcessGroup* group) const {
+  if (!group) return scan(*this);
+  ResumePoint out;
+  std::exception_ptr error;
+  std::string name;
+  if (group->rank() == 0) {
+    try {
+      out = scan(*this);
+      if (out.path) name = out.path->filename().string();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  const int64_t size = broadcast_i64(*group, error ? -1 : static_cast<int64_t>(name.size()));
+  if (size < 0) {
+    if (error) std::rethrow_exception(error);
+    throw CheckpointError(fmt::format(
+        "[rank {}] looking for checkpoints in {}: rank 0 failed (its error says why)",
+        group->rank(), dir_.string()));
+  }
+  name = broadcast_bytes(*group, name, size);
+  if (group->rank() != 0 && !name.empty()) out.path = dir_ / name;
+  return out;
+}
+
+LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, const CheckpointRefs& refs,
+                                    ProcessGroup* group) const {
+  LoadOptions o;
+  o.model_label = options_.model_label;
+  if (!group) return load_checkpoint(file, refs, o);
+  o.rank = group->rank();
+  o.world_size = group->size();
+  LoadedCheckpoint out;
+  std::exception_ptr error;
+  try {
+    out = load_checkpoint(file, refs, o);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // Agree: if any rank could not load, no rank trains (it would train from another state).
+  const auto flags = all_gather_i64(*group, error ? 1 : 0);
+  if (error) std::rethrow_exception(error);
+  std::vector<int> failed;
+  for (int r = 0; r < group->size(); ++r) {
+    if (flags[r]) failed.push_back(r);
+  }
+  if (!failed.empty()) {
+    throw CheckpointError(fmt::format(
+        "[rank {}] loading {} failed on rank(s) {} (their errors say why); every rank stops",
+        group->rank(), file.string(), fmt::join(failed, ", ")));
+  }
+  return out;
+}
+
+}  // namespace ddp

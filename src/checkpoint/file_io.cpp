@@ -1,0 +1,168 @@
+// Atomic writes and raw reads for checkpoint files (see file_io.h).
+#include "checkpoint/file_io.h"
+
+#include <fcntl.h>     // open, O_* flags
+#include <sys/stat.h>  // mode bits
+#include <unistd.h>    // write, pread, fsync, close, link, unlink, getpid
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>   // std::rename
+#include <cstring>  // strerror_r
+
+#include <fmt/format.h>
+
+#include "ddp/checkpoint.h"  // CheckpointError
+
+namespace ddp::ckpt {
+namespace {
+
+constexpr std::string_view kTempMarker = ".ckpt.tmp.";
+
+[[noreturn]] void fail(const fs::path& file, std::string_view what, int err) {
+  throw CheckpointError(fmt::format("{}: {}: {}", file.string(), what, errno_text(err)));
+}
+
+void call(const FaultHook& hook, std::string_view stage, const fs::path& file) {
+  if (hook) hook(stage, file);
+}
+
+void write_all(int fd, const fs::path& file, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(file, "cannot write the checkpoint", errno);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// The temporary's name in `file`'s directory. The counter keeps names unique within a process.
+fs::path temp_path_for(const fs::path& file) {
+  return file.parent_path() / temp_name_for(file.filename().string());
+}
+
+// Removes the temporary unless it was renamed (the guard is released after a successful
+// rename).
+struct TempGuard {
+  fs::path path;
+  bool armed = true;
+  ~TempGuard() {
+    if (armed) ::unlink(path.c_str());
+  }
+};
+
+}  // namespace
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Fd& Fd::operator=(Fd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+std::string errno_text(int err) {
+  char buf[256];
+  // GNU strerror_r returns the message (maybe not in buf).
+  const char* msg = strerror_r(err, buf, sizeof(buf));
+  return fmt::format("{} (errno {})", msg, err);
+}
+
+std::string temp_name_for(std::string_view final_name) {
+  static std::atomic<uint64_t> counter{0};
+  return fmt::format(".{}.tmp.{}.{}", final_name, static_cast<long>(::getpid()), counter++);
+}
+
+bool is_temp_name(std::string_view name) {
+  return name.size() > 1 && name[0] == '.' && name.find(kTempMarker) != std::string_view::npos;
+}
+
+void sync_dir(const fs::path& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) fail(dir, "cannot open the directory to sync it", errno);
+  if (::fsync(fd.get()) != 0) fail(dir, "cannot sync the directory", errno);
+}
+
+void write_atomic(const fs::path& file, const std::vector<std::string_view>& parts,
+                  const FaultHook& hook) {
+  const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  TempGuard temp{temp_path_for(file)};
+  call(hook, "open", file);
+  // O_EXCL: never write through a name someone else holds.
+  Fd fd(::open(temp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) {
+    temp.armed = false;  // not ours
+    fail(file, fmt::format("cannot create the temporary file {}", temp.path.string()), errno);
+  }
+  size_t total = 0;
+  for (auto p : parts) total += p.size();
+  size_t written = 0;
+  bool hooked = false;
+  for (auto p : parts) {
+    // The "write" stage fires once half the bytes are on their way (a partial temporary).
+    size_t at = 0;
+    if (!hooked && written + p.size() >= total / 2) {
+      at = total / 2 - written;
+      write_all(fd.get(), file, p.data(), at);
+      call(hook, "write", file);
+      hooked = true;
+    }
+    write_all(fd.get(), file, p.data() + at, p.size() - at);
+    written += p.size();
+  }
+  if (!hooked) call(hook, "write", file);
+  call(hook, "fsync", file);
+  if (::fsync(fd.get()) != 0) fail(file, "cannot fsync the checkpoint", errno);
+  if (::close(fd.release()) != 0) fail(file, "cannot close the checkpoint", errno);
+  call(hook, "rename", file);
+  if (std::rename(temp.path.c_str(), file.c_str()) != 0) {
+    fail(file, fmt::format("cannot rename {} into place", temp.path.filename().string()), errno);
+  }
+  temp.armed = false;
+  call(hook, "sync_dir", file);
+  sync_dir(dir);
+}
+
+bool link_atomic(const fs::path& target, const fs::path& link, const FaultHook& hook) {
+  const fs::path dir = link.parent_path().empty() ? fs::path(".") : link.parent_path();
+  TempGuard temp{temp_path_for(link)};
+  call(hook, "last", link);
+  if (::link(target.c_str(), temp.path.c_str()) != 0) {
+    const int err = errno;
+    temp.armed = false;
+    if (err == EPERM || err == EXDEV || err == EOPNOTSUPP || err == EMLINK || err == ENOSYS) {
+      return false;
+    }
+    fail(link, fmt::format("cannot link it to {}", target.filename().string()), err);
+  }
+  if (std::rename(temp.path.c_str(), link.c_str()) != 0) {
+    fail(link, fmt::format("cannot rename {} into place", temp.path.filename().string()), errno);
+  }
+  temp.armed = false;
+  sync_dir(dir);
+  return true;
+}
+
+uint64_t read_at(int fd, const fs::path& path, uint64_t offset, void* out, uint64_t size) {
+  auto* dst = static_cast<char*>(out);
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, dst + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path, "cannot read the checkpoint", errno);
+    }
+    if (n == 0) break;
+    done += static_cast<uint64_t>(n);
+  }
+  return done;
+}
+
+}  // namespace ddp::ckpt

@@ -1,0 +1,67 @@
+// POSIX file plumbing for checkpoints: atomic writes (Note [Atomic checkpoint write] in
+// ddp/checkpoint.h), whole-range reads, temporary-file names. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::ckpt {
+
+namespace fs = std::filesystem;
+
+// Testing hook (CheckpointerOptions::fault_hook): called at each stage of a write.
+using FaultHook = std::function<void(std::string_view stage, const fs::path& file)>;
+
+// An owned file descriptor, closed on destruction.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd();
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// "No such file or directory (errno 2)".
+std::string errno_text(int err);
+
+// Writes the concatenation of `parts` to `file` atomically: temporary in the same directory,
+// write, fsync, rename, fsync the directory. On failure removes the temporary and throws
+// CheckpointError naming `file`, the step and the system error. `hook` may be empty.
+void write_atomic(const fs::path& file, const std::vector<std::string_view>& parts,
+                  const FaultHook& hook);
+
+// Makes `link` another name of `target` (a hard link) atomically: link to a temporary, rename
+// over `link`, fsync the directory. Returns false (and changes nothing) when the file system
+// does not support hard links; throws CheckpointError on other failures.
+bool link_atomic(const fs::path& target, const fs::path& link, const FaultHook& hook);
+
+// fsync of a directory, so that a rename in it is durable. Throws CheckpointError.
+void sync_dir(const fs::path& dir);
+
+// Reads exactly `size` bytes at `offset` into `out`; returns the number read (< size only at
+// end of file). Throws CheckpointError naming `path` on an I/O error.
+uint64_t read_at(int fd, const fs::path& path, uint64_t offset, void* out, uint64_t size);
+
+// ".epoch=1-step=20.ckpt.tmp.<pid>.<n>" for "epoch=1-step=20.ckpt": hidden, never matched as
+// a checkpoint, unique within the host.
+std::string temp_name_for(std::string_view final_name);
+// True for names temp_name_for() produces.
+bool is_temp_name(std::string_view name);
+
+}  // namespace ddp::ckpt

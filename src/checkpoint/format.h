@@ -1,0 +1,70 @@
+// The checkpoint file layout (Note [Checkpoint file format] in ddp/checkpoint.h): encoding the
+// header, and reading a file with every check done before its payload reaches LibTorch.
+// Torch-free: SHA-256 from OpenSSL.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "checkpoint/file_io.h"
+
+namespace ddp::ckpt {
+
+inline constexpr std::array<char, 8> kMagic = {'D', 'D', 'P', '-', 'C', 'K', 'P', 'T'};
+inline constexpr uint64_t kHeaderBytes = 88;
+inline constexpr uint64_t kHeaderHashedBytes = 56;  // [0, 56) precede the header checksum
+
+using Digest = std::array<unsigned char, 32>;
+
+// Incremental SHA-256.
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* data, size_t size);
+  Digest finish();
+
+ private:
+  void* ctx_;  // EVP_MD_CTX*
+};
+
+Digest sha256(std::string_view bytes);
+std::string hex(const Digest& d);
+
+// The 88-byte header followed by the metadata, for this payload.
+std::string encode_head(std::string_view metadata, std::string_view payload);
+
+// An open checkpoint file whose size, magic, version, lengths and header checksum were checked
+// on construction. Every failure is a CorruptCheckpointError (or CheckpointError for I/O)
+// whose message starts with the path.
+class CheckpointFile {
+ public:
+  explicit CheckpointFile(const fs::path& path);
+
+  const fs::path& path() const { return path_; }
+  const std::string& metadata() const { return metadata_; }
+  uint64_t payload_size() const { return payload_size_; }
+  // The payload, after its SHA-256 matched the header's.
+  std::string read_payload() const;
+  // Checks the payload's SHA-256 without keeping it (reads in chunks).
+  void verify_payload() const;
+  // A CorruptCheckpointError "<path>: <what>".
+  [[noreturn]] void corrupt(std::string_view what) const;
+
+ private:
+  void check_digest(const Digest& got) const;
+
+  fs::path path_;
+  Fd fd_;
+  uint64_t file_size_ = 0;
+  uint64_t payload_size_ = 0;
+  Digest payload_digest_{};
+  std::string metadata_;
+};
+
+}  // namespace ddp::ckpt
