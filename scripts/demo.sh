@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The main job, from a fresh machine: install, build, then launch it on 2 processes.
+# The main job, from a fresh machine: install, build, then train the default model on
+# Fashion-MNIST with 2 processes (ddp-train's defaults: see ddp-train --help).
+# Extra arguments go to ddp-train, e.g. scripts/demo.sh --epochs 1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
 BUILD_DIR=${DDP_BUILD_DIR:-build}
-exec "$BUILD_DIR"/tools/ddprun/ddprun --standalone --nproc-per-node 2 "$BUILD_DIR"/examples/allreduce
+exec "$BUILD_DIR"/tools/ddprun/ddprun --standalone --nproc-per-node 2 \
+     "$BUILD_DIR"/tools/ddp_train/ddp-train "$@"

@@ -1,0 +1,101 @@
+// ddp-train's command line (see config.h).
+#include "config.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "ddp/error.h"
+
+namespace ddp::train {
+
+nlohmann::json TrainConfig::to_json() const {
+  return {{"model", model},           {"data_dir", data_dir},
+          {"train_subset", train_subset}, {"test_subset", test_subset},
+          {"epochs", epochs},         {"batch_size", batch_size},
+          {"grad_accum", grad_accum}, {"optimizer", optimizer},
+          {"lr", lr},                 {"momentum", momentum},
+          {"weight_decay", weight_decay}, {"warmup_epochs", warmup_epochs},
+          {"scale_lr", scale_lr},     {"precision", precision},
+          {"sync_bn", sync_bn},       {"seed", seed},
+          {"max_steps", max_steps},   {"device", device},
+          {"threads", threads},       {"workers", workers},
+          {"output_dir", output_dir}, {"name", name},
+          {"resume", resume},         {"checkpoint_every", checkpoint_every},
+          {"keep", keep},             {"log_every", log_every},
+          {"plots", plots}};
+}
+
+bool parse_args(int argc, char** argv, TrainConfig& c) {
+  CLI::App app{
+      "ddp-train: train a model on Fashion-MNIST with DistributedDataParallel.\n"
+      "Launch with: ddprun --standalone --nproc-per-node N ddp-train [flags]\n"
+      "(also torchrun --no-python, mpirun, srun, or alone as one process)"};
+  app.get_formatter()->column_width(34);
+  // Defaults shown as "=value"; a repeated flag takes its last value (as argparse does).
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
+
+  app.add_option("--model", c.model, "mlp | cnn (classic small CNN, BatchNorm) | resnet (small)")
+      ->check(CLI::IsMember({"mlp", "cnn", "resnet"}));
+  app.add_option("--data-dir", c.data_dir,
+                 "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
+  app.add_option("--train-subset", c.train_subset, "use the first N training images (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--test-subset", c.test_subset, "evaluate on the first N test images (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--epochs", c.epochs, "passes over the training set")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", c.batch_size, "samples per rank per micro-batch")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--grad-accum", c.grad_accum, "micro-batches per optimizer step (no_sync between)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", c.optimizer, "adamw | sgd (with momentum)")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
+  app.add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", c.weight_decay, "L2 (sgd) / decoupled (adamw) weight decay")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-epochs", c.warmup_epochs, "linear warmup length, then cosine decay")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--scale-lr", c.scale_lr, "multiply the learning rate by the world size");
+  app.add_option("--precision", c.precision,
+                 "fp32 | bf16 (autocast; CPU or CUDA) | fp16 (CUDA only, with a gradient scaler)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_flag("--sync-bn", c.sync_bn, "BatchNorm statistics over all ranks (ddp::SyncBatchNorm)");
+  app.add_option("--seed", c.seed, "seed for initialisation, shuffling and dropout");
+  app.add_option("--max-steps", c.max_steps, "stop after N optimizer steps (0: all epochs)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--device", c.device, "auto (cuda:LOCAL_RANK if CUDA is available) | cpu | cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--threads", c.threads,
+                 "intra-op threads per rank (0: OMP_NUM_THREADS, else cores / local ranks)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--workers", c.workers, "data loader threads per rank")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--output-dir", c.output_dir,
+                 "run folder (default: runs/<name>/version_N, the next free N)");
+  app.add_option("--name", c.name, "run name under runs/");
+  app.add_option("--resume", c.resume,
+                 "auto (newest valid checkpoint of the run folder, if any) | a checkpoint path");
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "optimizer steps between checkpoints (0: at the end of each epoch only)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", c.keep, "step checkpoints kept besides last.ckpt")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--log-every", c.log_every, "optimizer steps between progress lines")
+      ->check(CLI::PositiveNumber);
+  bool no_plots = false;
+  app.add_flag("--no-plots", no_plots, "skip the PNG plots at the end");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return false;
+  } catch (const CLI::ParseError& e) {
+    throw ConfigError(fmt::format("{} (see ddp-train --help)", e.what()));
+  }
+  c.plots = !no_plots;
+  return true;
+}
+
+}  // namespace ddp::train

@@ -1,0 +1,55 @@
+// ddp-train's configuration: every flag, its default and its meaning, in one struct.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ddp::train {
+
+// Defaults chosen so that `ddprun --standalone --nproc-per-node 2 ddp-train` clears 90% test
+// accuracy on Fashion-MNIST in a few minutes on a 2-core machine (see the README).
+struct TrainConfig {
+  // Model and data.
+  std::string model = "cnn";   // mlp | cnn | resnet
+  std::string data_dir;        // Fashion-MNIST folder; empty: Debian's dataset-fashion-mnist
+  int64_t train_subset = 0;    // use the first N training images (0: all 60000)
+  int64_t test_subset = 0;     // evaluate on the first N test images (0: all 10000)
+  // Optimisation.
+  int64_t epochs = 3;
+  int64_t batch_size = 64;     // per rank and per micro-batch
+  int grad_accum = 1;          // micro-batches per optimizer step (no_sync in between)
+  std::string optimizer = "adamw";  // adamw | sgd (with momentum)
+  double lr = 1e-3;            // measured: 90.9% after 3 epochs at 2 ranks (SGD 0.05: 90.1%)
+  double momentum = 0.9;       // SGD only
+  double weight_decay = 0.01;  // decoupled (AdamW) / L2 (SGD)
+  double warmup_epochs = 0.3;  // linear warmup, then cosine decay to 0
+  bool scale_lr = false;       // lr *= world size (linear scaling rule)
+  std::string precision = "fp32";  // fp32 | bf16 (CPU autocast) | fp16 (CUDA, grad scaler)
+  bool sync_bn = false;        // BatchNorm statistics over all ranks
+  uint64_t seed = 0;
+  int64_t max_steps = 0;       // stop after this many optimizer steps (0: run all epochs)
+  // Execution.
+  std::string device = "auto";  // auto | cpu | cuda
+  int threads = 0;             // intra-op threads per rank (0: OMP_NUM_THREADS or cores/ranks)
+  int workers = 1;             // loader threads per rank
+  // Output.
+  std::string output_dir;      // empty: runs/<name>/version_N (the next free N; with --resume
+                               // auto, the newest existing one)
+  std::string name = "ddp-train";
+  std::string resume;          // "" (fresh), "auto" (newest valid checkpoint, if any), a path
+  int64_t checkpoint_every = 0;  // optimizer steps between checkpoints (0: each epoch only)
+  int keep = 3;                // step checkpoints kept besides last.ckpt
+  int64_t log_every = 50;      // optimizer steps between progress lines (non-terminal output)
+  bool plots = true;           // PNG curves at the end (gnuplot)
+
+  nlohmann::json to_json() const;
+};
+
+// Parses ddp-train's command line. Returns false when --help was printed (exit 0). Throws
+// ddp::ConfigError naming the flag and the fix for bad flags or values.
+bool parse_args(int argc, char** argv, TrainConfig& config);
+
+}  // namespace ddp::train

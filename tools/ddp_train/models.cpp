@@ -1,0 +1,117 @@
+// ddp-train's models (see models.h).
+#include "models.h"
+
+#include <torch/torch.h>
+
+#include "ddp/error.h"
+#include "ddp/sync_batch_norm.h"
+
+namespace ddp::train {
+namespace {
+
+// BatchNorm2d or SyncBatchNorm, behind one type-erased module.
+torch::nn::AnyModule norm2d(int64_t channels, bool sync) {
+  if (sync) return torch::nn::AnyModule(SyncBatchNorm(channels));
+  return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
+}
+
+struct Mlp : ModelImpl {
+  Mlp() {
+    fc1 = register_module("fc1", torch::nn::Linear(784, 256));
+    fc2 = register_module("fc2", torch::nn::Linear(256, 128));
+    fc3 = register_module("fc3", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(fc1(x.flatten(1)));
+    return fc3(torch::relu(fc2(x)));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+struct Cnn : ModelImpl {
+  explicit Cnn(bool sync_bn) {
+    conv1 = register_module("conv1", torch::nn::Conv2d(1, 32, 3));
+    bn1 = norm2d(32, sync_bn);
+    register_module("bn1", bn1.ptr());
+    conv2 = register_module("conv2", torch::nn::Conv2d(32, 64, 3));
+    bn2 = norm2d(64, sync_bn);
+    register_module("bn2", bn2.ptr());
+    drop1 = register_module("drop1", torch::nn::Dropout(0.25));
+    fc1 = register_module("fc1", torch::nn::Linear(9216, 128));  // 64 x 12 x 12
+    drop2 = register_module("drop2", torch::nn::Dropout(0.5));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(bn1.forward(conv1(x)));                      // [B, 32, 26, 26]
+    x = torch::relu(bn2.forward(conv2(x)));                      // [B, 64, 24, 24]
+    x = drop1(torch::max_pool2d(x, 2)).flatten(1);               // [B, 9216]
+    return fc2(drop2(torch::relu(fc1(x))));
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::AnyModule bn1, bn2;
+  torch::nn::Dropout drop1{nullptr}, drop2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+struct BasicBlock : torch::nn::Module {
+  BasicBlock(int64_t in, int64_t out, int64_t stride, bool sync_bn) {
+    conv1 = register_module(
+        "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
+    bn1 = norm2d(out, sync_bn);
+    register_module("bn1", bn1.ptr());
+    conv2 = register_module(
+        "conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
+    bn2 = norm2d(out, sync_bn);
+    register_module("bn2", bn2.ptr());
+    if (stride != 1 || in != out) {
+      shortcut = register_module(
+          "shortcut", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
+      shortcut_bn = norm2d(out, sync_bn);
+      register_module("shortcut_bn", shortcut_bn.ptr());
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto h = torch::relu(bn1.forward(conv1(x)));
+    h = bn2.forward(conv2(h));
+    auto skip = shortcut ? shortcut_bn.forward(shortcut(x)) : x;
+    return torch::relu(h + skip);
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, shortcut{nullptr};
+  torch::nn::AnyModule bn1, bn2, shortcut_bn;
+};
+
+struct ResNet : ModelImpl {
+  explicit ResNet(bool sync_bn) {
+    stem = register_module(
+        "stem", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)));
+    stem_bn = norm2d(16, sync_bn);
+    register_module("stem_bn", stem_bn.ptr());
+    block1 = register_module("block1", std::make_shared<BasicBlock>(16, 16, 1, sync_bn));
+    block2 = register_module("block2", std::make_shared<BasicBlock>(16, 32, 2, sync_bn));
+    block3 = register_module("block3", std::make_shared<BasicBlock>(32, 64, 2, sync_bn));
+    fc = register_module("fc", torch::nn::Linear(64, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(stem_bn.forward(stem(x)));                   // [B, 16, 28, 28]
+    x = block3->forward(block2->forward(block1->forward(x)));   // [B, 64, 7, 7]
+    return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+  }
+  torch::nn::Conv2d stem{nullptr};
+  torch::nn::AnyModule stem_bn;
+  std::shared_ptr<BasicBlock> block1, block2, block3;
+  torch::nn::Linear fc{nullptr};
+};
+
+}  // namespace
+
+std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn) {
+  if (name == "mlp") {
+    if (sync_bn) throw ConfigError("--sync-bn: model mlp has no BatchNorm layers");
+    return std::make_shared<Mlp>();
+  }
+  if (name == "cnn") return std::make_shared<Cnn>(sync_bn);
+  if (name == "resnet") return std::make_shared<ResNet>(sync_bn);
+  throw ConfigError("unknown model '" + name + "': choose mlp, cnn or resnet");
+}
+
+}  // namespace ddp::train
