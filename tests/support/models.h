@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "ddp/sync_batch_norm.h"
+
 namespace ddp::testing {
 
 struct MlpImpl : torch::nn::Module {
@@ -18,23 +20,30 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-// Input [B, 1, 12, 12].
+// Input [B, 1, 12, 12]. With sync_bn, SyncBatchNorm (over the default group) replaces
+// BatchNorm: then N ranks x b rows compute exactly what one process does on N*b rows.
 struct CnnImpl : torch::nn::Module {
-  CnnImpl() {
+  explicit CnnImpl(bool sync_bn = false) {
+    auto norm = [&](int64_t c) {
+      return sync_bn ? torch::nn::AnyModule(SyncBatchNorm(c))
+                     : torch::nn::AnyModule(torch::nn::BatchNorm2d(c));
+    };
     conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)));
-    bn1 = register_module("bn1", torch::nn::BatchNorm2d(4));
+    bn1 = norm(4);
+    register_module("bn1", bn1.ptr());
     conv2 = register_module("conv2",
                             torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3).stride(2)));
-    bn2 = register_module("bn2", torch::nn::BatchNorm2d(8));
+    bn2 = norm(8);
+    register_module("bn2", bn2.ptr());
     fc = register_module("fc", torch::nn::Linear(8 * 4 * 4, 10));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::relu(bn1(conv1(x)));
-    h = torch::relu(bn2(conv2(h)));
+    auto h = torch::relu(bn1.forward(conv1(x)));
+    h = torch::relu(bn2.forward(conv2(h)));
     return fc(h.flatten(1));
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::AnyModule bn1, bn2;
   torch::nn::Linear fc{nullptr};
 };
 TORCH_MODULE(Cnn);

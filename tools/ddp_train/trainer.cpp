@@ -228,6 +228,8 @@ int run(const TrainConfig& c) {
       c.grad_accum, steps_per_epoch, c.epochs, c.optimizer, schedule.peak, c.precision,
       dir.string()));
 
+  progress.line(inspect_blas().summary());
+
   auto save_checkpoint = [&](int64_t epoch) {
     checkpoints.save(refs, {.step = step, .epoch = epoch, .hparams_json = c.to_json().dump()},
                      pg.get());
