@@ -82,6 +82,23 @@ void expect_all_equal(const std::vector<std::shared_ptr<M>>& replicas, M& refere
   }
 }
 
+// The one-process reference: a fresh model and a copy of its initial weights (rank 0's, in the
+// DDP run); the reference is trained for kSteps with `step_loss(reference, s)` per step.
+template <typename Holder, typename StepLoss>
+std::pair<Holder, Holder> reference_and_init(const StepLoss& step_loss) {
+  torch::manual_seed(7);
+  Holder reference;
+  Holder init;
+  copy_state(*reference, *init);
+  auto opt = make_sgd(*reference);
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    step_loss(reference, s).backward();
+    opt.step();
+  }
+  return {reference, init};
+}
+
 class Equivalence : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override { torch::set_num_threads(1); }
@@ -89,16 +106,9 @@ class Equivalence : public ::testing::TestWithParam<int> {
 
 void check_mlp(int n, DDPOptions options) {
   Data data = make_data(n, {20});
-  torch::manual_seed(7);
-  Mlp reference;
-  Mlp init;
-  copy_state(*reference, *init);
-  auto opt = make_sgd(*reference);
-  for (int s = 0; s < kSteps; ++s) {
-    opt.zero_grad();
-    torch::cross_entropy_loss(reference(data.x[s]), data.y[s]).backward();
-    opt.step();
-  }
+  auto [reference, init] = reference_and_init<Mlp>([&](Mlp& m, int s) {
+    return torch::cross_entropy_loss(m(data.x[s]), data.y[s]);
+  });
   auto replicas = train_ddp<MlpImpl>(
       n, [] { return Mlp().ptr(); }, *init, options, [&](auto& model, int r, int s) {
         return torch::cross_entropy_loss(model(shard(data.x[s], r, n)), shard(data.y[s], r, n));
@@ -172,16 +182,9 @@ std::vector<bool> branch_use(int s, int n) {
 TEST_P(Equivalence, UnusedParametersWithFindUnused) {
   const int n = GetParam();
   Data data = make_data(n, {20});
-  torch::manual_seed(7);
-  Branchy reference;
-  Branchy init;
-  copy_state(*reference, *init);
-  auto opt = make_sgd(*reference);
-  for (int s = 0; s < kSteps; ++s) {
-    opt.zero_grad();
-    torch::cross_entropy_loss(reference(data.x[s], branch_use(s, n)), data.y[s]).backward();
-    opt.step();
-  }
+  auto [reference, init] = reference_and_init<Branchy>([&](Branchy& m, int s) {
+    return torch::cross_entropy_loss(m(data.x[s], branch_use(s, n)), data.y[s]);
+  });
   auto replicas = train_ddp<BranchyImpl>(
       n, [] { return Branchy().ptr(); }, *init, {.find_unused_parameters = true},
       [&](auto& model, int r, int s) {
@@ -201,16 +204,9 @@ TEST_P(Equivalence, UnusedParametersWithStaticGraph) {
   // Static per rank: even ranks use the branch, odd ranks never do.
   std::vector<bool> use;
   for (int k = 0; k < n; ++k) use.push_back(k % 2 == 0);
-  torch::manual_seed(7);
-  Branchy reference;
-  Branchy init;
-  copy_state(*reference, *init);
-  auto opt = make_sgd(*reference);
-  for (int s = 0; s < kSteps; ++s) {
-    opt.zero_grad();
-    torch::cross_entropy_loss(reference(data.x[s], use), data.y[s]).backward();
-    opt.step();
-  }
+  auto [reference, init] = reference_and_init<Branchy>([&](Branchy& m, int s) {
+    return torch::cross_entropy_loss(m(data.x[s], use), data.y[s]);
+  });
   auto replicas = train_ddp<BranchyImpl>(
       n, [] { return Branchy().ptr(); }, *init, {.static_graph = true},
       [&](auto& model, int r, int s) {
@@ -223,16 +219,9 @@ TEST_P(Equivalence, UnusedParametersWithStaticGraph) {
 TEST_P(Equivalence, ManySmallParametersInManyBuckets) {
   const int n = GetParam();
   Data data = make_data(n, {20});
-  torch::manual_seed(7);
-  ManySmall reference;
-  ManySmall init;
-  copy_state(*reference, *init);
-  auto opt = make_sgd(*reference);
-  for (int s = 0; s < kSteps; ++s) {
-    opt.zero_grad();
-    torch::cross_entropy_loss(reference(data.x[s]), data.y[s]).backward();
-    opt.step();
-  }
+  auto [reference, init] = reference_and_init<ManySmall>([&](ManySmall& m, int s) {
+    return torch::cross_entropy_loss(m(data.x[s]), data.y[s]);
+  });
   size_t buckets = 0;
   // ~300 bytes per bucket: about one Linear(8, 8) each.
   DDPOptions tiny{.bucket_cap_mb = 0.0003, .first_bucket_mb = 0.0001};
@@ -249,16 +238,9 @@ TEST_P(Equivalence, NoSyncAccumulationOfFourMicroBatchesEqualsOneBigBatch) {
   const int n = GetParam();
   constexpr int kMicro = 4;
   Data data = make_data(n, {20}, kMicro);  // per step: n ranks x 4 micro-batches x b rows
-  torch::manual_seed(7);
-  Mlp reference;
-  Mlp init;
-  copy_state(*reference, *init);
-  auto opt = make_sgd(*reference);
-  for (int s = 0; s < kSteps; ++s) {
-    opt.zero_grad();
-    torch::cross_entropy_loss(reference(data.x[s]), data.y[s]).backward();
-    opt.step();
-  }
+  auto [reference, init] = reference_and_init<Mlp>([&](Mlp& m, int s) {
+    return torch::cross_entropy_loss(m(data.x[s]), data.y[s]);
+  });
   auto replicas = train_ddp<MlpImpl>(
       n, [] { return Mlp().ptr(); }, *init, {}, [&](auto& model, int r, int s) {
         auto x = shard(data.x[s], r, n).chunk(kMicro);

@@ -6,9 +6,9 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
 
+#include "support/saved_state.h"
 #include "support/subprocess.h"
 
 namespace ddp {
@@ -18,22 +18,12 @@ namespace fs = std::filesystem;
 using testing::Result;
 using testing::run_command;
 
-std::map<std::string, at::Tensor> load_state(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::map<std::string, at::Tensor> out;
-  for (const auto& item : torch::pickle_load(bytes).toGenericDict()) {
-    out[item.key().toStringRef()] = item.value().toTensor();
-  }
-  return out;
-}
-
 class Processes : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Processes, EqualOneProcessOnTheWholeBatch) {
   const std::string kind = GetParam();
-  const std::string worker = std::getenv("EQUIVALENCE_WORKER");
-  const std::string ddprun = std::getenv("DDPRUN");
+  const std::string worker = testing::env_or_die("EQUIVALENCE_WORKER");
+  const std::string ddprun = testing::env_or_die("DDPRUN");
   char tmpl[] = "/tmp/ddp_processes_XXXXXX";
   const fs::path dir = mkdtemp(tmpl);
   for (int n : {2, 3, 4}) {
@@ -47,7 +37,7 @@ TEST_P(Processes, EqualOneProcessOnTheWholeBatch) {
                                        worker, kind, many.string(), "--chunks", chunks},
                               .timeout_s = 120});
     ASSERT_TRUE(ddp.exited(0)) << ddp.describe();
-    auto a = load_state(one), b = load_state(many);
+    auto a = testing::load_state(one), b = testing::load_state(many);
     ASSERT_EQ(a.size(), b.size());
     for (const auto& [name, tensor] : a) {
       ASSERT_EQ(b.count(name), 1u) << name;

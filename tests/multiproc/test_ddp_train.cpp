@@ -11,9 +11,9 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
 
+#include "support/saved_state.h"
 #include "support/subprocess.h"
 
 namespace ddp {
@@ -24,15 +24,9 @@ using testing::Command;
 using testing::Result;
 using testing::run_command;
 
-std::string env_or_die(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) throw std::runtime_error(std::string(name) + " is not set (run via ctest)");
-  return v;
-}
-
-const std::string kDdprun = env_or_die("DDPRUN");
-const std::string kTrain = env_or_die("DDP_TRAIN");
-const std::string kEvalScript = env_or_die("EVAL_SCRIPT");
+const std::string kDdprun = testing::env_or_die("DDPRUN");
+const std::string kTrain = testing::env_or_die("DDP_TRAIN");
+const std::string kEvalScript = testing::env_or_die("EVAL_SCRIPT");
 const std::string kData = "/usr/share/datasets/fashion-mnist";
 
 class TrainTest : public ::testing::Test {
@@ -63,15 +57,6 @@ std::pair<int, int> reported_accuracy(const std::string& out) {
   std::regex re(R"(done: test accuracy [0-9.]+% \((\d+)/(\d+)\))");
   EXPECT_TRUE(std::regex_search(out, m, re)) << out;
   return m.empty() ? std::pair{-1, -1} : std::pair{std::stoi(m[1]), std::stoi(m[2])};
-}
-
-std::map<std::string, at::Tensor> load_state(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto dict = torch::pickle_load(bytes).toGenericDict();
-  std::map<std::string, at::Tensor> out;
-  for (const auto& item : dict) out[item.key().toStringRef()] = item.value().toTensor();
-  return out;
 }
 
 std::vector<double> column(const fs::path& csv, const std::string& split, int col) {
@@ -138,8 +123,8 @@ TEST_F(TrainTest, KilledMidEpochAndResumedEndsBitwiseIdentical) {
   ASSERT_TRUE(resumed.exited(0)) << resumed.describe();
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
 
-  auto a = load_state(dir_ / "whole" / "model_state.pt");
-  auto b = load_state(dir_ / "killed" / "model_state.pt");
+  auto a = testing::load_state(dir_ / "whole" / "model_state.pt");
+  auto b = testing::load_state(dir_ / "killed" / "model_state.pt");
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, tensor] : a) {
     EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name << " differs after resume";

@@ -24,15 +24,9 @@ using testing::Command;
 using testing::Result;
 using testing::run_command;
 
-std::string env_or_die(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) throw std::runtime_error(std::string(name) + " is not set (run via ctest)");
-  return v;
-}
-
-const std::string kDdprun = env_or_die("DDPRUN");
-const std::string kAllreduce = env_or_die("EXAMPLE_ALLREDUCE");
-const std::string kDdpMlp = env_or_die("EXAMPLE_DDP_MLP");
+const std::string kDdprun = testing::env_or_die("DDPRUN");
+const std::string kAllreduce = testing::env_or_die("EXAMPLE_ALLREDUCE");
+const std::string kDdpMlp = testing::env_or_die("EXAMPLE_DDP_MLP");
 
 void expect_contains(const std::string& text, std::initializer_list<std::string> needles,
                      const Result& r) {

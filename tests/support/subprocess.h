@@ -220,6 +220,13 @@ class Subprocess {
   bool done_ = false;
 };
 
+// A variable ctest sets for the test (a binary's path); throws when run outside ctest.
+inline std::string env_or_die(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) throw std::runtime_error(std::string(name) + " is not set (run via ctest)");
+  return v;
+}
+
 // Runs `cmd` to completion (or its deadline).
 inline Result run_command(const Command& cmd) { return Subprocess::start(cmd).wait(); }
 

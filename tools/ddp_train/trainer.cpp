@@ -139,207 +139,265 @@ void save_final_model(ModelImpl& model, const fs::path& dir) {
   if (!out) throw Error(fmt::format("cannot write {}", (dir / "model_state.pt").string()));
 }
 
-}  // namespace
+// One training run's state, by lifetime: constant after setup, then what the loop advances.
+class Run {
+ public:
+  explicit Run(const TrainConfig& config);
+  int execute();
 
-int run(const TrainConfig& c) {
-  const auto wall_start = Clock::now();
-  auto pg = init_process_group();
-  const int rank = pg->rank(), world = pg->size();
-  const bool main = rank == 0;
-  torch::set_num_threads(choose_threads(c, *pg));
+ private:
+  void resume();
+  // One micro-batch's forward and backward; returns its (scaled) loss.
+  double micro_step(const Batch& batch, bool sync, int64_t micro_batches);
+  void optimizer_step();
+  // Trains what is left of `epoch`; returns false when --max-steps stopped it.
+  bool train_epoch(int64_t epoch);
+  void log_interval(int64_t epoch);
+  void end_epoch(int64_t epoch, bool stopped, double samples_per_s,
+                 std::chrono::steady_clock::time_point started);
+  void save_checkpoint(int64_t epoch);
+  void finish();
 
+  // Constant after construction.
+  const TrainConfig c_;
+  const Clock::time_point wall_start_ = Clock::now();
+  std::shared_ptr<ProcessGroup> pg_;
+  bool cuda_ = false;
+  c10::Device device_{c10::kCPU};
+  std::shared_ptr<Dataset> train_set_, test_set_;
+  DistributedSampler sampler_{1, {.num_replicas = 1, .rank = 0}};  // replaced in the ctor
+  std::unique_ptr<DataLoader> loader_;
+  std::shared_ptr<ModelImpl> net_;
+  std::unique_ptr<DistributedDataParallel<ModelImpl>> model_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::optional<GradScaler> scaler_;
+  int64_t steps_per_epoch_ = 0;
+  WarmupCosine schedule_;
+  fs::path dir_;
+  std::optional<RunLog> log_;  // rank 0 only
+  std::unique_ptr<Progress> progress_;
+  std::unique_ptr<Checkpointer> checkpoints_;
+  CheckpointRefs refs_;
+
+  // Advanced by the loop.
+  int64_t step_ = 0;           // optimizer steps done
+  int64_t start_epoch_ = 0;
+  double interval_loss_ = 0;   // sum of step losses since the last log line
+  int64_t interval_steps_ = 0;
+  EvalStats last_eval_;
+};
+
+Run::Run(const TrainConfig& c) : c_(c) {
+  pg_ = init_process_group();
+  torch::set_num_threads(choose_threads(c_, *pg_));
   const bool cuda_available = torch::cuda::is_available();
-  if (c.device == "cuda" && !cuda_available) {
+  if (c_.device == "cuda" && !cuda_available) {
     throw ConfigError("--device cuda: no CUDA device is available to this process");
   }
-  const bool cuda = c.device == "cuda" || (c.device == "auto" && cuda_available);
-  const c10::Device device = cuda ? c10::Device(c10::kCUDA, pg->local_rank()) : c10::Device(c10::kCPU);
-  if (c.precision == "fp16" && !cuda) {
+  cuda_ = c_.device == "cuda" || (c_.device == "auto" && cuda_available);
+  device_ = cuda_ ? c10::Device(c10::kCUDA, pg_->local_rank()) : c10::Device(c10::kCPU);
+  if (c_.precision == "fp16" && !cuda_) {
     throw ConfigError("--precision fp16 needs CUDA (fp16 autocast with a gradient scaler); on "
                       "the CPU use --precision bf16");
   }
 
   // Data: every rank reads the files; the sampler gives it its shard.
-  auto train_set = load_split(Split::kTrain, c, c.train_subset);
-  auto test_set = load_split(Split::kTest, c, c.test_subset);
-  DistributedSampler sampler(train_set->size(), {.shuffle = true, .seed = c.seed});
-  DataLoader loader(train_set, sampler,
-                    {.batch_size = c.batch_size, .num_workers = c.workers, .device = device});
+  train_set_ = load_split(Split::kTrain, c_, c_.train_subset);
+  test_set_ = load_split(Split::kTest, c_, c_.test_subset);
+  sampler_ = DistributedSampler(train_set_->size(), {.shuffle = true, .seed = c_.seed});
+  loader_ = std::make_unique<DataLoader>(
+      train_set_, sampler_,
+      LoaderOptions{.batch_size = c_.batch_size, .num_workers = c_.workers, .device = device_});
 
   // Model: the same seed everywhere (DDP copies rank 0's weights anyway).
-  torch::manual_seed(c.seed);
-  auto net = make_model(c.model, c.sync_bn);
-  net->to(device);
-  DistributedDataParallel model(net, {});
-  auto opt = make_optimizer(c, model.parameters());
-  std::optional<GradScaler> scaler;
-  if (c.precision == "fp16") scaler.emplace();
+  torch::manual_seed(c_.seed);
+  net_ = make_model(c_.model, c_.sync_bn);
+  net_->to(device_);
+  model_ = std::make_unique<DistributedDataParallel<ModelImpl>>(net_, DDPOptions{});
+  opt_ = make_optimizer(c_, model_->parameters());
+  if (c_.precision == "fp16") scaler_.emplace();
 
-  const int64_t batches_per_epoch = (sampler.num_samples() + c.batch_size - 1) / c.batch_size;
-  const int64_t steps_per_epoch = (batches_per_epoch + c.grad_accum - 1) / c.grad_accum;
-  const WarmupCosine schedule{
-      .peak = c.lr * (c.scale_lr ? world : 1),
-      .warmup_steps = static_cast<int64_t>(c.warmup_epochs * steps_per_epoch),
-      .total_steps = c.epochs * steps_per_epoch};
+  const int64_t batches_per_epoch = (sampler_.num_samples() + c_.batch_size - 1) / c_.batch_size;
+  steps_per_epoch_ = (batches_per_epoch + c_.grad_accum - 1) / c_.grad_accum;
+  schedule_ = {.peak = c_.lr * (c_.scale_lr ? pg_->size() : 1),
+               .warmup_steps = static_cast<int64_t>(c_.warmup_epochs * steps_per_epoch_),
+               .total_steps = c_.epochs * steps_per_epoch_};
 
-  // Output and resume.
-  const fs::path dir = run_dir(c, *pg);
-  std::optional<RunLog> log;
-  Progress progress(main, c.log_every);
-  if (main) {
-    log.emplace(dir);
-    nlohmann::json hp = c.to_json();
-    hp["world_size"] = world;
+  dir_ = run_dir(c_, *pg_);
+  progress_ = std::make_unique<Progress>(pg_->rank() == 0, c_.log_every);
+  if (pg_->rank() == 0) {
+    log_.emplace(dir_);
+    nlohmann::json hp = c_.to_json();
+    hp["world_size"] = pg_->size();
     hp["threads_per_rank"] = torch::get_num_threads();
     hp["ddp_version"] = DDP_VERSION;
     hp["blas"] = inspect_blas().summary();
-    log->write_hparams(hp);
+    log_->write_hparams(hp);
   }
-  Checkpointer checkpoints(dir / "checkpoints",
-                           {.keep = c.keep, .model_label = "--model " + c.model});
-  CheckpointRefs refs{.model = net.get(), .optimizer = opt.get(), .sampler = &sampler};
-  int64_t step = 0, start_epoch = 0;
-  std::optional<fs::path> resume_from;
-  if (c.resume == "auto") {
-    ResumePoint found = checkpoints.latest_valid(pg.get());
+  checkpoints_ = std::make_unique<Checkpointer>(
+      dir_ / "checkpoints", CheckpointerOptions{.keep = c_.keep, .model_label = "--model " + c_.model});
+  refs_ = {.model = net_.get(), .optimizer = opt_.get(), .sampler = &sampler_};
+}
+
+void Run::resume() {
+  std::optional<fs::path> from;
+  if (c_.resume == "auto") {
+    ResumePoint found = checkpoints_->latest_valid(pg_.get());
     for (const auto& s : found.skipped) {
-      progress.line(fmt::format("resume: skipped {}: {}", s.path.string(), s.reason));
+      progress_->line(fmt::format("resume: skipped {}: {}", s.path.string(), s.reason));
     }
-    resume_from = found.path;
-  } else if (!c.resume.empty()) {
-    resume_from = fs::path(c.resume);
+    from = found.path;
+  } else if (!c_.resume.empty()) {
+    from = fs::path(c_.resume);
   }
-  if (resume_from) {
-    LoadedCheckpoint got = checkpoints.load(*resume_from, refs, pg.get());
-    step = got.meta.step;
-    start_epoch = got.meta.epoch;
-    progress.line(fmt::format("resumed from {} at epoch {}, step {}{}", resume_from->string(),
-                              start_epoch, step,
+  if (!from) return;
+  LoadedCheckpoint got = checkpoints_->load(*from, refs_, pg_.get());
+  step_ = got.meta.step;
+  start_epoch_ = got.meta.epoch;
+  progress_->line(fmt::format("resumed from {} at epoch {}, step {}{}", from->string(),
+                              start_epoch_, step_,
                               got.world_size_changed
                                   ? fmt::format(" (written at world size {}, now {})",
-                                                got.meta.world_size, world)
+                                                got.meta.world_size, pg_->size())
                                   : ""));
+}
+
+void Run::save_checkpoint(int64_t epoch) {
+  checkpoints_->save(refs_, {.step = step_, .epoch = epoch, .hparams_json = c_.to_json().dump()},
+                     pg_.get());
+}
+
+double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
+  std::optional<NoSyncGuard> no_sync;
+  if (!sync) no_sync.emplace(model_->core());
+  torch::Tensor loss;
+  {
+    Autocast autocast(c_.precision != "fp32", cuda_);
+    loss = torch::cross_entropy_loss((*model_)(batch.data).to(torch::kFloat), batch.target) /
+           static_cast<double>(micro_batches);
   }
-  progress.line(fmt::format(
-      "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} ranks x {} threads, "
-      "batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; run "
-      "folder {}",
-      c.model, train_set->size(), test_set->size(), world, torch::get_num_threads(), c.batch_size,
-      c.grad_accum, steps_per_epoch, c.epochs, c.optimizer, schedule.peak, c.precision,
-      dir.string()));
+  (scaler_ ? scaler_->scale(loss) : loss).backward();
+  return loss.item<double>();
+}
 
-  progress.line(inspect_blas().summary());
-
-  auto save_checkpoint = [&](int64_t epoch) {
-    checkpoints.save(refs, {.step = step, .epoch = epoch, .hparams_json = c.to_json().dump()},
-                     pg.get());
-  };
-
-  EvalStats last_eval;
-  bool stop = c.max_steps > 0 && step >= c.max_steps;
-  for (int64_t epoch = start_epoch; epoch < c.epochs && !stop; ++epoch) {
-    sampler.set_epoch(epoch);  // a restored sampler keeps its position within this epoch
-    const auto epoch_start = Clock::now();
-    const int64_t remaining = static_cast<int64_t>(sampler.remaining().size());
-    const int64_t batches = (remaining + c.batch_size - 1) / c.batch_size;
-    progress.start_epoch(epoch, c.epochs, steps_per_epoch, steps_per_epoch -
-                         (batches + c.grad_accum - 1) / c.grad_accum);
-    int64_t b = 0, micro = 0, step_in_epoch = steps_per_epoch - (batches + c.grad_accum - 1) / c.grad_accum;
-    double step_loss = 0, interval_loss = 0;
-    int64_t interval_steps = 0, step_samples = 0;
-    for (auto& batch : loader) {
-      // Micro-batches in this optimizer step: grad_accum, or fewer at the end of the epoch.
-      const int64_t group_start = b - micro;
-      const int64_t in_group = std::min<int64_t>(c.grad_accum, batches - group_start);
-      const bool sync_now = micro + 1 == in_group;
-      {
-        std::optional<NoSyncGuard> no_sync;
-        if (!sync_now) no_sync.emplace(model.core());
-        torch::Tensor loss;
-        {
-          Autocast autocast(c.precision != "fp32", cuda);
-          loss = torch::cross_entropy_loss(model(batch.data).to(torch::kFloat), batch.target) /
-                 static_cast<double>(in_group);
-        }
-        (scaler ? scaler->scale(loss) : loss).backward();
-        step_loss += loss.item<double>();
-      }
-      step_samples += batch.data.size(0);
-      ++b;
-      if (!sync_now) {
-        ++micro;
-        continue;
-      }
-      micro = 0;
-      set_lr(*opt, schedule.at(step));
-      if (scaler) {
-        const bool finite = scaler->unscale_and_check(model.parameters(), *pg);
-        if (finite) opt->step();
-        scaler->update(finite);
-      } else {
-        opt->step();
-      }
-      opt->zero_grad();
-      ++step;
-      ++step_in_epoch;
-      interval_loss += step_loss;
-      ++interval_steps;
-      progress.step(step_in_epoch, step_loss, step_samples * world);
-      step_loss = 0;
-      step_samples = 0;
-      if (step % c.log_every == 0) {
-        at::Tensor l = at::full({1}, interval_loss / interval_steps, at::kDouble);
-        pg->all_reduce(l, ReduceOp::kAvg).wait();
-        if (log) {
-          log->append({.step = step, .epoch = epoch, .split = "train", .loss = l.item<double>(),
-                       .lr = schedule.at(step - 1), .samples_per_s = progress.samples_per_s(),
-                       .wall_s = seconds_since(wall_start)});
-        }
-        interval_loss = 0;
-        interval_steps = 0;
-      }
-      if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save_checkpoint(epoch);
-      if (c.max_steps > 0 && step >= c.max_steps) {
-        stop = true;
-        break;
-      }
-    }
-    progress.end_epoch();
-    const double train_samples_per_s = progress.samples_per_s();
-    if (stop && c.checkpoint_every > 0 && step % c.checkpoint_every == 0) {
-      // Stopped mid-epoch exactly at a checkpoint: it is already written.
-    } else if (stop) {
-      save_checkpoint(epoch);
-    }
-    last_eval = evaluate(*net, *test_set, *pg, device, 256);
-    const double epoch_s = seconds_since(epoch_start);
-    progress.line(fmt::format(
-        "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), {:.1f} s, {:.0f} "
-        "samples/s",
-        epoch + 1, c.epochs, last_eval.mean_loss(), 100 * last_eval.accuracy(),
-        last_eval.correct, last_eval.count, epoch_s, train_samples_per_s));
-    if (log) {
-      log->append({.step = step, .epoch = epoch, .split = "test", .loss = last_eval.mean_loss(),
-                   .accuracy = last_eval.accuracy(), .lr = schedule.at(std::max<int64_t>(step - 1, 0)),
-                   .samples_per_s = train_samples_per_s, .wall_s = seconds_since(wall_start)});
-    }
-    if (!stop) {
-      sampler.set_epoch(epoch + 1);  // the checkpoint resumes at the next epoch's start
-      save_checkpoint(epoch + 1);
-    }
+void Run::optimizer_step() {
+  set_lr(*opt_, schedule_.at(step_));
+  if (scaler_) {
+    const bool finite = scaler_->unscale_and_check(model_->parameters(), *pg_);
+    if (finite) opt_->step();
+    scaler_->update(finite);
+  } else {
+    opt_->step();
   }
+  opt_->zero_grad();
+  ++step_;
+}
 
-  if (main) {
-    save_final_model(*net, dir);
-    progress.line(fmt::format(
+// Every rank knows the step, so every rank joins this all-reduce of the interval's loss.
+void Run::log_interval(int64_t epoch) {
+  at::Tensor l = at::full({1}, interval_loss_ / interval_steps_, at::kDouble);
+  pg_->all_reduce(l, ReduceOp::kAvg).wait();
+  if (log_) {
+    log_->append({.step = step_, .epoch = epoch, .split = "train", .loss = l.item<double>(),
+                  .lr = schedule_.at(step_ - 1), .samples_per_s = progress_->samples_per_s(),
+                  .wall_s = seconds_since(wall_start_)});
+  }
+  interval_loss_ = 0;
+  interval_steps_ = 0;
+}
+
+bool Run::train_epoch(int64_t epoch) {
+  // What is left of the epoch (all of it, unless resumed mid-epoch): `batches` micro-batches
+  // in optimizer steps of grad_accum (the last step of an epoch may have fewer).
+  const int64_t batches =
+      (static_cast<int64_t>(sampler_.remaining().size()) + c_.batch_size - 1) / c_.batch_size;
+  int64_t step_in_epoch = steps_per_epoch_ - (batches + c_.grad_accum - 1) / c_.grad_accum;
+  progress_->start_epoch(epoch, c_.epochs, steps_per_epoch_, step_in_epoch);
+  int64_t b = 0, micro = 0, step_samples = 0;
+  double step_loss = 0;
+  for (auto& batch : *loader_) {
+    const int64_t in_group = std::min<int64_t>(c_.grad_accum, batches - (b - micro));
+    const bool sync = micro + 1 == in_group;
+    step_loss += micro_step(batch, sync, in_group);
+    step_samples += batch.data.size(0);
+    ++b;
+    if (!sync) {
+      ++micro;
+      continue;
+    }
+    micro = 0;
+    optimizer_step();
+    interval_loss_ += step_loss;
+    ++interval_steps_;
+    progress_->step(++step_in_epoch, step_loss, step_samples * pg_->size());
+    step_loss = 0;
+    step_samples = 0;
+    if (step_ % c_.log_every == 0) log_interval(epoch);
+    if (c_.checkpoint_every > 0 && step_ % c_.checkpoint_every == 0) save_checkpoint(epoch);
+    if (c_.max_steps > 0 && step_ >= c_.max_steps) return false;
+  }
+  return true;
+}
+
+void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::time_point started) {
+  if (stopped && !(c_.checkpoint_every > 0 && step_ % c_.checkpoint_every == 0)) {
+    save_checkpoint(epoch);  // stopped mid-epoch (--max-steps) between two checkpoints
+  }
+  last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
+  progress_->line(fmt::format(
+      "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), {:.1f} s, {:.0f} samples/s",
+      epoch + 1, c_.epochs, last_eval_.mean_loss(), 100 * last_eval_.accuracy(),
+      last_eval_.correct, last_eval_.count, seconds_since(started), samples_per_s));
+  if (log_) {
+    log_->append({.step = step_, .epoch = epoch, .split = "test", .loss = last_eval_.mean_loss(),
+                  .accuracy = last_eval_.accuracy(),
+                  .lr = schedule_.at(std::max<int64_t>(step_ - 1, 0)),
+                  .samples_per_s = samples_per_s, .wall_s = seconds_since(wall_start_)});
+  }
+  if (!stopped) {
+    sampler_.set_epoch(epoch + 1);  // the checkpoint resumes at the next epoch's start
+    save_checkpoint(epoch + 1);
+  }
+}
+
+void Run::finish() {
+  if (pg_->rank() == 0) {
+    save_final_model(*net_, dir_);
+    progress_->line(fmt::format(
         "done: test accuracy {:.2f}% ({}/{}), test loss {:.4f}, {} steps, {:.1f} s; model in {}",
-        100 * last_eval.accuracy(), last_eval.correct, last_eval.count, last_eval.mean_loss(),
-        step, seconds_since(wall_start), (dir / "model_state.pt").string()));
-    if (c.plots) progress.line(log->plot());
+        100 * last_eval_.accuracy(), last_eval_.correct, last_eval_.count,
+        last_eval_.mean_loss(), step_, seconds_since(wall_start_),
+        (dir_ / "model_state.pt").string()));
+    if (c_.plots) progress_->line(log_->plot());
   }
   barrier();
   destroy_process_group();
+}
+
+int Run::execute() {
+  resume();
+  progress_->line(fmt::format(
+      "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} ranks x {} threads, "
+      "batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; run "
+      "folder {}",
+      c_.model, train_set_->size(), test_set_->size(), pg_->size(), torch::get_num_threads(),
+      c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs, c_.optimizer, schedule_.peak,
+      c_.precision, dir_.string()));
+  progress_->line(inspect_blas().summary());
+  bool stopped = c_.max_steps > 0 && step_ >= c_.max_steps;
+  for (int64_t epoch = start_epoch_; epoch < c_.epochs && !stopped; ++epoch) {
+    sampler_.set_epoch(epoch);  // a restored sampler keeps its position within this epoch
+    const auto started = Clock::now();
+    stopped = !train_epoch(epoch);
+    progress_->end_epoch();
+    end_epoch(epoch, stopped, progress_->samples_per_s(), started);
+  }
+  finish();
   return 0;
 }
+
+}  // namespace
+
+int run(const TrainConfig& config) { return Run(config).execute(); }
 
 }  // namespace ddp::train
