@@ -118,6 +118,8 @@ class DdpCore {
   const IterationStats& last_iteration_stats() const;
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> bucket_layout() const;
+  std::vector<int64_t> bucket_order() const;
+  void restore_bucket_order(const std::vector<int64_t>& order);
 
  private:
   struct State;
@@ -171,6 +173,16 @@ class DistributedDataParallel {
   ProcessGroup& process_group() { return core_->process_group(); }
   const IterationStats& last_iteration_stats() const { return core_->last_iteration_stats(); }
   std::vector<std::vector<std::string>> bucket_layout() const { return core_->bucket_layout(); }
+  // The parameter order (indices in registration order) the buckets were rebuilt in after the
+  // first iteration (the observed gradient order); empty before that rebuild, when there is
+  // none (find_unused_parameters), and at world size 1. Save it with a checkpoint and restore
+  // it (every rank, before the first forward) so that a resumed run reduces in the same
+  // buckets, hence bit for bit the same sums, from its first step. Restoring an empty order
+  // does nothing.
+  std::vector<int64_t> bucket_order() const { return core_->bucket_order(); }
+  void restore_bucket_order(const std::vector<int64_t>& order) {
+    core_->restore_bucket_order(order);
+  }
   detail::DdpCore& core() { return *core_; }  // for ddp::Join
 
  private:

@@ -183,5 +183,11 @@ std::vector<std::vector<std::string>> DdpCore::bucket_layout() const {
   return state_->reducer->layout();
 }
 
+std::vector<int64_t> DdpCore::bucket_order() const { return state_->reducer->bucket_order(); }
+
+void DdpCore::restore_bucket_order(const std::vector<int64_t>& order) {
+  state_->reducer->restore_bucket_order(order);
+}
+
 }  // namespace detail
 }  // namespace ddp

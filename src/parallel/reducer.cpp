@@ -162,6 +162,36 @@ std::vector<std::vector<std::string>> Reducer::layout() const {
   return out;
 }
 
+std::vector<int64_t> Reducer::bucket_order() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> order;
+  if (!rebuilt_) return order;
+  for (const auto& b : buckets_) {
+    for (size_t v : b.vars) order.push_back(static_cast<int64_t>(v));
+  }
+  return order;
+}
+
+void Reducer::restore_bucket_order(const std::vector<int64_t>& order) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DDP_CHECK(phase_ != Phase::kBackward, Error,
+            "[rank {}] restore_bucket_order during a backward", group_.rank());
+  if (passthrough_ || order.empty()) return;
+  std::vector<char> seen(params_.size(), 0);
+  bool permutation = order.size() == params_.size();
+  for (int64_t v : order) {
+    permutation = permutation && v >= 0 && v < static_cast<int64_t>(params_.size()) && !seen[v];
+    if (permutation) seen[v] = 1;
+  }
+  DDP_CHECK(permutation, Error,
+            "[rank {}] DistributedDataParallel: the saved bucket order ({} entries) is not a "
+            "permutation of this model's {} parameters: it was saved from another model",
+            group_.rank(), order.size(), params_.size());
+  build_buckets(std::vector<size_t>(order.begin(), order.end()));
+  rebuilt_ = true;
+  log_layout("restored");
+}
+
 void Reducer::log_layout(const char* when) const {
   if (options_.debug == DebugLevel::kOff) return;
   std::string s = fmt::format("[rank {}] ddp: {} bucket layout: {} parameters in {} buckets "

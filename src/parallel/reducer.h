@@ -82,6 +82,16 @@ class Reducer {
   void shadow_backward();
   const IterationStats& last_stats() const { return last_stats_; }
   std::vector<std::vector<std::string>> layout() const;
+  // The parameter order the buckets were rebuilt in (the observed ready order); empty until
+  // that one-time rebuild happened, or when it never does (find_unused_parameters): then a
+  // resumed process does exactly what the original did anyway. Saved in checkpoints so that
+  // a resumed process uses the same buckets, hence the same summation order, from its first
+  // step.
+  std::vector<int64_t> bucket_order() const;
+  // Rebuilds the buckets from a saved order now (and skips the one-time rebuild). Every rank
+  // must restore the same order. Throws ddp::Error if it is not a permutation of the
+  // parameters or an iteration is under way.
+  void restore_bucket_order(const std::vector<int64_t>& order);
 
  private:
   struct Bucket;

@@ -78,19 +78,26 @@ void count(::c10d::Store& store, const Config& c) {
   const std::string me =
       fmt::format("{}:{}:{}:{}", c.world_size, c.rank, this_host(), static_cast<int>(getpid()));
   const bool hosting = c.rank == 0 && !c.use_agent_store;
-  // Ends the rendezvous on every rank: records why, waits (if hosting) for the others to see it.
+  // Acknowledges an abort (whoever raised it). The store's host then keeps the store up until
+  // every rank that connected has acknowledged too (at most kAbortLinger), so that nobody sees
+  // a dropped connection instead of the reason.
+  auto acknowledge = [&] {
+    store.add("abort_ack", 1);
+    if (!hosting) return;
+    const auto until = Clock::now() + kAbortLinger;
+    while (Clock::now() < until && store.add("abort_ack", 0) < store.add("connected", 0)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  };
+  // Ends the rendezvous on every rank with `reason`.
   auto fail = [&](const std::string& reason) {
     store.set("abort", bytes(reason));
-    store.add("abort_ack", 1);
-    if (hosting) {
-      const auto until = Clock::now() + kAbortLinger;
-      while (Clock::now() < until &&
-             store.add("abort_ack", 0) < std::max<int64_t>(store.add("joined", 0), 1)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    }
+    acknowledge();
     throw RendezvousError(reason);
   };
+
+  // Counted before anything can fail, so that the host knows whom to wait for on an abort.
+  store.add("connected", 1);
 
   // 2. One world size for all.
   const std::string first = text(store.compareSet("world_size", {}, bytes(me)));
@@ -124,7 +131,7 @@ void count(::c10d::Store& store, const Config& c) {
   while (true) {
     if (store.check({"abort"})) {
       const std::string reason = text(store.get("abort"));
-      store.add("abort_ack", 1);
+      acknowledge();
       throw RendezvousError(reason);
     }
     const int64_t joined = store.add("joined", 0);

@@ -12,6 +12,9 @@
 //   4. Count: add("joined", 1), then poll until joined == N. A rank that detects a problem (2,
 //      3, or the timeout) writes the reason under "abort", which every waiting rank also polls,
 //      so all ranks fail together with the same message instead of waiting out their timeout.
+//      Each rank acknowledges an abort ("abort_ack"); the host of the store keeps it up (at
+//      most 2 s) until every rank that "connected" has, so nobody sees a dropped connection
+//      instead of the reason.
 //   5. On timeout the missing ranks are those with no "rank/<r>" key: "k/N ranks joined
 //      after T s; missing ranks: ...".
 // Keys live under "ddp/<run id>/attempt_<restart count>/<group name>/", so a restarted group

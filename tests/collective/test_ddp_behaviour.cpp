@@ -219,6 +219,31 @@ TEST_F(Behaviour, BucketsAreRebuiltOnceInTheObservedReadyOrder) {
   expect_no_errors(errors);
 }
 
+TEST_F(Behaviour, ASavedBucketOrderGivesAResumedWrapperTheRebuiltBucketsAtOnce) {
+  auto errors = on_ranks(3, [&](int r, std::shared_ptr<ProcessGroup> pg) {
+    DDPOptions one_per_bucket{.process_group = pg, .bucket_cap_mb = 1e-6, .first_bucket_mb = 1e-6};
+    auto net = OutOfOrder();
+    DistributedDataParallel model(net.ptr(), one_per_bucket);
+    EXPECT_TRUE(model.bucket_order().empty());  // nothing rebuilt yet: nothing to save
+    for (int i = 0; i < 2; ++i) model(torch::randn({4, 16})).sum().backward();
+    const std::vector<int64_t> saved = model.bucket_order();
+    EXPECT_EQ(saved, (std::vector<int64_t>{1, 0, 3, 2}));  // a.bias, a.weight, b.bias, b.weight
+    const auto rebuilt = model.bucket_layout();
+
+    // A new process would build a new wrapper: with the saved order it starts where the
+    // original run was, and does not rebuild again.
+    auto fresh = OutOfOrder();
+    DistributedDataParallel resumed(fresh.ptr(), one_per_bucket);
+    resumed.restore_bucket_order(saved);
+    EXPECT_EQ(resumed.bucket_layout(), rebuilt);
+    for (int i = 0; i < 2; ++i) resumed(torch::randn({4, 16})).sum().backward();
+    EXPECT_EQ(resumed.bucket_layout(), rebuilt);
+    EXPECT_THROW(resumed.restore_bucket_order({0, 1, 2}), Error);  // not this model's
+    EXPECT_THROW(resumed.restore_bucket_order({0, 0, 1, 2}), Error);
+  });
+  expect_no_errors(errors);
+}
+
 TEST_F(Behaviour, DebugModeLogsLayoutAndReadyOrder) {
   InitOptions o;
   o.rank = 0;

@@ -42,16 +42,18 @@ TEST(Rendezvous, MissingRankIsNamedOnEveryRankWithinTheTimeout) {
   const auto start = Clock::now();
   // Ranks 0 and 2 of 3 start; rank 1 never does.
   const std::vector<int> started = {0, 2};
+  // 3 s: connecting alone can take a second on a loaded 2-core machine (CI runs tests while
+  // other work competes), and both present ranks must have joined before the timeout.
   auto errors = testing::run_threads(2, [&](int i) {
-    make_process_group(quick(started[i], 3, port, 1s));
+    make_process_group(quick(started[i], 3, port, 3s));
   });
   const double took = seconds_since(start);
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(errors[i]) << "rank " << started[i] << " formed a group with a rank missing";
     EXPECT_THROW(std::rethrow_exception(errors[i]), RendezvousError);
-    expect_contains(message_of(errors[i]), {"2/3 ranks joined", "missing ranks: 1", "1.0 s"});
+    expect_contains(message_of(errors[i]), {"2/3 ranks joined", "missing ranks: 1", "3.0 s"});
   }
-  EXPECT_LT(took, 5.0);
+  EXPECT_LT(took, 10.0);
 }
 
 TEST(Rendezvous, UnreachableStoreNamesTheEndpoint) {

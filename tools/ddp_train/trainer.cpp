@@ -254,6 +254,13 @@ void Run::resume() {
   LoadedCheckpoint got = checkpoints_->load(*from, refs_, pg_.get());
   step_ = got.meta.step;
   start_epoch_ = got.meta.epoch;
+  // The buckets the saved run had rebuilt, so summation order matches from the first step.
+  if (!got.meta.blob.empty()) {
+    const auto blob = nlohmann::json::parse(got.meta.blob);
+    if (blob.contains("bucket_order")) {
+      model_->restore_bucket_order(blob["bucket_order"].get<std::vector<int64_t>>());
+    }
+  }
   progress_->line(fmt::format("resumed from {} at epoch {}, step {}{}", from->string(),
                               start_epoch_, step_,
                               got.world_size_changed
@@ -263,7 +270,10 @@ void Run::resume() {
 }
 
 void Run::save_checkpoint(int64_t epoch) {
-  checkpoints_->save(refs_, {.step = step_, .epoch = epoch, .hparams_json = c_.to_json().dump()},
+  const nlohmann::json blob = {{"bucket_order", model_->bucket_order()}};
+  checkpoints_->save(refs_,
+                     {.step = step_, .epoch = epoch, .hparams_json = c_.to_json().dump(),
+                      .blob = blob.dump()},
                      pg_.get());
 }
 

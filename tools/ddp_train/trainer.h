@@ -10,8 +10,9 @@
 // of each epoch the test set is evaluated exactly (each sample once, ddp/metrics.h) on
 // model.module() — the wrapper is not used for evaluation, so no collective is involved —
 // and a checkpoint is written with the sampler already at the next epoch's start. Checkpoints
-// also every checkpoint_every steps, always at an optimizer-step boundary, so a resumed run
-// continues bit for bit (same world size, CPU, fp32).
+// also every checkpoint_every steps, always at an optimizer-step boundary, and they carry
+// DDP's rebuilt bucket order, so a resumed run continues bit for bit (same world size, CPU,
+// fp32): same data, RNG, optimizer state and the same summation order of every all-reduce.
 #pragma once
 
 #include "config.h"
