@@ -157,10 +157,7 @@ TEST_F(Behaviour, CustomHookSeesUndividedBucketsAndDecidesTheResult) {
 }
 
 TEST_F(Behaviour, CommHookMustBeRegisteredBeforeTheFirstForward) {
-  InitOptions o;
-  o.rank = 0;
-  o.world_size = 1;
-  auto pg = make_process_group(o);
+  auto pg = one_rank_group();
   auto net = Mlp();
   DistributedDataParallel model(net.ptr(), {.process_group = pg});
   model(torch::randn({2, 20})).sum().backward();
@@ -245,10 +242,7 @@ TEST_F(Behaviour, ASavedBucketOrderGivesAResumedWrapperTheRebuiltBucketsAtOnce) 
 }
 
 TEST_F(Behaviour, DebugModeLogsLayoutAndReadyOrder) {
-  InitOptions o;
-  o.rank = 0;
-  o.world_size = 1;
-  auto pg = make_process_group(o);
+  auto pg = one_rank_group();
   auto net = Mlp();
   ::testing::internal::CaptureStderr();
   {
@@ -268,10 +262,7 @@ TEST_F(Behaviour, DebugModeLogsLayoutAndReadyOrder) {
 }
 
 TEST_F(Behaviour, WorldSizeOnePassesGradientsThroughWithoutBuckets) {
-  InitOptions o;
-  o.rank = 0;
-  o.world_size = 1;
-  auto pg = make_process_group(o);
+  auto pg = one_rank_group();
   torch::manual_seed(5);
   auto plain = Mlp();
   auto wrapped = Mlp();
@@ -288,10 +279,7 @@ TEST_F(Behaviour, WorldSizeOnePassesGradientsThroughWithoutBuckets) {
 TEST_F(Behaviour, UsesTheDefaultGroupAndNeedsOne) {
   auto net = Mlp();
   EXPECT_THROW(DistributedDataParallel(net.ptr()), Error);  // no init_process_group yet
-  InitOptions o;
-  o.rank = 0;
-  o.world_size = 1;
-  init_process_group(o);
+  init_process_group(one_rank_options());
   DistributedDataParallel model(net);  // a TORCH_MODULE holder works too
   EXPECT_EQ(&model.process_group(), default_group().get());
   model(torch::randn({2, 20})).sum().backward();

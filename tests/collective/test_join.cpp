@@ -55,7 +55,8 @@ Mlp reference(const std::vector<int>& batches, bool divide_by_world, Mlp& init) 
 
 // Trains every rank on its `batches[r]` batches under a Join; returns the final replicas.
 std::vector<Mlp> train_uneven(const std::vector<int>& batches, JoinOptions join_options,
-                              DDPOptions ddp_options, Mlp& init, double* took_s = nullptr) {
+                              DDPOptions ddp_options, Mlp& init, double* took_s = nullptr,
+                              CommHook hook = nullptr) {
   const int n = static_cast<int>(batches.size());
   std::vector<Mlp> replicas(n, Mlp(nullptr));
   const int port = free_port();
@@ -67,6 +68,7 @@ std::vector<Mlp> train_uneven(const std::vector<int>& batches, JoinOptions join_
     DDPOptions o = ddp_options;
     o.process_group = pg;
     DistributedDataParallel model(net, o);
+    if (hook) model.register_comm_hook(hook);
     auto opt = make_sgd(*net);
     Join join(model, join_options);
     for (int s = 0; s < batches[r]; ++s) {
@@ -121,34 +123,16 @@ TEST_F(JoinTest, DivideByInitialWorldSizeAsPyTorchsDefault) {
 TEST_F(JoinTest, ShadowsHooksBucketsAndBitmapsWithoutHanging) {
   // fp16 buckets and many of them, and the used-parameter bitmap: the joined rank must issue
   // the very same collectives (dtype, size, order), or this deadlocks / fails.
-  const std::vector<int> batches = {3, 1, 2};
   torch::manual_seed(7);
   Mlp init;
-  const int n = 3;
-  const int port = free_port();
-  std::vector<Mlp> replicas(n, Mlp(nullptr));
-  auto errors = run_threads(n, [&](int r) {
-    auto pg = make_process_group(thread_rank(r, n, port, /*timeout=*/20s));
-    Mlp net;
-    DistributedDataParallel model(net, {.process_group = pg, .bucket_cap_mb = 0.002,
-                                        .first_bucket_mb = 0.001,
-                                        .find_unused_parameters = true});
-    model.register_comm_hook(comm_hooks::fp16_compress());
-    auto opt = make_sgd(*net);
-    Join join(model);
-    for (int s = 0; s < batches[r]; ++s) {
-      auto [x, y] = batch(r, s);
-      opt.zero_grad();
-      torch::cross_entropy_loss(model(x), y).backward();
-      opt.step();
-    }
-    join.finish();
-    replicas[r] = net;
-  });
-  for (int r = 0; r < n; ++r) {
-    ASSERT_FALSE(errors[r]) << "rank " << r << ": " << message_of(errors[r]);
+  auto replicas = train_uneven({3, 1, 2}, {},
+                               {.bucket_cap_mb = 0.002, .first_bucket_mb = 0.001,
+                                .find_unused_parameters = true},
+                               init, nullptr, comm_hooks::fp16_compress());
+  for (size_t r = 0; r < replicas.size(); ++r) ASSERT_TRUE(replicas[r]) << "rank " << r;
+  for (size_t r = 1; r < replicas.size(); ++r) {
+    EXPECT_EQ(max_param_diff(*replicas[r], *replicas[0]), 0.0);
   }
-  for (int r = 1; r < n; ++r) EXPECT_EQ(max_param_diff(*replicas[r], *replicas[0]), 0.0);
 }
 
 TEST_F(JoinTest, BuffersComeFromARankStillTrainingAndModelsEndIdentical) {

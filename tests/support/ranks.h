@@ -48,6 +48,17 @@ inline InitOptions thread_rank(int rank, int world, int port,
   return o;
 }
 
+// A group of one rank (world size 1): no sockets, for tests that need a group but no peers.
+inline InitOptions one_rank_options() {
+  InitOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  return o;
+}
+inline std::shared_ptr<ProcessGroup> one_rank_group() {
+  return make_process_group(one_rank_options());
+}
+
 // Runs fn(rank) on `world` threads and returns each thread's exception (nullptr if none).
 inline std::vector<std::exception_ptr> run_threads(int world, const std::function<void(int)>& fn) {
   std::vector<std::exception_ptr> errors(world);

@@ -9,6 +9,7 @@
 #include "ddp/process_group.h"
 #include "grad_scaler.h"
 #include "schedule.h"
+#include "support/ranks.h"
 
 namespace ddp::train {
 namespace {
@@ -25,15 +26,8 @@ TEST(Schedule, WarmupThenCosineToZero) {
   EXPECT_DOUBLE_EQ(no_warmup.at(0), 1.0);
 }
 
-std::shared_ptr<ProcessGroup> one_rank() {
-  InitOptions o;
-  o.rank = 0;
-  o.world_size = 1;
-  return make_process_group(o);
-}
-
 TEST(GradScaler, UnscalesSkipsOnOverflowAndAdaptsTheScale) {
-  auto pg = one_rank();
+  auto pg = ddp::testing::one_rank_group();
   GradScaler scaler({.init_scale = 1024, .growth_interval = 2});
   auto p = torch::zeros({3}, torch::requires_grad());
   EXPECT_DOUBLE_EQ(scaler.scale(torch::ones({})).item<double>(), 1024);
