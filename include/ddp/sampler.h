@@ -54,11 +54,32 @@
 // where a finished epoch stays finished (an empty pass). An abandoned pass (break) leaves the
 // cursor where it stopped; the next pass continues from there.
 //
-// Thread-safety: all methods are safe to call from any thread (one mutex inside). Errors: bad
-// arguments are ddp::ConfigError naming the value and the fix.
+// Note [Sampler iteration]
+// `for (int64_t i : sampler)` (Python's `for i in sampler`) is one pass, made exactly as a
+// DataLoader with batch_size 1 makes it (Note [Loader passes] in ddp/data_loader.h):
+//   * begin() calls begin_pass(): the loop yields remaining(), the indices of this epoch not
+//     consumed yet (a finished epoch starts over first, except right after load_state()). On a
+//     fresh sampler, or after set_epoch() to a new epoch, that is all of indices().
+//   * Handing out an index (begin() for the first, ++ for each next one) advances position()
+//     by 1, so the index in your hands counts as consumed: state() taken in the loop body, after
+//     the step that used it, is exact for a checkpoint. A loop that runs to the end leaves
+//     position() == num_samples(); one left early (break) leaves the position after the last
+//     index handed out, and the next loop continues from there.
+//   * Copies share the cursor (Note [Shared cursor]): run one pass at a time over a sampler and
+//     the loaders that share it. A pass that would move the position past num_samples() (two
+//     interleaved passes) throws ddp::ConfigError. set_epoch() to another epoch in the middle
+//     of a loop: the loop finishes its snapshot of the old epoch and leaves the new epoch's
+//     cursor alone (as the loader does).
+// To read the order without consuming it, use indices() or remaining() (both const).
+//
+// Thread-safety: all methods are safe to call from any thread (one mutex inside); an Iterator
+// belongs to one thread. Errors: bad arguments are ddp::ConfigError naming the value and the
+// fix.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -117,6 +138,14 @@ class DistributedSampler {
   // call it yourself when you iterate indices() by hand). Throws past num_samples().
   void advance(int64_t count);
 
+  // One pass over remaining(), advancing the cursor per index handed out (Note [Sampler
+  // iteration]): `for (int64_t i : sampler)`. A C++20 input range (single pass, move-only
+  // iterator), so std::ranges algorithms accept it.
+  class Iterator;
+  struct Sentinel {};
+  Iterator begin();
+  Sentinel end() const { return {}; }
+
   // Length of indices() (Python's len(sampler)); with pad=false it depends on the rank.
   int64_t num_samples() const;
   int64_t position() const;
@@ -137,6 +166,35 @@ class DistributedSampler {
   struct Shared;
   explicit DistributedSampler(std::shared_ptr<Shared> shared);
   std::shared_ptr<Shared> shared_;  // never null; copies share it (Note [Shared cursor])
+};
+
+// A single-pass input iterator over one pass's indices; move-only, because each index handed
+// out moves the shared cursor once. Default-constructed, it is at the end.
+class DistributedSampler::Iterator {
+ public:
+  using value_type = int64_t;
+  using difference_type = std::ptrdiff_t;
+  using iterator_concept = std::input_iterator_tag;
+
+  Iterator() = default;
+  Iterator(Iterator&&) noexcept = default;
+  Iterator& operator=(Iterator&&) noexcept = default;
+  Iterator(const Iterator&) = delete;
+  Iterator& operator=(const Iterator&) = delete;
+
+  int64_t operator*() const;  // the index in hand (already counted as consumed)
+  Iterator& operator++();     // hands out the next index: position() + 1
+  void operator++(int) { ++*this; }
+  friend bool operator==(const Iterator& it, Sentinel) { return it.next_ >= it.indices_.size(); }
+
+ private:
+  friend class DistributedSampler;
+  void hand_out();  // counts indices_[next_] as consumed (when the epoch is still ours)
+
+  std::shared_ptr<Shared> shared_;  // null when default-constructed
+  std::vector<int64_t> indices_;    // this pass's snapshot: remaining() at begin()
+  size_t next_ = 0;                 // the index in hand; == indices_.size() at the end
+  int64_t epoch_ = 0;               // the epoch the pass belongs to
 };
 
 // The pure rule, exposed for tests and for code that shards without a sampler object: rank's

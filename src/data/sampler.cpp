@@ -156,6 +156,41 @@ void DistributedSampler::advance(int64_t count) {
   shared_->position += count;
 }
 
+// Note [Sampler iteration]: begin_pass(), then one advance per index handed out.
+DistributedSampler::Iterator DistributedSampler::begin() {
+  Iterator it;
+  it.shared_ = shared_;
+  it.epoch_ = epoch();
+  it.indices_ = begin_pass();
+  if (!it.indices_.empty()) it.hand_out();
+  return it;
+}
+
+int64_t DistributedSampler::Iterator::operator*() const {
+  DDP_ASSERT(next_ < indices_.size(), "dereferencing a DistributedSampler iterator at its end");
+  return indices_[next_];
+}
+
+DistributedSampler::Iterator& DistributedSampler::Iterator::operator++() {
+  DDP_ASSERT(next_ < indices_.size(), "incrementing a DistributedSampler iterator at its end");
+  ++next_;
+  if (next_ < indices_.size()) hand_out();
+  return *this;
+}
+
+void DistributedSampler::Iterator::hand_out() {
+  Shared& s = *shared_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.epoch != epoch_) return;  // set_epoch() mid-pass restarted the cursor: leave it alone
+  const int64_t total = s.num_samples_locked();
+  DDP_CHECK(s.position < total, ConfigError,
+            "DistributedSampler iteration: rank {} already consumed all {} samples of epoch {} "
+            "while this pass still had {} to hand out; another pass over the same sampler (a "
+            "second loop, or a DataLoader sharing it) ran at the same time; run one pass at a "
+            "time", s.r(), total, s.epoch, indices_.size() - next_);
+  ++s.position;
+}
+
 int64_t DistributedSampler::num_samples() const {
   std::lock_guard<std::mutex> lock(shared_->mu);
   return shared_->num_samples_locked();

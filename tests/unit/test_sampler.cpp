@@ -9,6 +9,8 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <iterator>
+#include <ranges>
 #include <set>
 #include <sstream>
 #include <string>
@@ -294,6 +296,126 @@ TEST(Sampler, SetEpochKeepsTheSameEpochsPositionAndResetsOnANewOne) {
   s.advance(s.num_samples());
   EXPECT_EQ(s.begin_pass(), s.indices());
   EXPECT_EQ(s.position(), 0);
+}
+
+// Note [Sampler iteration]: `for (int64_t i : sampler)` is a loader pass with batch_size 1.
+static_assert(std::ranges::input_range<DistributedSampler>);
+
+TEST(SamplerIteration, RangeForYieldsIndicesAndAdvancesPerIndex) {
+  DistributedSampler s(23, {.num_replicas = 3, .rank = 1, .seed = 5});
+  s.set_epoch(2);
+  const auto expected = s.indices();
+  std::vector<int64_t> got;
+  for (int64_t i : s) {
+    got.push_back(i);
+    // The index in hand counts as consumed, as a loader's batch does.
+    EXPECT_EQ(s.position(), static_cast<int64_t>(got.size()));
+  }
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(s.position(), s.num_samples());
+  EXPECT_EQ(s.indices(), expected);  // indices() neither moves nor depends on the cursor
+
+  // A finished epoch starts over at the next pass (as begin_pass, and PyTorch, repeat it).
+  std::vector<int64_t> again;
+  std::ranges::copy(s, std::back_inserter(again));
+  EXPECT_EQ(again, expected);
+
+  // A copy shares the cursor: iterating it is iterating the sampler.
+  s.set_epoch(3);
+  DistributedSampler copy = s;
+  int64_t seen = 0;
+  for ([[maybe_unused]] int64_t i : copy) ++seen;
+  EXPECT_EQ(seen, s.num_samples());
+  EXPECT_EQ(s.position(), s.num_samples());
+}
+
+TEST(SamplerIteration, BreakKeepsThePositionAndTheNextLoopContinues) {
+  DistributedSampler s(40, {.num_replicas = 2, .rank = 0, .seed = 11});
+  s.set_epoch(1);
+  const auto all = s.indices();
+  std::vector<int64_t> first;
+  for (int64_t i : s) {
+    first.push_back(i);
+    if (first.size() == 7) break;
+  }
+  EXPECT_EQ(first, std::vector<int64_t>(all.begin(), all.begin() + 7));
+  EXPECT_EQ(s.position(), 7);
+  EXPECT_EQ(s.remaining(), std::vector<int64_t>(all.begin() + 7, all.end()));
+  std::vector<int64_t> rest;
+  for (int64_t i : s) rest.push_back(i);
+  EXPECT_EQ(rest, std::vector<int64_t>(all.begin() + 7, all.end()));
+  EXPECT_EQ(s.position(), s.num_samples());
+}
+
+TEST(SamplerIteration, StateAfterPartialIterationResumesExactly) {
+  // Every rank of a world of 3 stops after 5 indices; a new run resumes from rank 0's state.
+  const int R = 3;
+  std::vector<std::vector<int64_t>> uninterrupted;
+  SamplerState st;
+  for (int r = 0; r < R; ++r) {
+    DistributedSampler s(50, {.num_replicas = R, .rank = r, .seed = 4});
+    s.set_epoch(6);
+    uninterrupted.push_back(s.indices());
+    int taken = 0;
+    for ([[maybe_unused]] int64_t i : s) {
+      if (++taken == 5) {
+        if (r == 0) st = s.state();  // a checkpoint taken after the step that used index 5
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(st.epoch, 6);
+  EXPECT_EQ(st.position, 5);
+  EXPECT_EQ(st.consumed(), 15);
+  for (int r = 0; r < R; ++r) {
+    DistributedSampler fresh(50, {.num_replicas = R, .rank = r, .seed = 4});
+    fresh.load_state(st);
+    fresh.set_epoch(6);  // same epoch: keeps the restored position
+    std::vector<int64_t> resumed;
+    for (int64_t i : fresh) resumed.push_back(i);
+    EXPECT_EQ(resumed, std::vector<int64_t>(uninterrupted[r].begin() + 5, uninterrupted[r].end()))
+        << "rank " << r;
+    EXPECT_EQ(fresh.position(), fresh.num_samples());
+  }
+
+  // A finished epoch restored from a checkpoint stays finished: the first loop is empty.
+  DistributedSampler done(50, {.num_replicas = R, .rank = 0, .seed = 4});
+  for ([[maybe_unused]] int64_t i : done) {
+  }
+  DistributedSampler restored(50, {.num_replicas = R, .rank = 0, .seed = 4});
+  restored.load_state(done.state());
+  EXPECT_TRUE(restored.begin() == restored.end());
+  EXPECT_EQ(restored.position(), restored.num_samples());
+}
+
+TEST(SamplerIteration, EmptyPassesInterleavedPassesAndSetEpochMidLoop) {
+  // drop_last with fewer samples than ranks: nothing to hand out, nothing consumed.
+  DistributedSampler empty(3, {.num_replicas = 5, .rank = 0, .drop_last = true});
+  EXPECT_TRUE(empty.begin() == empty.end());
+  EXPECT_EQ(empty.position(), 0);
+  EXPECT_TRUE(DistributedSampler::Iterator() == DistributedSampler::Sentinel());
+
+  // Two passes at once over one cursor: the one that runs out of samples says so.
+  DistributedSampler s(10, {.num_replicas = 2, .rank = 0});
+  auto a = s.begin();  // hands out 1 of 5
+  auto b = s.begin();  // continues at position 1: hands out the 2nd
+  expect_config_error([&] {
+    while (!(b == s.end())) ++b;  // b consumes the rest of the epoch
+    ++a;                          // a still has 4 to hand out
+  }, {"one pass at a time", "all 5 samples of epoch 0"});
+
+  // set_epoch() to another epoch mid-loop: the loop finishes the old snapshot and leaves the
+  // new epoch's cursor at 0.
+  DistributedSampler t(20, {.num_replicas = 2, .rank = 1});
+  const auto epoch0 = t.indices();
+  std::vector<int64_t> got;
+  for (int64_t i : t) {
+    got.push_back(i);
+    if (got.size() == 3) t.set_epoch(1);
+  }
+  EXPECT_EQ(got, epoch0);
+  EXPECT_EQ(t.epoch(), 1);
+  EXPECT_EQ(t.position(), 0);
 }
 
 // Consumes `steps` samples on every rank of a world of `R`; returns each rank's sampler.
