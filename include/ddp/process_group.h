@@ -43,9 +43,11 @@ inline constexpr std::chrono::seconds kDefaultRendezvousTimeout{300};
 inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
 
 struct InitOptions {
-  // "gloo" (CPU tensors), "nccl" (CUDA tensors; CUDA builds only) or "auto" (nccl when it is
-  // compiled in and a GPU is visible, else gloo).
-  std::string backend = "auto";
+  // "shm" (CPU tensors, every rank on this host: shared memory), "gloo" (CPU tensors, any
+  // hosts), "nccl" (CUDA tensors; CUDA builds only) or "auto": nccl when it is compiled in and
+  // a GPU is visible, else shm when every rank of the group shares this host, else gloo.
+  // Unset: DDP_BACKEND, else "auto".
+  std::optional<std::string> backend;
   // Explicit placement; when rank and world_size are both set, the launch environment is not
   // consulted for them (useful to host N ranks as N threads of one test).
   std::optional<int> rank;
@@ -102,7 +104,7 @@ class ProcessGroup {
   int size() const;
   int local_rank() const;
   int local_size() const;
-  const std::string& backend() const;           // "gloo" or "nccl"
+  const std::string& backend() const;           // "shm", "gloo" or "nccl"
   std::chrono::milliseconds timeout() const;    // collective timeout
   const DistEnv& env() const;                   // where this rank stands in the job
   uint64_t last_sequence_number() const;        // of the most recently issued collective

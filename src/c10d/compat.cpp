@@ -36,7 +36,7 @@ c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<::c10d::Store>& s
 bool backend_supports_avg(const std::string& backend_name) { return backend_name == "nccl"; }
 
 bool backend_reduces(const std::string& backend_name, c10::ScalarType dtype) {
-  if (backend_name == "nccl") return true;
+  if (backend_name == "nccl" || backend_name == "shm") return true;  // shm: float32 accumulation
   return dtype != c10::ScalarType::BFloat16;  // Gloo: every other dtype ddp-cpp uses
 }
 

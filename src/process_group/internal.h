@@ -10,15 +10,18 @@
 
 #include "c10d/compat.h"
 #include "ddp/process_group.h"
+#include "process_group/shm/group.h"
 
 namespace ddp {
 
 struct ProcessGroup::Impl {
   // Constant after construction.
   DistEnv env;  // rank, size, local placement as the group was formed
-  std::string backend_name;
+  std::string backend_name;  // "shm", "gloo" or "nccl"
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<::c10d::Store> store;
+  // Exactly one transport: the shared-memory group (backend "shm"), or a c10d backend.
+  std::shared_ptr<shm::Group> shm;
   c10::intrusive_ptr<c10d_compat::Backend> backend;
 
   // Sequence number of the last collective issued (first is 1).
@@ -38,7 +41,9 @@ struct Work::State {
   int rank = 0;
   std::chrono::milliseconds timeout{0};
   std::chrono::steady_clock::time_point issued;
-  c10::intrusive_ptr<::c10d::Work> work;
+  c10::intrusive_ptr<::c10d::Work> work;  // a c10d backend's collective, or
+  std::shared_ptr<shm::Group> shm_group;  // the shared-memory transport's
+  std::shared_ptr<shm::Op> shm_op;
   std::function<void()> then;  // local completion step; may be empty
 
   std::mutex mu;

@@ -4,11 +4,16 @@
 #include <sys/socket.h>  // socket, connect, getsockname
 #include <unistd.h>      // close
 
+#include <cstdio>   // stderr
+#include <cstdlib>  // getenv
+#include <string_view>
+
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "base/check.h"
 #include "process_group/internal.h"
+#include "process_group/shm_setup.h"
 #include "rendezvous/rendezvous.h"
 
 #if DDP_WITH_NCCL
@@ -92,8 +97,17 @@ c10d_compat::GlooDeviceSpec gloo_device(const InitOptions& o, const DistEnv& env
   return spec;
 }
 
+// InitOptions::backend, else DDP_BACKEND, else "auto".
+std::string requested_backend(const InitOptions& o) {
+  if (o.backend) return *o.backend;
+  const char* v = std::getenv("DDP_BACKEND");
+  return v != nullptr && *v != '\0' ? v : "auto";
+}
+
+// The backend before locality is known: "gloo", "nccl", "shm", or "cpu-auto" (shm when every
+// rank shares this host, else gloo).
 std::string choose_backend(const std::string& requested) {
-  if (requested == "gloo") return requested;
+  if (requested == "gloo" || requested == "shm") return requested;
   if (requested == "nccl") {
     DDP_CHECK(DDP_WITH_NCCL, ConfigError,
               "backend 'nccl' is not available: this build of ddp-cpp uses a CPU-only LibTorch. "
@@ -101,11 +115,20 @@ std::string choose_backend(const std::string& requested) {
     return requested;
   }
   DDP_CHECK(requested == "auto", ConfigError,
-            "unknown backend '{}': choose 'gloo' (CPU), 'nccl' (CUDA) or 'auto'", requested);
+            "unknown backend '{}': choose 'shm' (CPU, ranks on one host), 'gloo' (CPU), 'nccl' "
+            "(CUDA) or 'auto'",
+            requested);
 #if DDP_WITH_NCCL
   if (torch::cuda::is_available()) return "nccl";
 #endif
-  return "gloo";
+  return "cpu-auto";
+}
+
+bool debug_info() {
+  const char* v = std::getenv("DDP_DEBUG");
+  if (v == nullptr) v = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  return v != nullptr && (std::string_view(v) == "info" || std::string_view(v) == "detail" ||
+                          std::string_view(v) == "INFO" || std::string_view(v) == "DETAIL");
 }
 
 }  // namespace
@@ -114,7 +137,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   auto impl = std::make_unique<ProcessGroup::Impl>();
   impl->env = resolve_env(o);
   const DistEnv& env = impl->env;
-  impl->backend_name = choose_backend(o.backend);
+  impl->backend_name = choose_backend(requested_backend(o));
   impl->timeout = o.timeout.value_or(
       env.collective_timeout_s ? from_seconds(*env.collective_timeout_s)
                                : milliseconds(kDefaultCollectiveTimeout));
@@ -134,6 +157,29 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
                               env.restart_count, o.group_name);
   rc.timeout = rdzv_timeout;
   impl->store = rendezvous::join(rc);
+
+  // Shared memory when every rank is on this host (explicitly asked for, or chosen by auto).
+  if (impl->backend_name == "shm" || impl->backend_name == "cpu-auto") {
+    ShmSetup shm = make_shm_group(*impl->store, env, impl->timeout);
+    if (shm.group) {
+      impl->shm = std::move(shm.group);
+      impl->backend_name = "shm";
+    } else {
+      DDP_CHECK(impl->backend_name != "shm", RendezvousError,
+                "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on "
+                "one host (same kernel, same pid namespace); use backend 'auto' or 'gloo'.",
+                env.rank, shm.why_not);
+      if (env.rank == 0 && (debug_info() || shm.why_not.find("hosts") == std::string::npos)) {
+        fmt::print(stderr, "ddp: shared-memory transport not used ({}); using gloo\n",
+                   shm.why_not);
+      }
+      impl->backend_name = "gloo";
+    }
+  }
+  if (env.rank == 0 && debug_info()) {
+    fmt::print(stderr, "ddp: process group '{}' of {} ranks over {}\n", o.group_name,
+               env.world_size, impl->backend_name);
+  }
 
   // All ranks are present: Gloo/NCCL now connect their pairs through the same store.
   auto backend_store = c10::make_intrusive<::c10d::PrefixStore>(impl->backend_name, impl->store);

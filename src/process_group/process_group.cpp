@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
+#include <optional>
+
 #include "base/check.h"
 #include "process_group/internal.h"
 
@@ -34,6 +36,49 @@ at::Tensor reduce_rows(const at::Tensor& chunks, ReduceOp op) {
   }
 }
 
+shm::Reduce to_shm(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return shm::Reduce::kSum;
+    case ReduceOp::kAvg: return shm::Reduce::kAvg;
+    case ReduceOp::kMax: return shm::Reduce::kMax;
+    case ReduceOp::kMin: return shm::Reduce::kMin;
+  }
+  DDP_ASSERT(false, "unknown ReduceOp {}", static_cast<int>(op));
+}
+
+std::optional<shm::DType> to_shm(at::ScalarType t) {
+  switch (t) {
+    case at::kByte: return shm::DType::kU8;
+    case at::kChar: return shm::DType::kI8;
+    case at::kShort: return shm::DType::kI16;
+    case at::kInt: return shm::DType::kI32;
+    case at::kLong: return shm::DType::kI64;
+    case at::kHalf: return shm::DType::kF16;
+    case at::kBFloat16: return shm::DType::kBF16;
+    case at::kFloat: return shm::DType::kF32;
+    case at::kDouble: return shm::DType::kF64;
+    case at::kBool: return shm::DType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+// The shared-memory transport moves CPU memory; it works on a contiguous version of `t` (`t`
+// itself when it already is; else a copy that `then` writes back).
+at::Tensor shm_buffer(const ProcessGroup::Impl& pg, const char* op, const at::Tensor& t) {
+  DDP_CHECK(t.device().is_cpu(), Error,
+            "[rank {}] {} #{}: the shm backend moves CPU tensors, this one is on {}; use "
+            "backend 'nccl' (or 'auto') for CUDA tensors",
+            pg.env.rank, op, pg.seq + 1, t.device().str());
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+// What a shm collective that only copies (broadcast, all_gather) moves: elements of a dtype it
+// knows (so errors say "3 x Long"), else the bytes.
+std::pair<size_t, shm::DType> shm_extent(const at::Tensor& t) {
+  if (auto dtype = to_shm(t.scalar_type())) return {static_cast<size_t>(t.numel()), *dtype};
+  return {static_cast<size_t>(t.numel()) * t.element_size(), shm::DType::kU8};
+}
+
 }  // namespace
 
 const char* to_string(ReduceOp op) {
@@ -58,7 +103,8 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout;
 const DistEnv& ProcessGroup::env() const { return impl_->env; }
 uint64_t ProcessGroup::last_sequence_number() const { return impl_->seq.load(); }
 
-// Issues one collective: numbers it, starts it through `start`, and records how to finish it.
+// Issues one collective: numbers it, starts it through `start` (which stores the transport's
+// handle in the state), and records how to finish it.
 // User errors found before anything is sent (bad shapes, bad root) are thrown here, naming
 // the operation and its sequence number.
 namespace {
@@ -73,7 +119,7 @@ Work::State* issue(ProcessGroup::Impl& pg, std::shared_ptr<Work::State>& state, 
   state->timeout = pg.timeout;
   state->issued = std::chrono::steady_clock::now();
   try {
-    state->work = start();
+    start(*state);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -88,16 +134,30 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   Impl& pg = *impl_;
   DDP_CHECK(tensor.defined(), Error, "[rank {}] all_reduce #{}: the tensor is undefined",
             pg.env.rank, pg.seq + 1);
-  const bool avg_here = op == ReduceOp::kAvg && !c10d_compat::backend_supports_avg(pg.backend_name);
-  DDP_CHECK(!avg_here || at::isFloatingType(tensor.scalar_type()), Error,
+  DDP_CHECK(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()), Error,
             "[rank {}] all_reduce #{} (avg): averaging needs a floating-point tensor, got {}",
             pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
   std::shared_ptr<Work::State> state;
-  issue(pg, state, "all_reduce", fmt::format("{}, {}", to_string(op), shape_of(tensor)), [&] {
+  const std::string detail = fmt::format("{}, {}", to_string(op), shape_of(tensor));
+  if (pg.shm) {
+    const auto dtype = to_shm(tensor.scalar_type());
+    DDP_CHECK(dtype, Error, "[rank {}] all_reduce #{}: the shm backend cannot reduce {} tensors",
+              pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
+    at::Tensor buf = shm_buffer(pg, "all_reduce", tensor);
+    issue(pg, state, "all_reduce", detail, [&](Work::State& s) {
+      s.shm_group = pg.shm;
+      s.shm_op = pg.shm->all_reduce(s.seq, buf.data_ptr(), buf.numel(), *dtype, to_shm(op),
+                                    std::make_shared<at::Tensor>(buf));
+    });
+    if (!buf.is_same(tensor)) state->then = [tensor, buf]() mutable { tensor.copy_(buf); };
+    return Work(std::move(state));
+  }
+  const bool avg_here = op == ReduceOp::kAvg && !c10d_compat::backend_supports_avg(pg.backend_name);
+  issue(pg, state, "all_reduce", detail, [&](Work::State& s) {
     std::vector<at::Tensor> tensors{tensor};
     ::c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(avg_here ? ReduceOp::kSum : op);
-    return pg.backend->allreduce(tensors, opts);
+    s.work = pg.backend->allreduce(tensors, opts);
   });
   if (avg_here) {
     const int n = pg.env.world_size;
@@ -114,12 +174,24 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
             "[rank {}] broadcast #{}: root rank {} is not in this group of {} ranks", pg.env.rank,
             pg.seq + 1, root, pg.env.world_size);
   std::shared_ptr<Work::State> state;
-  issue(pg, state, "broadcast", fmt::format("from rank {}, {}", root, shape_of(tensor)), [&] {
+  const std::string detail = fmt::format("from rank {}, {}", root, shape_of(tensor));
+  if (pg.shm) {
+    at::Tensor buf = shm_buffer(pg, "broadcast", tensor);
+    issue(pg, state, "broadcast", detail, [&](Work::State& s) {
+      s.shm_group = pg.shm;
+      const auto [count, dtype] = shm_extent(buf);
+      s.shm_op = pg.shm->broadcast(s.seq, buf.data_ptr(), count, dtype, root,
+                                   std::make_shared<at::Tensor>(buf));
+    });
+    if (!buf.is_same(tensor)) state->then = [tensor, buf]() mutable { tensor.copy_(buf); };
+    return Work(std::move(state));
+  }
+  issue(pg, state, "broadcast", detail, [&](Work::State& s) {
     std::vector<at::Tensor> tensors{tensor};
     ::c10d::BroadcastOptions opts;
     opts.rootRank = root;
     opts.rootTensor = 0;
-    return pg.backend->broadcast(tensors, opts);
+    s.work = pg.backend->broadcast(tensors, opts);
   });
   return Work(std::move(state));
 }
@@ -139,10 +211,31 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
               pg.env.rank, pg.seq + 1, r, dims(input), c10::toString(input.scalar_type()));
   }
   std::shared_ptr<Work::State> state;
-  issue(pg, state, "all_gather", shape_of(input), [&] {
+  if (pg.shm) {
+    auto keep = std::make_shared<std::vector<at::Tensor>>();
+    keep->push_back(shm_buffer(pg, "all_gather", input));
+    std::vector<void*> out_ptrs;
+    for (const at::Tensor& o : outputs) {
+      keep->push_back(shm_buffer(pg, "all_gather", o));
+      out_ptrs.push_back(keep->back().data_ptr());
+    }
+    issue(pg, state, "all_gather", shape_of(input), [&](Work::State& s) {
+      s.shm_group = pg.shm;
+      const auto [count, dtype] = shm_extent(input);
+      s.shm_op = pg.shm->all_gather(s.seq, std::move(out_ptrs), (*keep)[0].data_ptr(), count,
+                                    dtype, keep);
+    });
+    state->then = [outputs, keep]() mutable {
+      for (size_t r = 0; r < outputs.size(); ++r) {
+        if (!(*keep)[r + 1].is_same(outputs[r])) outputs[r].copy_((*keep)[r + 1]);
+      }
+    };
+    return Work(std::move(state));
+  }
+  issue(pg, state, "all_gather", shape_of(input), [&](Work::State& s) {
     std::vector<std::vector<at::Tensor>> out{outputs};
     std::vector<at::Tensor> in{input};
-    return pg.backend->allgather(out, in);
+    s.work = pg.backend->allgather(out, in);
   });
   return Work(std::move(state));
 }
@@ -165,16 +258,39 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   DDP_CHECK(op != ReduceOp::kAvg || at::isFloatingType(output.scalar_type()), Error,
             "[rank {}] reduce_scatter #{} (avg): averaging needs a floating-point tensor",
             pg.env.rank, pg.seq + 1);
+  std::shared_ptr<Work::State> state;
+  const std::string detail = fmt::format("{}, {}", to_string(op), shape_of(output));
+  if (pg.shm) {
+    const auto dtype = to_shm(output.scalar_type());
+    DDP_CHECK(dtype, Error,
+              "[rank {}] reduce_scatter #{}: the shm backend cannot reduce {} tensors",
+              pg.env.rank, pg.seq + 1, c10::toString(output.scalar_type()));
+    auto keep = std::make_shared<std::vector<at::Tensor>>();
+    keep->push_back(shm_buffer(pg, "reduce_scatter", output));
+    std::vector<const void*> in_ptrs;
+    for (const at::Tensor& t : inputs) {
+      keep->push_back(shm_buffer(pg, "reduce_scatter", t));
+      in_ptrs.push_back(keep->back().data_ptr());
+    }
+    issue(pg, state, "reduce_scatter", detail, [&](Work::State& s) {
+      s.shm_group = pg.shm;
+      s.shm_op = pg.shm->reduce_scatter(s.seq, (*keep)[0].data_ptr(), std::move(in_ptrs),
+                                        output.numel(), *dtype, to_shm(op), keep);
+    });
+    if (!(*keep)[0].is_same(output)) {
+      state->then = [output, keep]() mutable { output.copy_((*keep)[0]); };
+    }
+    return Work(std::move(state));
+  }
   // Gloo has no reduce_scatter: an all-to-all sends inputs[j] to rank j (the bandwidth of a
   // ring reduce-scatter), then each rank reduces the n chunks it received.
   // send/recv: [n, numel]; recv row i is rank i's contribution to this rank's output.
   at::Tensor send = at::stack(inputs).reshape({n, -1});
   at::Tensor recv = at::empty_like(send);
-  std::shared_ptr<Work::State> state;
-  issue(pg, state, "reduce_scatter", fmt::format("{}, {}", to_string(op), shape_of(output)), [&] {
+  issue(pg, state, "reduce_scatter", detail, [&](Work::State& s) {
     std::vector<int64_t> equal_splits;  // empty: equal split along dim 0
     ::c10d::AllToAllOptions opts;
-    return pg.backend->alltoall_base(recv, send, equal_splits, equal_splits, opts);
+    s.work = pg.backend->alltoall_base(recv, send, equal_splits, equal_splits, opts);
   });
   state->then = [output, recv, op, n]() mutable {
     at::Tensor reduced = reduce_rows(recv, op);
@@ -187,9 +303,14 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
 Work ProcessGroup::barrier() {
   Impl& pg = *impl_;
   std::shared_ptr<Work::State> state;
-  issue(pg, state, "barrier", fmt::format("{} ranks", pg.env.world_size), [&] {
+  issue(pg, state, "barrier", fmt::format("{} ranks", pg.env.world_size), [&](Work::State& s) {
+    if (pg.shm) {
+      s.shm_group = pg.shm;
+      s.shm_op = pg.shm->barrier(s.seq);
+      return;
+    }
     ::c10d::BarrierOptions opts;
-    return pg.backend->barrier(opts);
+    s.work = pg.backend->barrier(opts);
   });
   return Work(std::move(state));
 }

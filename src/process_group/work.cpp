@@ -48,9 +48,15 @@ void Work::wait() {
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.finished) {
     try {
-      // Gloo enforces the timeout itself; the bound here covers backends that do not.
-      if (s.work) s.work->wait(s.timeout);
+      if (s.shm_op) {
+        s.shm_group->wait(*s.shm_op);  // bounded inside, with errors that say who is behind
+      } else if (s.work) {
+        // Gloo enforces the timeout itself; the bound here covers backends that do not.
+        s.work->wait(s.timeout);
+      }
       if (s.then) s.then();
+    } catch (const Error&) {
+      s.error = std::current_exception();  // already names rank, op and cause
     } catch (const std::exception& e) {
       s.error = classify(s, e.what());
     }
@@ -63,7 +69,9 @@ void Work::wait() {
 bool Work::is_completed() const {
   if (!state_) return false;
   std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->finished || !state_->work || state_->work->isCompleted();
+  if (state_->finished) return true;
+  if (state_->shm_op) return state_->shm_op->done.load();
+  return !state_->work || state_->work->isCompleted();
 }
 
 std::string Work::description() const {

@@ -1,4 +1,6 @@
-// Test support: N ranks as N threads of one process, over Gloo on 127.0.0.1 (gloo's pattern).
+// Test support: N ranks as N threads of one process, over Gloo on 127.0.0.1 (gloo's pattern),
+// or over the shared-memory transport when DDP_TEST_BACKEND=shm (ctest runs the collective
+// suites both ways: tests/collective/CMakeLists.txt).
 #pragma once
 
 #include <arpa/inet.h>
@@ -7,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -34,11 +37,17 @@ inline int free_port() {
   return ntohs(addr.sin_port);
 }
 
+// The backend thread-rank tests run over: DDP_TEST_BACKEND, else "gloo".
+inline std::string test_backend() {
+  const char* v = std::getenv("DDP_TEST_BACKEND");
+  return v != nullptr && *v != '\0' ? v : "gloo";
+}
+
 // Options that place `rank` of `world` on a store at 127.0.0.1:`port`.
 inline InitOptions thread_rank(int rank, int world, int port,
                                std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   InitOptions o;
-  o.backend = "gloo";
+  o.backend = test_backend();
   o.rank = rank;
   o.world_size = world;
   o.master_addr = "127.0.0.1";

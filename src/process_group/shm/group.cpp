@@ -1,0 +1,543 @@
+// The shared-memory transport (see Note [Shared-memory collectives] in group.h).
+#include "process_group/shm/group.h"
+
+#include <linux/futex.h>  // FUTEX_WAIT, FUTEX_WAKE
+#include <sys/syscall.h>  // SYS_futex
+#include <unistd.h>       // getpid, syscall
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>  // INT_MAX
+#include <cstring>  // memcpy
+#include <ctime>    // timespec
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
+
+#include "base/check.h"
+#include "process_group/shm/reduce.h"
+
+namespace ddp::shm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::duration;
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+// How long a waiter spins before it sleeps: long enough for a peer doing the same work to
+// arrive (a few microseconds), short enough not to steal a core that computes.
+constexpr microseconds kSpin{30};
+// A sleeping waiter wakes at least this often to check the deadline, aborts and its peers.
+constexpr milliseconds kPoll{50};
+constexpr int kRing = 4;  // fingerprints kept per rank; a peer is at most one collective ahead
+constexpr size_t kAbortReasonBytes = 1024;
+constexpr size_t kPage = 4096;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+double seconds(Clock::duration d) { return duration<double>(d).count(); }
+
+// Fields 3 (state) and 22 (start time) of /proc/<pid>/stat; false when the process is gone.
+bool read_stat(int pid, char* state, uint64_t* start_time) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!in || !std::getline(in, line)) return false;
+  const size_t close = line.rfind(')');  // the command name may contain spaces and ')'
+  if (close == std::string::npos) return false;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 3) *state = field.empty() ? '?' : field[0];
+    if (i == 22) {
+      *start_time = std::stoull(field);
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t pack(const Fingerprint& fp) {
+  return static_cast<uint64_t>(fp.kind) | static_cast<uint64_t>(fp.dtype) << 8 |
+         static_cast<uint64_t>(fp.reduce) << 16 |
+         static_cast<uint64_t>(static_cast<uint32_t>(fp.root)) << 32;
+}
+
+Fingerprint unpack(uint64_t word, uint64_t count) {
+  Fingerprint fp;
+  fp.kind = static_cast<OpKind>(word & 0xff);
+  fp.dtype = static_cast<DType>((word >> 8) & 0xff);
+  fp.reduce = static_cast<Reduce>((word >> 16) & 0xff);
+  fp.root = static_cast<int32_t>(static_cast<uint32_t>(word >> 32));
+  fp.count = count;
+  return fp;
+}
+
+// Slice p of m elements split over n ranks, in whole 64-byte groups where possible.
+std::pair<size_t, size_t> slice(size_t m, int n, int p) {
+  const size_t per = round_up((m + n - 1) / n, 16);
+  const size_t lo = std::min(m, per * static_cast<size_t>(p));
+  return {lo, std::min(m, lo + per)};
+}
+
+}  // namespace
+
+struct Group::Control {
+  uint64_t magic;
+  std::atomic<uint32_t> wake;      // futex word: bumped by an arrival when someone sleeps
+  std::atomic<uint32_t> sleepers;  // ranks inside a futex wait (or about to be)
+  std::atomic<int32_t> abort_rank; // 1 + the rank that gave up first; 0 = none
+  std::atomic<uint32_t> abort_ready;
+  char abort_reason[kAbortReasonBytes];
+};
+
+struct alignas(64) Group::Slot {
+  std::atomic<uint64_t> arrived;     // syncs this rank has reached (Note [Shared-memory ...])
+  std::atomic<uint64_t> current_seq; // the collective it runs or ran last
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> left;        // 1 once this rank destroyed its group
+  std::atomic<uint64_t> start_time;  // of pid, so a reused pid is not taken for our rank
+  struct Published {
+    std::atomic<uint64_t> seq;
+    std::atomic<uint64_t> word;   // pack(fingerprint)
+    std::atomic<uint64_t> count;
+  } ring[kRing];
+};
+
+size_t Group::segment_bytes(int size, size_t chunk_bytes) {
+  return round_up(sizeof(Control), kPage) + round_up(sizeof(Slot) * size, kPage) +
+         2 * chunk_bytes * static_cast<size_t>(size);
+}
+
+Group::Group(Options options, Segment segment)
+    : o_(options), segment_(std::move(segment)), pid_(static_cast<int>(getpid())) {
+  DDP_ASSERT(segment_.size() >= segment_bytes(o_.size, o_.chunk_bytes),
+             "shm segment of {} bytes is too small", segment_.size());
+  DDP_ASSERT(o_.chunk_bytes >= 64 * static_cast<size_t>(o_.size),
+             "shm chunk of {} bytes is too small", o_.chunk_bytes);
+  char* base = segment_.data();
+  ctl_ = reinterpret_cast<Control*>(base);
+  Slot* slots = reinterpret_cast<Slot*>(base + round_up(sizeof(Control), kPage));
+  for (int r = 0; r < o_.size; ++r) slots_.push_back(&slots[r]);
+  stopped_since_.assign(o_.size, Clock::time_point{});
+  Slot& me = *slots_[o_.rank];
+  char state = '?';
+  uint64_t start = 0;
+  read_stat(pid_, &state, &start);
+  me.start_time.store(start);
+  me.pid.store(pid_);
+  executor_ = std::thread([this] { executor_loop(); });
+}
+
+Group::~Group() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  if (executor_.joinable()) executor_.join();
+  // Peers still waiting for this rank learn at once that it will not come.
+  slots_[o_.rank]->left.store(1, std::memory_order_seq_cst);
+  ctl_->wake.fetch_add(1, std::memory_order_seq_cst);
+  futex(&ctl_->wake, FUTEX_WAKE, INT_MAX, nullptr);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& op : queue_) {
+    op->error = std::make_exception_ptr(CollectiveError(fmt::format(
+        "[rank {}] {} was not run: its process group was destroyed first", o_.rank,
+        op->fp.describe(op->seq))));
+    op->body = nullptr;
+    op->done.store(true);
+  }
+  queue_.clear();
+  done_.notify_all();
+}
+
+char* Group::staging(int rank, int half) const {
+  const size_t off = round_up(sizeof(Control), kPage) + round_up(sizeof(Slot) * o_.size, kPage);
+  return segment_.data() + off + (static_cast<size_t>(rank) * 2 + half) * o_.chunk_bytes;
+}
+
+// ---- Execution ---------------------------------------------------------------------------
+
+std::shared_ptr<Op> Group::submit(uint64_t seq, Fingerprint fp, std::function<void()> body) {
+  auto op = std::make_shared<Op>();
+  op->seq = seq;
+  op->fp = fp;
+  op->body = std::move(body);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    DDP_ASSERT(!stopping_, "collective issued on a destroyed shm group");
+    queue_.push_back(op);
+  }
+  queued_.notify_one();
+  return op;
+}
+
+void Group::executor_loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+    }
+    std::lock_guard<std::mutex> exec(exec_mu_);
+    run_front();
+  }
+}
+
+void Group::run_front() {
+  std::shared_ptr<Op> op;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.empty()) return;
+    op = std::move(queue_.front());
+    queue_.pop_front();
+  }
+  execute(*op);
+  op->done.store(true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // pairs with the waiter's predicate check
+  }
+  done_.notify_all();
+}
+
+void Group::execute(Op& op) {
+  if (failed_) {
+    op.error = std::make_exception_ptr(CollectiveError(fmt::format(
+        "[rank {}] {} was not run: this process group failed at an earlier collective: {}",
+        o_.rank, op.fp.describe(op.seq), failed_message_)));
+  } else {
+    try {
+      begin(op);
+      op.body();
+    } catch (const Error& e) {
+      op.error = std::current_exception();
+      failed_message_ = e.what();
+      failed_ = op.error;
+    } catch (const std::exception& e) {
+      failed_message_ = fmt::format("[rank {}] {} failed: {}", o_.rank, op.fp.describe(op.seq),
+                                    e.what());
+      op.error = std::make_exception_ptr(CollectiveError(failed_message_));
+      failed_ = op.error;
+    }
+    if (failed_) raise_abort(failed_message_);
+  }
+  op.body = nullptr;  // releases the tensors
+  current_ = nullptr;
+}
+
+void Group::wait(Op& op) {
+  if (!op.done.load()) {
+    std::unique_lock<std::mutex> exec(exec_mu_, std::try_to_lock);
+    if (exec.owns_lock()) {
+      while (!op.done.load()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (queue_.empty()) break;
+        }
+        run_front();
+      }
+    }
+  }
+  if (!op.done.load()) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return op.done.load(); });
+  }
+  if (op.error) std::rethrow_exception(op.error);
+}
+
+// ---- Collectives -------------------------------------------------------------------------
+
+std::shared_ptr<Op> Group::all_reduce(uint64_t seq, void* data, size_t count, DType dtype,
+                                      Reduce op, std::shared_ptr<void> keep) {
+  Fingerprint fp{OpKind::kAllReduce, dtype, op, 0, count};
+  return submit(seq, fp, [this, data, count, dtype, op, keep = std::move(keep)] {
+    const int n = o_.size;
+    if (n == 1) return;  // the sum, max, min and mean of one rank are its own values
+    const size_t es = element_size(dtype);
+    const size_t per = o_.chunk_bytes / es;
+    char* bytes = static_cast<char*>(data);
+    std::vector<const void*> srcs(n);
+    size_t a = 0;
+    do {
+      const size_t m = std::min(per, count - a);
+      const int h = next_half();
+      std::memcpy(staging(o_.rank, h), bytes + a * es, m * es);
+      sync();
+      const auto [lo, hi] = slice(m, n, o_.rank);
+      for (int p = 0; p < n; ++p) srcs[p] = staging(p, h) + lo * es;
+      reduce(dtype, op, staging(o_.rank, h) + lo * es, srcs.data(), n, hi - lo);
+      sync();
+      for (int p = 0; p < n; ++p) {
+        const auto [plo, phi] = slice(m, n, p);
+        std::memcpy(bytes + (a + plo) * es, staging(p, h) + plo * es, (phi - plo) * es);
+      }
+      a += m;
+    } while (a < count);
+  });
+}
+
+std::shared_ptr<Op> Group::broadcast(uint64_t seq, void* data, size_t count, DType dtype,
+                                     int root, std::shared_ptr<void> keep) {
+  Fingerprint fp{OpKind::kBroadcast, dtype, Reduce::kSum, root, count};
+  return submit(seq, fp, [this, data, count, dtype, root, keep = std::move(keep)] {
+    if (o_.size == 1) return;
+    const size_t total = count * element_size(dtype);
+    char* bytes = static_cast<char*>(data);
+    size_t a = 0;
+    do {
+      const size_t m = std::min(o_.chunk_bytes, total - a);
+      const int h = next_half();
+      if (o_.rank == root) std::memcpy(staging(root, h), bytes + a, m);
+      sync();
+      if (o_.rank != root) std::memcpy(bytes + a, staging(root, h), m);
+      a += m;
+    } while (a < total);
+  });
+}
+
+std::shared_ptr<Op> Group::all_gather(uint64_t seq, std::vector<void*> outputs,
+                                      const void* input, size_t count, DType dtype,
+                                      std::shared_ptr<void> keep) {
+  Fingerprint fp{OpKind::kAllGather, dtype, Reduce::kSum, 0, count};
+  return submit(seq, fp, [this, outputs = std::move(outputs), input, count, dtype,
+                          keep = std::move(keep)] {
+    const size_t total = count * element_size(dtype);
+    const char* in = static_cast<const char*>(input);
+    if (outputs[o_.rank] != input) std::memcpy(outputs[o_.rank], in, total);
+    if (o_.size == 1) return;
+    size_t a = 0;
+    do {
+      const size_t m = std::min(o_.chunk_bytes, total - a);
+      const int h = next_half();
+      std::memcpy(staging(o_.rank, h), in + a, m);
+      sync();
+      for (int p = 0; p < o_.size; ++p) {
+        if (p != o_.rank) std::memcpy(static_cast<char*>(outputs[p]) + a, staging(p, h), m);
+      }
+      a += m;
+    } while (a < total);
+  });
+}
+
+std::shared_ptr<Op> Group::reduce_scatter(uint64_t seq, void* output,
+                                          std::vector<const void*> inputs, size_t count,
+                                          DType dtype, Reduce op, std::shared_ptr<void> keep) {
+  Fingerprint fp{OpKind::kReduceScatter, dtype, op, 0, count};
+  return submit(seq, fp, [this, output, inputs = std::move(inputs), count, dtype, op,
+                          keep = std::move(keep)] {
+    const int n = o_.size;
+    const size_t es = element_size(dtype);
+    char* out = static_cast<char*>(output);
+    if (n == 1) {
+      const void* src[1] = {inputs[0]};
+      reduce(dtype, op, out, src, 1, count);  // a copy (avg divides by 1)
+      return;
+    }
+    const size_t per = o_.chunk_bytes / (es * n);  // elements of each of the n inputs per chunk
+    std::vector<const void*> srcs(n);
+    size_t a = 0;
+    do {
+      const size_t m = std::min(per, count - a);
+      const int h = next_half();
+      for (int q = 0; q < n; ++q) {
+        std::memcpy(staging(o_.rank, h) + q * m * es,
+                    static_cast<const char*>(inputs[q]) + a * es, m * es);
+      }
+      sync();
+      for (int p = 0; p < n; ++p) srcs[p] = staging(p, h) + o_.rank * m * es;
+      reduce(dtype, op, out + a * es, srcs.data(), n, m);
+      a += m;
+    } while (a < count);
+  });
+}
+
+std::shared_ptr<Op> Group::barrier(uint64_t seq) {
+  return submit(seq, Fingerprint{}, [this] { sync(); });
+}
+
+// ---- Protocol ----------------------------------------------------------------------------
+
+void Group::begin(const Op& op) {
+  current_ = &op;
+  fingerprints_checked_ = false;
+  deadline_ = Clock::now() + o_.timeout;
+  Slot::Published& e = slots_[o_.rank]->ring[op.seq % kRing];
+  e.seq.store(op.seq, std::memory_order_relaxed);
+  e.word.store(pack(op.fp), std::memory_order_relaxed);
+  e.count.store(op.fp.count, std::memory_order_relaxed);
+  slots_[o_.rank]->current_seq.store(op.seq, std::memory_order_release);
+}
+
+void Group::sync() {
+  const uint64_t g = ++generation_;
+  slots_[o_.rank]->arrived.store(g, std::memory_order_seq_cst);
+  if (ctl_->sleepers.load(std::memory_order_seq_cst) != 0) {
+    ctl_->wake.fetch_add(1, std::memory_order_seq_cst);
+    futex(&ctl_->wake, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+  wait_for_all(g);
+  if (!fingerprints_checked_) {
+    fingerprints_checked_ = true;
+    check_fingerprints();
+  }
+}
+
+bool Group::all_arrived(uint64_t g) const {
+  for (const Slot* s : slots_) {
+    if (s->arrived.load(std::memory_order_acquire) < g) return false;
+  }
+  return true;
+}
+
+void Group::wait_for_all(uint64_t g) {
+  if (all_arrived(g)) return;
+  const Clock::time_point spin_start = Clock::now();
+  for (unsigned i = 1;; ++i) {
+    cpu_relax();
+    if (all_arrived(g)) return;
+    if ((i & 127) == 0 && Clock::now() - spin_start > kSpin) break;
+  }
+  std::fill(stopped_since_.begin(), stopped_since_.end(), Clock::time_point{});
+  while (true) {
+    ctl_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t w = ctl_->wake.load(std::memory_order_seq_cst);
+    if (all_arrived(g)) {
+      ctl_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      return;
+    }
+    const auto left = std::min<Clock::duration>(kPoll, deadline_ - Clock::now());
+    if (left > Clock::duration::zero()) {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      futex(&ctl_->wake, FUTEX_WAIT, w, &ts);  // EAGAIN/ETIMEDOUT/EINTR: all just re-check
+    }
+    ctl_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (all_arrived(g)) return;
+    check_abort();
+    const Clock::time_point now = Clock::now();
+    check_peers(g, now);
+    if (now >= deadline_) fail_timeout(g);
+  }
+}
+
+void Group::check_fingerprints() {
+  const Op& op = *current_;
+  for (int p = 0; p < o_.size; ++p) {
+    if (p == o_.rank) continue;
+    const Slot::Published& e = slots_[p]->ring[op.seq % kRing];
+    const uint64_t seq = e.seq.load(std::memory_order_acquire);
+    const Fingerprint theirs = unpack(e.word.load(), e.count.load());
+    if (seq == op.seq && theirs == op.fp) continue;
+    std::string their_call;
+    if (seq == op.seq) {
+      their_call = theirs.describe(seq);
+    } else {
+      const uint64_t cur = slots_[p]->current_seq.load();
+      const Slot::Published& c = slots_[p]->ring[cur % kRing];
+      their_call = unpack(c.word.load(), c.count.load()).describe(cur);
+    }
+    throw CollectiveError(fmt::format(
+        "[rank {}] collectives differ between ranks: this rank issued {}, rank {} issued {}. "
+        "Every rank must issue the same collectives in the same order, with the same sizes "
+        "and types.",
+        o_.rank, op.fp.describe(op.seq), p, their_call));
+  }
+}
+
+std::string Group::where_is(int p) const {
+  const uint64_t cur = slots_[p]->current_seq.load();
+  const Op& op = *current_;
+  if (cur == 0) return fmt::format("rank {} has not issued any collective", p);
+  const Slot::Published& c = slots_[p]->ring[cur % kRing];
+  const std::string call = unpack(c.word.load(), c.count.load()).describe(cur);
+  if (cur < op.seq) {
+    return fmt::format("rank {} has not reached it; its last collective was {}", p, call);
+  }
+  return fmt::format("rank {} is in {}", p, call);
+}
+
+void Group::check_peers(uint64_t g, Clock::time_point now) {
+  const Op& op = *current_;
+  for (int p = 0; p < o_.size; ++p) {
+    const Slot& s = *slots_[p];
+    if (p == o_.rank || s.arrived.load() >= g) continue;
+    DDP_CHECK(s.left.load() == 0, CollectiveError,
+              "[rank {}] {} failed: rank {} destroyed its process group (or is shutting down) "
+              "without reaching it; {}.",
+              o_.rank, op.fp.describe(op.seq), p, where_is(p));
+    const int pid = s.pid.load();
+    if (pid == 0 || pid == pid_) continue;  // not yet known, or a thread of this process
+    char state = '?';
+    uint64_t start = 0;
+    const bool alive = read_stat(pid, &state, &start) && start == s.start_time.load() &&
+                       state != 'Z' && state != 'X' && state != 'x';
+    DDP_CHECK(alive, CollectiveError,
+              "[rank {}] {} failed: rank {} (pid {}) exited or was killed before reaching it. "
+              "Its own error (ddprun's root-cause summary) says why.",
+              o_.rank, op.fp.describe(op.seq), p, pid);
+    if (state != 'T' && state != 't') {
+      stopped_since_[p] = Clock::time_point{};
+      continue;
+    }
+    if (stopped_since_[p] == Clock::time_point{}) stopped_since_[p] = now;
+    DDP_CHECK(now - stopped_since_[p] < kStoppedLimit, CollectiveError,
+              "[rank {}] {} failed: rank {} (pid {}) is stopped (SIGSTOP, or held by a "
+              "debugger) and has not reached it for {:.1f} s; {}. Resume it (kill -CONT {}) or "
+              "end the job.",
+              o_.rank, op.fp.describe(op.seq), p, pid, seconds(now - stopped_since_[p]),
+              where_is(p), pid);
+  }
+}
+
+void Group::fail_timeout(uint64_t g) {
+  const Op& op = *current_;
+  std::vector<std::string> behind;
+  for (int p = 0; p < o_.size; ++p) {
+    if (slots_[p]->arrived.load() < g) behind.push_back(where_is(p));
+  }
+  throw TimeoutError(fmt::format(
+      "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s): {}. A rank that is behind may be "
+      "stuck in computation or I/O, or issuing collectives in a different order. If the work "
+      "is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or InitOptions::timeout.",
+      o_.rank, op.fp.describe(op.seq), seconds(o_.timeout), seconds(o_.timeout),
+      fmt::join(behind, "; ")));
+}
+
+void Group::check_abort() const {
+  if (ctl_->abort_ready.load(std::memory_order_acquire) == 0) return;
+  const int who = ctl_->abort_rank.load() - 1;
+  if (who == o_.rank) return;
+  const Op& op = *current_;
+  throw CollectiveError(fmt::format("[rank {}] {} failed because rank {} gave up first: {}",
+                                    o_.rank, op.fp.describe(op.seq), who,
+                                    std::string(ctl_->abort_reason)));
+}
+
+void Group::raise_abort(const std::string& reason) {
+  int32_t none = 0;
+  if (!ctl_->abort_rank.compare_exchange_strong(none, o_.rank + 1)) return;  // someone was first
+  const size_t n = std::min(reason.size(), kAbortReasonBytes - 1);
+  std::memcpy(ctl_->abort_reason, reason.data(), n);
+  ctl_->abort_reason[n] = '\0';
+  ctl_->abort_ready.store(1, std::memory_order_release);
+  ctl_->wake.fetch_add(1, std::memory_order_seq_cst);
+  futex(&ctl_->wake, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+}  // namespace ddp::shm

@@ -1,0 +1,166 @@
+// The shared-memory transport: the collectives of ranks that share one host, through one
+// segment that every rank maps.
+//
+// Note [Shared-memory collectives]
+// Layout of the group's segment (Note [Shared segments]): a control block, one slot per rank
+// (its cache line: arrival counter, pid, the fingerprints of its recent collectives), then per
+// rank two staging halves of chunk_bytes each. A collective is cut into chunks; chunk k of any
+// collective uses half k % 2 of every rank's staging area.
+//   all_reduce, per chunk: copy in -> sync -> rank r reduces slice r of every rank's chunk, in
+//     rank order 0..n-1, into its own staging -> sync -> each rank copies every slice out.
+//     Every element is summed once, by one rank, in one order: replicas are bit-identical at
+//     any world size (unlike one-shot schemes that sum in a rank-rotated order).
+//   reduce_scatter: copy the n inputs in -> sync -> rank r reduces input r of every rank.
+//   all_gather / broadcast: copy in (root only) -> sync -> copy out.
+//   barrier: sync.
+// Why there is no trailing sync: a rank overwrites half h only in chunk k + 2, after passing the
+// first sync of chunk k + 1, which no peer reaches before it finished reading chunk k.
+//
+// sync(): each rank bumps its own arrival counter and waits until every counter reached the
+// same value. Waiting spins for a few microseconds (a peer usually arrives that fast), then
+// sleeps on a futex word in the segment, waking at least every poll interval to check the
+// deadline, whether another rank gave up (the abort word), and whether the ranks it waits for
+// are still alive: a dead rank (no such pid, zombie, pid reused) fails the collective at once,
+// a stopped one (SIGSTOP, a debugger) after kStoppedLimit. Waiting never burns the core that
+// backward needs.
+//
+// Desync: before its first sync each collective publishes its sequence number and fingerprint
+// (op, dtype, count, reduce op, root); after that sync every rank compares all of them, so
+// ranks that issue different collectives fail immediately, naming both calls.
+//
+// Failure is final: after a timeout, a desync or a dead peer, the rank raises the abort word
+// (so peers fail now instead of at their own deadline) and every later collective of the group
+// fails with the first error, as a NCCL communicator does after an abort.
+//
+// Execution: collectives run in issue order on the group's executor: a background thread, or
+// the thread that waits for a collective the executor has not started yet (so a blocking call
+// pays no thread hand-off). Issue returns at once: DDP's buckets are reduced while backward
+// goes on.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "process_group/shm/segment.h"
+#include "process_group/shm/types.h"
+
+namespace ddp::shm {
+
+// Bytes of each of the two staging halves per rank. Chunks this size stay in the last-level
+// cache between copy-in and reduction; larger ones only save syncs, which cost microseconds.
+inline constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
+// A stopped peer (SIGSTOP, a debugger) fails the collective after this long: a job whose rank
+// is frozen is as stuck as one whose rank is dead, and the user should learn which one.
+inline constexpr std::chrono::seconds kStoppedLimit{3};
+
+struct Options {
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{0};
+  size_t chunk_bytes = kDefaultChunkBytes;
+};
+
+// One issued collective.
+struct Op {
+  uint64_t seq = 0;
+  Fingerprint fp;
+  std::function<void()> body;  // runs the protocol; cleared once run
+  std::atomic<bool> done{false};
+  std::exception_ptr error;    // set before done
+};
+
+class Group {
+ public:
+  // `segment` is mapped by every rank of the group (shm_setup.cpp forms it). Records this
+  // process's identity in its slot; the segment is zeroed by its creator.
+  Group(Options options, Segment segment);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  // Bytes of the segment a group of `size` ranks needs.
+  static size_t segment_bytes(int size, size_t chunk_bytes);
+
+  int rank() const { return o_.rank; }
+  int size() const { return o_.size; }
+
+  // The collectives, on plain memory. Each returns at once; `keep` holds whatever must stay
+  // alive until the collective ran (the tensors). Pointers must stay valid until then.
+  std::shared_ptr<Op> all_reduce(uint64_t seq, void* data, size_t count, DType dtype,
+                                 Reduce op, std::shared_ptr<void> keep);
+  std::shared_ptr<Op> broadcast(uint64_t seq, void* data, size_t count, DType dtype, int root,
+                                std::shared_ptr<void> keep);
+  // outputs[r] receives rank r's input (count elements each).
+  std::shared_ptr<Op> all_gather(uint64_t seq, std::vector<void*> outputs, const void* input,
+                                 size_t count, DType dtype, std::shared_ptr<void> keep);
+  // output = reduction over ranks of their inputs[rank()] (count elements each).
+  std::shared_ptr<Op> reduce_scatter(uint64_t seq, void* output, std::vector<const void*> inputs,
+                                     size_t count, DType dtype, Reduce op,
+                                     std::shared_ptr<void> keep);
+  std::shared_ptr<Op> barrier(uint64_t seq);
+
+  // Blocks until `op` ran (running it, and the ones before it, on this thread when the
+  // executor has not started it yet); rethrows its ddp::Error.
+  void wait(Op& op);
+
+ private:
+  struct Control;
+  struct Slot;
+
+  std::shared_ptr<Op> submit(uint64_t seq, Fingerprint fp, std::function<void()> body);
+  void executor_loop();
+  void run_front();  // runs the oldest queued op; caller holds exec_mu_
+  void execute(Op& op);
+
+  // Protocol (executor only).
+  void begin(const Op& op);
+  int next_half() { return static_cast<int>(chunk_++ & 1); }
+  char* staging(int rank, int half) const;
+  void sync();
+  bool all_arrived(uint64_t generation) const;
+  void wait_for_all(uint64_t generation);
+  void check_fingerprints();
+  void check_peers(uint64_t generation, std::chrono::steady_clock::time_point now);
+  void check_abort() const;
+  [[noreturn]] void fail_timeout(uint64_t generation);
+  void raise_abort(const std::string& reason);
+  std::string where_is(int peer) const;  // "rank 1 is in broadcast #7 (...)"
+
+  // Constant after construction.
+  const Options o_;
+  Segment segment_;
+  Control* ctl_ = nullptr;
+  std::vector<Slot*> slots_;
+  const int pid_;
+
+  // Executor state: touched only by the thread holding exec_mu_.
+  std::mutex exec_mu_;
+  uint64_t generation_ = 0;  // syncs passed by this rank
+  uint64_t chunk_ = 0;       // chunks moved (selects the staging half)
+  const Op* current_ = nullptr;
+  bool fingerprints_checked_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  std::vector<std::chrono::steady_clock::time_point> stopped_since_;  // per rank; zero = running
+  std::exception_ptr failed_;   // the first error: every later collective fails with it
+  std::string failed_message_;
+
+  // Queue, guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable queued_;  // an op was queued, or stopping_
+  std::condition_variable done_;    // an op finished
+  std::deque<std::shared_ptr<Op>> queue_;
+  bool stopping_ = false;
+
+  std::thread executor_;  // last: starts after everything above exists
+};
+
+}  // namespace ddp::shm

@@ -1,0 +1,28 @@
+// Forming the shared-memory transport of a group whose ranks share one host.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "ddp/env.h"
+#include "process_group/shm/group.h"
+
+namespace ddp {
+
+struct ShmSetup {
+  std::shared_ptr<shm::Group> group;  // null when the transport cannot be used...
+  std::string why_not;                // ...and then why (the same text on every rank)
+};
+
+// A collective over `store` (keys under "shm/"): every rank of the group must call it. Locality
+// is decided per group by comparing each rank's host identity (hostname, boot id, pid
+// namespace) through the store, not from LOCAL_WORLD_SIZE (cpu-collectives.md §3.4); then rank 0
+// creates the segment and every peer maps it (Note [Shared segments]). Every rank reads the
+// same keys, so all agree on the outcome. Store reads are bounded by the store's timeout.
+ShmSetup make_shm_group(::c10d::Store& store, const DistEnv& env,
+                        std::chrono::milliseconds timeout);
+
+}  // namespace ddp

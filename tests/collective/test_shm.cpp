@@ -1,0 +1,282 @@
+// The shared-memory transport with ranks as threads: every collective and dtype at world sizes
+// 1-4, sizes of one element to many chunks (ctest sets DDP_SHM_CHUNK_BYTES=4096), results
+// bit-identical across ranks and equal to Gloo's, and the failures it must name: a timeout, a
+// desync, a rank that left, an error that poisons the group.
+#include <latch>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "ddp/error.h"
+#include "support/ranks.h"
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::message_of;
+using testing::run_threads;
+using testing::thread_rank;
+
+InitOptions shm_rank(int rank, int world, int port, std::chrono::milliseconds timeout = 60s) {
+  InitOptions o = thread_rank(rank, world, port, timeout);
+  o.backend = "shm";
+  return o;
+}
+
+// Runs fn(pg) on `world` thread-ranks of one shm group; any exception fails the test.
+void run_shm(int world, const std::function<void(ProcessGroup&)>& fn) {
+  const int port = testing::free_port();
+  auto errors = run_threads(world, [&](int r) {
+    auto pg = make_process_group(shm_rank(r, world, port));
+    ASSERT_EQ(pg->backend(), "shm");
+    fn(*pg);
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < world; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << message_of(errors[r]);
+  }
+}
+
+void expect_contains(const std::string& message, std::initializer_list<const char*> needles) {
+  for (const char* n : needles) {
+    EXPECT_NE(message.find(n), std::string::npos) << "'" << n << "' not in: " << message;
+  }
+}
+
+// Element counts: tiny, odd, not divisible by any world size, and many 4 KiB chunks long.
+const std::vector<int64_t> kSizes = {1, 7, 1000, 12345};
+
+class ShmCollectives : public ::testing::TestWithParam<int> {};
+
+// Small integers are exact in every dtype, so every reduction has one right answer.
+TEST_P(ShmCollectives, AllReduceEveryDtypeOpAndSize) {
+  const int n = GetParam();
+  run_shm(n, [n](ProcessGroup& pg) {
+    const int r = pg.rank();
+    for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf, torch::kInt,
+                       torch::kLong, torch::kByte}) {
+      for (int64_t size : kSizes) {
+        // element i on rank r: (i % 7) + r
+        auto make = [&] { return (torch::arange(size) % 7 + r).to(dtype); };
+        const auto base = torch::arange(size) % 7;
+        auto t = make();
+        pg.all_reduce(t, ReduceOp::kSum).wait();
+        EXPECT_TRUE(torch::equal(t, (base * n + n * (n - 1) / 2).to(dtype)))
+            << c10::toString(dtype) << " x " << size;
+        t = make();
+        pg.all_reduce(t, ReduceOp::kMax).wait();
+        EXPECT_TRUE(torch::equal(t, (base + (n - 1)).to(dtype))) << c10::toString(dtype);
+        t = make();
+        pg.all_reduce(t, ReduceOp::kMin).wait();
+        EXPECT_TRUE(torch::equal(t, base.to(dtype))) << c10::toString(dtype);
+        if (at::isFloatingType(dtype)) {
+          t = make();
+          pg.all_reduce(t, ReduceOp::kAvg).wait();
+          const auto want = (base.to(torch::kDouble) + (n - 1) / 2.0).to(dtype);
+          EXPECT_TRUE(torch::allclose(t.to(torch::kDouble), want.to(torch::kDouble)))
+              << c10::toString(dtype);
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ShmCollectives, BroadcastAllGatherReduceScatterEverySize) {
+  const int n = GetParam();
+  run_shm(n, [n](ProcessGroup& pg) {
+    const int r = pg.rank();
+    for (int64_t size : kSizes) {
+      for (int root = 0; root < n; ++root) {
+        auto t = torch::full({size}, r * 1000 + 0.5, torch::kDouble);
+        pg.broadcast(t, root).wait();
+        EXPECT_TRUE(torch::equal(t, torch::full({size}, root * 1000 + 0.5, torch::kDouble)));
+      }
+      auto in = torch::arange(size, torch::kLong) + r * 100000;
+      std::vector<at::Tensor> out(n);
+      for (auto& o : out) o = torch::empty_like(in);
+      pg.all_gather(out, in).wait();
+      for (int p = 0; p < n; ++p) {
+        EXPECT_TRUE(torch::equal(out[p], torch::arange(size, torch::kLong) + p * 100000)) << p;
+      }
+      // inputs[j] on rank r: r + 10 j, so output j = sum_r r + 10 j n.
+      std::vector<at::Tensor> inputs;
+      for (int j = 0; j < n; ++j) inputs.push_back(torch::full({size}, float(r + 10 * j)));
+      auto rs = torch::empty({size});
+      pg.reduce_scatter(rs, inputs, ReduceOp::kSum).wait();
+      EXPECT_TRUE(torch::equal(rs, torch::full({size}, n * (n - 1) / 2.0f + 10.0f * r * n)));
+    }
+  });
+}
+
+TEST_P(ShmCollectives, NonContiguousTensorsAreReducedInPlace) {
+  const int n = GetParam();
+  run_shm(n, [n](ProcessGroup& pg) {
+    auto m = torch::full({6, 4}, static_cast<float>(pg.rank() + 1));
+    auto col = m.select(1, 2);  // stride 4
+    ASSERT_FALSE(col.is_contiguous());
+    pg.all_reduce(col).wait();
+    EXPECT_TRUE(torch::equal(col, torch::full({6}, n * (n + 1) / 2.0f)));
+    EXPECT_TRUE(torch::equal(m.select(1, 0), torch::full({6}, pg.rank() + 1.0f)));
+  });
+}
+
+// Every slice is summed by one rank in rank order: all replicas hold the same bits, even at 3
+// ranks where float addition order matters; and the result is Gloo's within rounding.
+TEST_P(ShmCollectives, ReplicasAreBitIdenticalAndMatchGloo) {
+  const int n = GetParam();
+  const int port = testing::free_port();
+  const int gloo_port = testing::free_port();
+  std::vector<at::Tensor> results(n);
+  auto errors = run_threads(n, [&](int r) {
+    auto shm = make_process_group(shm_rank(r, n, port));
+    InitOptions go = thread_rank(r, n, gloo_port);
+    go.backend = "gloo";
+    go.group_name = "gloo";
+    auto gloo = make_process_group(go);
+    torch::manual_seed(1234 + r);
+    auto a = torch::randn({12345}) * 1000;
+    auto b = a.clone();
+    shm->all_reduce(a, ReduceOp::kAvg).wait();
+    gloo->all_reduce(b, ReduceOp::kAvg).wait();
+    EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-3)) << (a - b).abs().max();
+    results[r] = a;
+    shm->barrier().wait();
+    gloo->barrier().wait();
+  });
+  for (int r = 0; r < n; ++r) ASSERT_FALSE(errors[r]) << message_of(errors[r]);
+  for (int r = 1; r < n; ++r) EXPECT_TRUE(torch::equal(results[0], results[r])) << r;
+}
+
+TEST_P(ShmCollectives, ManyInFlightWaitedInReverse) {
+  const int n = GetParam();
+  run_shm(n, [n](ProcessGroup& pg) {
+    std::vector<at::Tensor> ts;
+    std::vector<Work> works;
+    for (int i = 0; i < 12; ++i) {
+      ts.push_back(torch::full({3000 + i}, static_cast<float>(i + pg.rank())));
+      works.push_back(pg.all_reduce(ts.back()));
+    }
+    for (int i = 11; i >= 0; --i) {
+      works[i].wait();
+      EXPECT_TRUE(torch::equal(ts[i], torch::full({3000 + i}, float(i * n + n * (n - 1) / 2))));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmCollectives, ::testing::Values(1, 2, 3, 4));
+
+TEST(ShmErrors, TimeoutNamesTheOpAndTheRankBehind) {
+  const int port = testing::free_port();
+  std::string message;
+  double waited_s = 0;
+  std::latch rank0_done(1);
+  auto errors = run_threads(2, [&](int r) {
+    auto pg = make_process_group(shm_rank(r, 2, port, /*timeout=*/1s));
+    if (r == 0) {
+      auto t = torch::ones({4});
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        pg->all_reduce(t).wait();
+      } catch (const TimeoutError& e) {
+        message = e.what();
+      }
+      waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    if (r == 1) rank0_done.wait();  // never joins the all_reduce; leaves after rank 0 gave up
+    if (r == 0) rank0_done.count_down();
+  });
+  EXPECT_FALSE(errors[0]) << message_of(errors[0]);
+  EXPECT_GE(waited_s, 0.9);
+  EXPECT_LT(waited_s, 3.0);
+  expect_contains(message, {"[rank 0] all_reduce #1 (sum, 4 x Float) timed out",
+                            "rank 1 has not issued any collective", "DDP_COLLECTIVE_TIMEOUT"});
+}
+
+TEST(ShmErrors, DesyncIsNamedAtOnceOnEveryRank) {
+  const int port = testing::free_port();
+  std::vector<std::string> messages(2);
+  std::vector<double> waited(2);
+  auto errors = run_threads(2, [&](int r) {
+    auto pg = make_process_group(shm_rank(r, 2, port, /*timeout=*/30s));
+    auto f = torch::ones({4});
+    pg->all_reduce(f).wait();  // #1 agrees
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (r == 0) {
+        pg->all_reduce(f).wait();
+      } else {
+        auto l = torch::ones({3}, torch::kLong);
+        pg->broadcast(l, 0).wait();
+      }
+    } catch (const CollectiveError& e) {
+      messages[r] = e.what();
+    }
+    waited[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(errors[r]) << message_of(errors[r]);
+    EXPECT_LT(waited[r], 2.0);
+    expect_contains(messages[r], {"collectives differ between ranks", "all_reduce #2 (sum, 4 x Float)",
+                                  "broadcast #2 (from rank 0, 3 x Long)"});
+  }
+  expect_contains(messages[0], {"[rank 0]", "rank 1 issued broadcast #2"});
+  expect_contains(messages[1], {"[rank 1]", "rank 0 issued all_reduce #2"});
+}
+
+TEST(ShmErrors, RankThatLeftFailsPeersFastAndTheGroupStaysFailed) {
+  const int port = testing::free_port();
+  std::string first, second;
+  double waited_s = 0;
+  std::latch rank2_gone(1);
+  auto errors = run_threads(3, [&](int r) {
+    auto pg = make_process_group(shm_rank(r, 3, port, /*timeout=*/60s));
+    if (r == 2) {
+      pg.reset();
+      rank2_gone.count_down();
+      return;
+    }
+    rank2_gone.wait();
+    auto t = torch::ones({4});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg->all_reduce(t).wait();
+    } catch (const CollectiveError& e) {
+      if (r == 0) first = e.what();
+    }
+    waited_s = std::max(waited_s, std::chrono::duration<double>(
+                                      std::chrono::steady_clock::now() - start).count());
+    try {
+      pg->barrier().wait();
+    } catch (const CollectiveError& e) {
+      if (r == 0) second = e.what();
+    }
+  });
+  ASSERT_FALSE(errors[0]) << message_of(errors[0]);
+  EXPECT_LT(waited_s, 5.0);
+  // Rank 0 either saw rank 2 leave itself, or rank 1 did first and told it.
+  expect_contains(first, {"[rank 0] all_reduce #1 (sum, 4 x Float) failed", "rank 2"});
+  expect_contains(second, {"[rank 0] barrier #2 was not run", "failed at an earlier collective"});
+}
+
+TEST(ShmSelection, AutoPicksShmOnOneHostAndTheEnvironmentChooses) {
+  InitOptions o = testing::one_rank_options();
+  EXPECT_EQ(make_process_group(o)->backend(), "shm");
+  setenv("DDP_BACKEND", "gloo", 1);
+  EXPECT_EQ(make_process_group(o)->backend(), "gloo");
+  o.backend = "shm";  // options win over the environment
+  EXPECT_EQ(make_process_group(o)->backend(), "shm");
+  unsetenv("DDP_BACKEND");
+  setenv("DDP_SHM_CHUNK_BYTES", "100", 1);
+  EXPECT_THROW(make_process_group(o), ConfigError);
+  unsetenv("DDP_SHM_CHUNK_BYTES");
+  auto pg = make_process_group(o);
+  auto cuda_like = torch::ones({2});
+  std::vector<at::Tensor> out{torch::empty({2})};
+  pg->all_gather(out, cuda_like).wait();
+  EXPECT_TRUE(torch::equal(out[0], cuda_like));
+}
+
+}  // namespace
+}  // namespace ddp
