@@ -300,7 +300,8 @@ TEST(DdprunArgs, HelpDocumentsEveryFlagAndDefault) {
                         "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--max-restarts",
                         "--monitor-interval", "--log-dir", "--redirects", "--tee",
                         "--local-ranks-filter", "--no-python", "--module", "--rdzv-timeout",
-                        "--collective-timeout", "--grace-period", "[default: 29500]",
+                        "--collective-timeout", "--grace-period", "--backend", "DDP_BACKEND",
+                        "[default: 29500]",
                         "[default: 10]", "PET_", "Exit codes"}) {
     EXPECT_NE(cl.help_text.find(s), std::string::npos) << s;
   }
@@ -339,6 +340,30 @@ TEST(DdprunArgs, WorkerEnvironmentMultiNode) {
     EXPECT_EQ(env["PATH"], "/bin");  // the base environment is inherited
     EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
   }
+}
+
+// --backend is ddprun's own (torchrun has none): the workers get DDP_BACKEND.
+TEST(DdprunArgs, BackendIsExportedAsDdpBackend) {
+  GroupSpec g{.master_addr = "127.0.0.1", .master_port = 1, .run_id = "r", .restart_count = 0};
+  for (const char* name : {"gloo", "shm", "nccl", "auto"}) {
+    SCOPED_TRACE(name);
+    LaunchConfig c = parse({"--nproc-per-node", "2", "--backend", name, "p"});
+    EXPECT_EQ(c.backend, name);
+    for (int lr = 0; lr < 2; ++lr) {
+      EXPECT_EQ(worker_environment(c, g, lr, "e", {})["DDP_BACKEND"], name);
+    }
+  }
+  // Unset: nothing exported, and a DDP_BACKEND the user exported reaches the workers as it is.
+  LaunchConfig none = parse({"p"});
+  EXPECT_TRUE(none.backend.empty());
+  EXPECT_EQ(worker_environment(none, g, 0, "e", {}).count("DDP_BACKEND"), 0u);
+  EXPECT_EQ(worker_environment(none, g, 0, "e", {{"DDP_BACKEND", "gloo"}})["DDP_BACKEND"], "gloo");
+  // The flag wins over the inherited variable; PET_BACKEND is the usual fallback.
+  LaunchConfig shm = parse({"--backend=shm", "p"});
+  EXPECT_EQ(worker_environment(shm, g, 0, "e", {{"DDP_BACKEND", "gloo"}})["DDP_BACKEND"], "shm");
+  EXPECT_EQ(parse({"p"}, {{"PET_BACKEND", "gloo"}}).backend, "gloo");
+  EXPECT_USAGE_ERROR(({"--backend", "mpi", "p"}), "--backend='mpi'", "gloo, shm, nccl or auto");
+  EXPECT_USAGE_ERROR(({"p"}, {{"PET_BACKEND", "tcp"}}), "PET_BACKEND='tcp'");
 }
 
 TEST(DdprunArgs, OmpNumThreadsOnlyWhenSeveralWorkersAndUnset) {

@@ -228,6 +228,10 @@ constexpr FlagDef kFlags[] = {
     {"collective_timeout", "", "SECONDS", kExtensions,
      "Collective timeout given to the workers as DDP_COLLECTIVE_TIMEOUT. "
      "[default: the library's]"},
+    {"backend", "", "gloo|shm|nccl|auto", kExtensions,
+     "Collective backend of the workers' process groups, given to them as DDP_BACKEND. auto: "
+     "shared memory (shm) for CPU tensors when every rank is on one host, NCCL for CUDA, else "
+     "Gloo. [default: the library's (auto)]"},
     {"grace_period", "", "SECONDS", kExtensions,
      "Time a worker gets between SIGTERM and SIGKILL when the group is stopped. "
      "[default: 10]"},
@@ -470,6 +474,16 @@ void apply_supervision(const RawFlags& raw, LaunchConfig& c) {
   }
 }
 
+// --backend: checked here so a typo stops the launch instead of failing in every worker.
+void apply_backend(const RawFlags& raw, LaunchConfig& c) {
+  if (auto* v = raw.get("backend")) {
+    if (v->text != "gloo" && v->text != "shm" && v->text != "nccl" && v->text != "auto") {
+      bad_value(v->source, v->text, "expected gloo, shm, nccl or auto");
+    }
+    c.backend = v->text;
+  }
+}
+
 void check_ranks_exist(const std::string& source, const std::string& text, const StdSpec& spec,
                        int nproc) {
   for (const auto& [rank, streams] : spec.by_local_rank) {
@@ -655,6 +669,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const EnvMa
   apply_topology(raw, host, out.config);
   apply_rendezvous(raw, out);
   apply_supervision(raw, out.config);
+  apply_backend(raw, out.config);
   apply_output(raw, out.config);
   apply_program(raw, app.remaining(), out.config);
   if (raw.given("start_method")) {
@@ -688,6 +703,7 @@ EnvMap worker_environment(const LaunchConfig& config, const GroupSpec& group, in
   if (config.collective_timeout_s) {
     env["DDP_COLLECTIVE_TIMEOUT"] = fmt::format("{}", *config.collective_timeout_s);
   }
+  if (!config.backend.empty()) env["DDP_BACKEND"] = config.backend;
   set_default(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   set_default(env, "NCCL_ASYNC_ERROR_HANDLING", "1");
   if (sets_omp_num_threads(config, base)) env["OMP_NUM_THREADS"] = "1";

@@ -87,6 +87,8 @@ struct LaunchConfig {
   // --- timeouts exported to the workers (DDP_RDZV_TIMEOUT, DDP_COLLECTIVE_TIMEOUT), in seconds
   std::optional<double> rdzv_timeout_s;
   std::optional<double> collective_timeout_s;
+  // --- the workers' collective backend (DDP_BACKEND): gloo, shm, nccl or auto; empty: unset
+  std::string backend;
 
   // --- supervision
   int max_restarts = kDefaultMaxRestarts;
