@@ -19,6 +19,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"sync_bn", sync_bn},       {"seed", seed},
           {"max_steps", max_steps},   {"device", device},
           {"threads", threads},       {"workers", workers},
+          {"comm_hook", comm_hook},
           {"output_dir", output_dir}, {"name", name},
           {"resume", resume},         {"checkpoint_every", checkpoint_every},
           {"keep", keep},             {"log_every", log_every},
@@ -71,6 +72,9 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--workers", c.workers, "data loader threads per rank")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--comm-hook", c.comm_hook,
+                 "none | fp16 | bf16: all-reduce gradients in half precision (half the bytes)")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
   app.add_option("--output-dir", c.output_dir,
                  "run folder (default: runs/<name>/version_N, the next free N)");
   app.add_option("--name", c.name, "run name under runs/");

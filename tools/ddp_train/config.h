@@ -35,6 +35,7 @@ struct TrainConfig {
   std::string device = "auto";  // auto | cpu | cuda
   int threads = 0;             // intra-op threads per rank (0: OMP_NUM_THREADS or cores/ranks)
   int workers = 1;             // loader threads per rank
+  std::string comm_hook = "none";  // none | fp16 | bf16: gradients all-reduced compressed
   // Output.
   std::string output_dir;      // empty: runs/<name>/version_N (the next free N; with --resume
                                // auto, the newest existing one)

@@ -1,12 +1,13 @@
 #include "run_log.h"
 
-#include <cstdlib>
-
 #include <fmt/format.h>
 
 #include "ddp/error.h"
+#include "gnuplot.h"
 
 namespace ddp::train {
+
+namespace fs = std::filesystem;
 
 RunLog::RunLog(std::filesystem::path dir) : dir_(std::move(dir)) {
   std::filesystem::create_directories(dir_);
@@ -31,33 +32,27 @@ void RunLog::append(const MetricsRow& r) {
 }
 
 std::string RunLog::plot() const {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    return "plots skipped: gnuplot is not installed (apt-get install gnuplot-nox)";
-  }
   const auto csv = (dir_ / "metrics.csv").string();
-  const auto script = (dir_ / "plots.gp").string();
-  {
-    // Rows of one split, fed through grep so the train curve is not broken by test rows.
-    auto rows = [&](const char* split) { return fmt::format("'< grep ,{}, {}'", split, csv); };
-    std::ofstream gp(script);
-    gp << "set datafile separator ','\n"
-          "set terminal pngcairo size 900,500\n"
-          "set grid\n"
-          "set xlabel 'optimizer step'\n"
-          "set output '" << (dir_ / "loss.png").string() << "'\n"
-          "set ylabel 'loss'\n"
-          "set title 'loss'\n"
-          "plot " << rows("train") << " using 1:4 with lines title 'train (mean over ranks)', "
-       << rows("test") << " using 1:4 with linespoints title 'test'\n"
-          "set output '" << (dir_ / "accuracy.png").string() << "'\n"
-          "set ylabel 'test accuracy'\n"
-          "set title 'test accuracy'\n"
-          "plot " << rows("test") << " using 1:5 with linespoints title 'test'\n";
-  }
-  const std::string cmd = fmt::format("gnuplot '{}' >/dev/null 2>&1", script);
-  if (std::system(cmd.c_str()) != 0) return "plots failed: gnuplot returned an error";
-  return fmt::format("plots: {} and {}", (dir_ / "loss.png").string(),
-                     (dir_ / "accuracy.png").string());
+  // Rows of one split, fed through grep so the train curve is not broken by test rows.
+  auto rows = [&](const char* split) { return fmt::format("'< grep ,{}, {}'", split, csv); };
+  const fs::path loss = dir_ / "loss.png", accuracy = dir_ / "accuracy.png";
+  const std::string script = fmt::format(
+      "set datafile separator ','\n"
+      "set terminal pngcairo size 900,500\n"
+      "set grid\n"
+      "set xlabel 'optimizer step'\n"
+      "set output {}\n"
+      "set ylabel 'loss'\n"
+      "set title 'loss'\n"
+      "plot {} using 1:4 with lines title 'train (mean over ranks)', "
+      "{} using 1:4 with linespoints title 'test'\n"
+      "set output {}\n"
+      "set ylabel 'test accuracy'\n"
+      "set title 'test accuracy'\n"
+      "plot {} using 1:5 with linespoints title 'test'\n",
+      tools::gnuplot_quote(loss.string()), rows("train"), rows("test"),
+      tools::gnuplot_quote(accuracy.string()), rows("test"));
+  return tools::run_gnuplot(dir_ / "plots.gp", script, {loss, accuracy});
 }
 
 }  // namespace ddp::train

@@ -26,6 +26,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using tools::make_model;
+using tools::ModelImpl;
+
+// Exposed communication above this share of the step gets a line of advice at the epoch's end.
+constexpr double kCommShareAdvice = 0.25;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -147,7 +152,8 @@ class Run {
 
  private:
   void resume();
-  // One micro-batch's forward and backward; returns its (scaled) loss.
+  // One micro-batch's forward and backward; returns its (scaled) loss. A synchronising one
+  // adds its exposed communication to comm_s_.
   double micro_step(const Batch& batch, bool sync, int64_t micro_batches);
   void optimizer_step();
   // Trains what is left of `epoch`; returns false when --max-steps stopped it.
@@ -184,6 +190,10 @@ class Run {
   int64_t start_epoch_ = 0;
   double interval_loss_ = 0;   // sum of step losses since the last log line
   int64_t interval_steps_ = 0;
+  // This epoch, on this rank: seconds of communication left after backward's compute (DDP's
+  // finalize wait, IterationStats) and seconds of whole optimizer steps, data included.
+  double comm_s_ = 0;
+  double step_s_ = 0;
   EvalStats last_eval_;
 };
 
@@ -214,6 +224,8 @@ Run::Run(const TrainConfig& c) : c_(c) {
   net_ = make_model(c_.model, c_.sync_bn);
   net_->to(device_);
   model_ = std::make_unique<DistributedDataParallel<ModelImpl>>(net_, DDPOptions{});
+  if (c_.comm_hook == "fp16") model_->register_comm_hook(comm_hooks::fp16_compress());
+  if (c_.comm_hook == "bf16") model_->register_comm_hook(comm_hooks::bf16_compress());
   opt_ = make_optimizer(c_, model_->parameters());
   if (c_.precision == "fp16") scaler_.emplace();
 
@@ -287,6 +299,10 @@ double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
            static_cast<double>(micro_batches);
   }
   (scaler_ ? scaler_->scale(loss) : loss).backward();
+  if (sync && pg_->size() > 1) {
+    const IterationStats& s = model_->last_iteration_stats();
+    comm_s_ += s.finalize_end_s - s.finalize_start_s;
+  }
   return loss.item<double>();
 }
 
@@ -325,6 +341,8 @@ bool Run::train_epoch(int64_t epoch) {
   progress_->start_epoch(epoch, c_.epochs, steps_per_epoch_, step_in_epoch);
   int64_t b = 0, micro = 0, step_samples = 0;
   double step_loss = 0;
+  comm_s_ = step_s_ = 0;
+  auto step_start = Clock::now();  // the step's data loading counts as part of it
   for (auto& batch : *loader_) {
     const int64_t in_group = std::min<int64_t>(c_.grad_accum, batches - (b - micro));
     const bool sync = micro + 1 == in_group;
@@ -337,6 +355,7 @@ bool Run::train_epoch(int64_t epoch) {
     }
     micro = 0;
     optimizer_step();
+    step_s_ += seconds_since(step_start);
     interval_loss_ += step_loss;
     ++interval_steps_;
     progress_->step(++step_in_epoch, step_loss, step_samples * pg_->size());
@@ -345,6 +364,7 @@ bool Run::train_epoch(int64_t epoch) {
     if (step_ % c_.log_every == 0) log_interval(epoch);
     if (c_.checkpoint_every > 0 && step_ % c_.checkpoint_every == 0) save_checkpoint(epoch);
     if (c_.max_steps > 0 && step_ >= c_.max_steps) return false;
+    step_start = Clock::now();  // logging and checkpoints are not part of a step
   }
   return true;
 }
@@ -354,10 +374,19 @@ void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::ti
     save_checkpoint(epoch);  // stopped mid-epoch (--max-steps) between two checkpoints
   }
   last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
+  // Rank 0's share of the step spent waiting for gradients after backward's compute.
+  const double comm_share = step_s_ > 0 ? comm_s_ / step_s_ : 0;
   progress_->line(fmt::format(
-      "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), {:.1f} s, {:.0f} samples/s",
+      "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), {:.1f} s, {:.0f} samples/s{}",
       epoch + 1, c_.epochs, last_eval_.mean_loss(), 100 * last_eval_.accuracy(),
-      last_eval_.correct, last_eval_.count, seconds_since(started), samples_per_s));
+      last_eval_.correct, last_eval_.count, seconds_since(started), samples_per_s,
+      pg_->size() > 1 ? fmt::format(", comm {:.0f}% of step", 100 * comm_share) : ""));
+  if (pg_->size() > 1 && comm_share > kCommShareAdvice) {
+    progress_->line(fmt::format(
+        "note: {:.0f}% of each step waits for gradient communication after backward; try a "
+        "larger --batch-size, --grad-accum K, or --comm-hook bf16 (half the bytes)",
+        100 * comm_share));
+  }
   if (log_) {
     log_->append({.step = step_, .epoch = epoch, .split = "test", .loss = last_eval_.mean_loss(),
                   .accuracy = last_eval_.accuracy(),

@@ -1,4 +1,4 @@
-// ddp-train's models (see models.h).
+// The tools' models (see models.h).
 #include "models.h"
 
 #include <torch/torch.h>
@@ -6,7 +6,7 @@
 #include "ddp/error.h"
 #include "ddp/sync_batch_norm.h"
 
-namespace ddp::train {
+namespace ddp::tools {
 namespace {
 
 // BatchNorm2d or SyncBatchNorm, behind one type-erased module.
@@ -102,16 +102,61 @@ struct ResNet : ModelImpl {
   torch::nn::Linear fc{nullptr};
 };
 
+// PyTorch's MNIST example (examples/mnist/main.py), returning logits instead of log-softmax:
+// cross_entropy(logits) computes what nll_loss(log_softmax) does there.
+struct ClassicCnn : ModelImpl {
+  ClassicCnn() {
+    conv1 = register_module("conv1", torch::nn::Conv2d(1, 32, 3));
+    conv2 = register_module("conv2", torch::nn::Conv2d(32, 64, 3));
+    drop1 = register_module("drop1", torch::nn::Dropout(0.25));
+    fc1 = register_module("fc1", torch::nn::Linear(9216, 128));  // 64 x 12 x 12
+    drop2 = register_module("drop2", torch::nn::Dropout(0.5));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(conv1(x));                                   // [B, 32, 26, 26]
+    x = torch::relu(conv2(x));                                   // [B, 64, 24, 24]
+    x = drop1(torch::max_pool2d(x, 2)).flatten(1);               // [B, 9216]
+    return fc2(drop2(torch::relu(fc1(x))));
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::Dropout drop1{nullptr}, drop2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+struct Mlp1024 : ModelImpl {
+  Mlp1024() {
+    fc1 = register_module("fc1", torch::nn::Linear(784, 1024));
+    fc2 = register_module("fc2", torch::nn::Linear(1024, 1024));
+    fc3 = register_module("fc3", torch::nn::Linear(1024, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(fc1(x.flatten(1)));
+    return fc3(torch::relu(fc2(x)));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
 }  // namespace
 
-std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn) {
-  if (name == "mlp") {
-    if (sync_bn) throw ConfigError("--sync-bn: model mlp has no BatchNorm layers");
-    return std::make_shared<Mlp>();
-  }
-  if (name == "cnn") return std::make_shared<Cnn>(sync_bn);
-  if (name == "resnet") return std::make_shared<ResNet>(sync_bn);
-  throw ConfigError("unknown model '" + name + "': choose mlp, cnn or resnet");
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names = {"mlp", "cnn", "resnet", "classic-cnn",
+                                                 "mlp-1024"};
+  return names;
 }
 
-}  // namespace ddp::train
+std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn) {
+  const bool has_bn = name == "cnn" || name == "resnet";
+  if (sync_bn && !has_bn) {
+    throw ConfigError("--sync-bn: model " + name + " has no BatchNorm layers");
+  }
+  if (name == "mlp") return std::make_shared<Mlp>();
+  if (name == "cnn") return std::make_shared<Cnn>(sync_bn);
+  if (name == "resnet") return std::make_shared<ResNet>(sync_bn);
+  if (name == "classic-cnn") return std::make_shared<ClassicCnn>();
+  if (name == "mlp-1024") return std::make_shared<Mlp1024>();
+  throw ConfigError("unknown model '" + name +
+                    "': choose mlp, cnn, resnet, classic-cnn or mlp-1024");
+}
+
+}  // namespace ddp::tools
