@@ -1,0 +1,246 @@
+// ddp-bench train (see train.h).
+#include "train.h"
+
+#include <dlfcn.h>  // dlsym: OpenBLAS's thread count
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <thread>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "ddp/ddp.h"
+#include "models.h"
+#include "report.h"
+#include "sweep.h"
+
+namespace ddp::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tools::ModelImpl;
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Intra-op threads for LibTorch and for OpenBLAS: LibTorch's set_num_threads does not reach
+// Debian's pthread OpenBLAS, which sized its pool from OMP_NUM_THREADS at load (1 under
+// ddprun with several workers), so a 2-thread baseline inside a ddprun job would run its
+// GEMMs on one thread. A BLAS without the function is left alone.
+void set_threads(int n) {
+  torch::set_num_threads(n);
+  using SetFn = void (*)(int);
+  if (auto f = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
+}
+
+// Threads per rank: the flag, else OMP_NUM_THREADS (ddprun sets 1 when it starts several
+// workers), else the cores shared among this host's ranks (as ddp-train chooses).
+int default_threads(const TrainOptions& o, const ProcessGroup& pg) {
+  if (o.threads > 0) return o.threads;
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) return std::max(1, std::atoi(omp));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, pg.local_size()));
+}
+
+// Batches forever: a new epoch (reshuffled) whenever the loader's pass ends.
+class BatchStream {
+ public:
+  BatchStream(std::shared_ptr<const Dataset> data, const ProcessGroup& pg, int64_t batch,
+              const TrainOptions& o)
+      : sampler_(data->size(), {.num_replicas = pg.size(), .rank = pg.rank(), .shuffle = true,
+                                .seed = o.seed, .drop_last = true}),
+        loader_(data, sampler_, {.batch_size = batch, .drop_last = true,
+                                 .num_workers = o.workers}) {}
+
+  Batch& next() {
+    if (it_) {
+      ++*it_;
+      if (*it_ == DataLoader::Sentinel{}) it_.reset();
+    }
+    if (!it_) {
+      sampler_.set_epoch(epoch_++);  // the loader shares the sampler's cursor
+      it_.emplace(loader_.begin());
+    }
+    return **it_;
+  }
+
+ private:
+  DistributedSampler sampler_;
+  DataLoader loader_;
+  std::optional<DataLoader::Iterator> it_;
+  int64_t epoch_ = 0;
+};
+
+// Trains `o.warmup + o.steps` steps of `o.model` on `pg` with `threads` intra-op threads per
+// rank and returns the timed steps' row. Collective over `pg`.
+TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const TrainOptions& o,
+                 int threads, const std::string& label) {
+  set_threads(threads);
+  const int n = pg.size();
+  const int64_t per_rank = o.global_batch / n;
+  torch::manual_seed(o.seed);
+  auto net = tools::make_model(o.model);
+  // pg is ours to keep alive; DDP needs a shared_ptr, so wrap it without ownership.
+  std::shared_ptr<ProcessGroup> group(std::shared_ptr<ProcessGroup>{}, &pg);
+  DistributedDataParallel<ModelImpl> model(net, {.process_group = group});
+  torch::optim::SGD opt(model.parameters(),
+                        torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+  BatchStream batches(std::move(data), pg, per_rank, o);
+
+  // Sums over the timed steps, on this rank.
+  double data_s = 0, forward_s = 0, backward_s = 0, comm_s = 0, optimizer_s = 0;
+  Clock::time_point timed_start;
+  for (int step = 0; step < o.warmup + o.steps; ++step) {
+    if (step == o.warmup) {
+      pg.barrier().wait();  // the ranks start the timed steps together
+      timed_start = Clock::now();
+    }
+    const auto t0 = Clock::now();
+    Batch& batch = batches.next();
+    const auto t1 = Clock::now();
+    auto loss = torch::cross_entropy_loss(model(batch.data), batch.target);
+    const auto t2 = Clock::now();
+    loss.backward();
+    const auto t3 = Clock::now();
+    opt.step();
+    opt.zero_grad();
+    const auto t4 = Clock::now();
+    if (step < o.warmup) continue;
+    double comm = 0;
+    if (n > 1) {
+      const IterationStats& s = model.last_iteration_stats();
+      comm = s.finalize_end_s - s.finalize_start_s;
+    }
+    data_s += seconds(t0, t1);
+    forward_s += seconds(t1, t2);
+    backward_s += seconds(t2, t3) - comm;
+    comm_s += comm;
+    optimizer_s += seconds(t3, t4);
+  }
+  const double wall_s = seconds(timed_start, Clock::now());
+
+  // Means over ranks of the breakdown; the slowest rank's wall time for the throughput.
+  at::Tensor sums = at::tensor({data_s, forward_s, backward_s, comm_s, optimizer_s}, at::kDouble);
+  pg.all_reduce(sums, ReduceOp::kSum).wait();
+  at::Tensor wall = at::full({1}, wall_s, at::kDouble);
+  pg.all_reduce(wall, ReduceOp::kMax).wait();
+  const double w = wall.item<double>();
+  auto ms = [&](int i) { return sums[i].item<double>() / n / o.steps * 1e3; };
+  return {.label = label, .model = o.model, .backend = pg.backend(), .world_size = n,
+          .threads = threads, .global_batch = o.global_batch, .steps = o.steps,
+          .samples_per_s = o.steps * static_cast<double>(o.global_batch) / w,
+          .step_ms = w / o.steps * 1e3, .data_ms = ms(0), .forward_ms = ms(1),
+          .backward_ms = ms(2), .comm_ms = ms(3), .optimizer_ms = ms(4)};
+}
+
+std::string config_label(int world, int threads, const std::string& backend) {
+  if (world == 1) {
+    return fmt::format("1 process x {} thread{}", threads, threads > 1 ? "s" : "");
+  }
+  return fmt::format("{} ranks x {} thread{} ({})", world, threads, threads > 1 ? "s" : "",
+                     backend);
+}
+
+// The row whose throughput is the median of `rows` (one configuration over the repeats).
+TrainRow median_row(std::vector<TrainRow> rows) {
+  std::sort(rows.begin(), rows.end(),
+            [](const TrainRow& a, const TrainRow& b) { return a.samples_per_s < b.samples_per_s; });
+  return rows[rows.size() / 2];
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& o) {
+  if (o.steps < 1 || o.warmup < 0 || o.repeats < 1) {
+    throw ConfigError("--steps and --repeats must be >= 1, --warmup >= 0");
+  }
+  tools::make_model(o.model);  // an unknown name fails before any process group forms
+  InitOptions init;
+  if (!o.backend.empty()) init.backend = o.backend;
+  auto pg = make_process_group(init);
+  const int n = pg->size();
+  const bool main = pg->rank() == 0;
+  if (o.global_batch % n != 0) {
+    throw ConfigError(fmt::format("--batch-size {} (global) must be a multiple of the world size "
+                                  "{}", o.global_batch, n));
+  }
+  if (o.compare && n == 1) {
+    throw ConfigError("--compare measures N ranks against 1 process: run it under "
+                      "ddprun --nproc-per-node N (N > 1)");
+  }
+  auto data = std::make_shared<FashionMnist>(
+      Split::kTrain, FashionMnistOptions{.dir = o.data_dir, .normalize = true});
+  const int threads = default_threads(o, *pg);
+  auto say = [&](const std::string& text) {
+    if (!main) return;
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  };
+  say(fmt::format("# ddp-bench train: {} on Fashion-MNIST, global batch {} ({} per rank), {} "
+                  "rank{} x {} thread{}, backend {}, SGD lr {} momentum {}, {} steps after {} "
+                  "warm-up{}",
+                  o.model, o.global_batch, o.global_batch / n, n, n > 1 ? "s" : "", threads,
+                  threads > 1 ? "s" : "", pg->backend(), o.lr, o.momentum, o.steps, o.warmup,
+                  o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : ""));
+  say("# ms per step: data, forward, backward compute, exposed communication (DDP's wait after "
+      "backward), optimizer");
+  say(train_table_header());
+
+  // One 1-rank group for the single-process baselines (an in-process store, no sockets).
+  std::shared_ptr<ProcessGroup> alone;
+  if (o.compare && main) {
+    InitOptions one;
+    one.rank = 0;
+    one.world_size = 1;
+    one.backend = "gloo";
+    alone = make_process_group(one);
+  }
+  std::vector<std::vector<TrainRow>> rounds(3);  // per configuration, one row per repeat
+  for (int r = 0; r < o.repeats; ++r) {
+    rounds[0].push_back(measure(*pg, data, o, threads, config_label(n, threads, pg->backend())));
+    if (o.repeats > 1) say(train_table_line(rounds[0].back()) + fmt::format("  (round {})", r + 1));
+    if (!o.compare) continue;
+    if (main) {  // the others wait in the barrier below, blocked, not spinning
+      rounds[1].push_back(measure(*alone, data, o, 1, config_label(1, 1, "")));
+      rounds[2].push_back(measure(*alone, data, o, n, config_label(1, n, "")));
+      if (o.repeats > 1) {
+        say(train_table_line(rounds[1].back()) + fmt::format("  (round {})", r + 1));
+        say(train_table_line(rounds[2].back()) + fmt::format("  (round {})", r + 1));
+      }
+    }
+    pg->barrier().wait();
+  }
+
+  std::vector<TrainRow> rows;
+  for (const auto& runs : rounds) {
+    if (!runs.empty()) rows.push_back(median_row(runs));
+  }
+  if (!o.label.empty()) {
+    for (auto& row : rows) row.label = o.label + (rows.size() > 1 ? ": " + row.label : "");
+  }
+  if (o.repeats > 1) say("# medians:");
+  for (const auto& row : rows) say(train_table_line(row));
+  if (main && o.compare) {
+    const double ddp = rows[0].samples_per_s, one = rows[1].samples_per_s,
+                 threaded = rows[2].samples_per_s;
+    say(fmt::format("# scaling efficiency at {} ranks: {:.2f} = {:.1f} / ({} x {:.1f}) samples/s",
+                    n, ddp / (n * one), ddp, n, one));
+    say(fmt::format("# {} ranks x {} thread{} vs 1 process x {} threads: {:.2f}x ({:.1f} vs "
+                    "{:.1f} samples/s)",
+                    n, threads, threads > 1 ? "s" : "", n, ddp / threaded, ddp, threaded));
+  }
+  if (main && !o.csv.empty()) {
+    append_train_csv(o.csv, rows);
+    say("# csv: " + o.csv + " (appended)");
+  }
+  if (main && !o.png.empty()) say("# " + plot_train(o.png, rows));
+  pg->barrier().wait();
+  return 0;
+}
+
+}  // namespace ddp::bench
