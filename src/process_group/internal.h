@@ -24,7 +24,8 @@ struct ProcessGroup::Impl {
   std::shared_ptr<shm::Group> shm;
   c10::intrusive_ptr<c10d_compat::Backend> backend;
 
-  // Sequence number of the last collective issued (first is 1).
+  // Sequence number of the last collective issued (first is 1); written under issue_mu.
+  std::mutex issue_mu;
   std::atomic<uint64_t> seq{0};
 };
 

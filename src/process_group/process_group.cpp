@@ -114,10 +114,13 @@ Work::State* issue(ProcessGroup::Impl& pg, std::shared_ptr<Work::State>& state, 
   state = std::make_shared<Work::State>();
   state->op = op;
   state->detail = std::move(detail);
-  state->seq = ++pg.seq;
   state->rank = pg.env.rank;
   state->timeout = pg.timeout;
   state->issued = std::chrono::steady_clock::now();
+  // Numbering and starting are one step, so that threads sharing the group hand collectives to
+  // the transport in the order of their sequence numbers.
+  std::lock_guard<std::mutex> lock(pg.issue_mu);
+  state->seq = ++pg.seq;
   try {
     start(*state);
   } catch (const Error&) {

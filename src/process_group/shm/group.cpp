@@ -150,6 +150,7 @@ Group::~Group() {
     stopping_ = true;
   }
   queued_.notify_all();
+  done_.notify_all();
   if (executor_.joinable()) executor_.join();
   // Peers still waiting for this rank learn at once that it will not come.
   slots_[o_.rank]->left.store(1, std::memory_order_seq_cst);
@@ -195,7 +196,14 @@ void Group::executor_loop() {
       queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
     }
-    std::lock_guard<std::mutex> exec(exec_mu_);
+    // A thread inside wait() may be running the queue already: then it is not our turn, and
+    // blocking on the mutex would only add a hand-off; it wakes us if work remains.
+    std::unique_lock<std::mutex> exec(exec_mu_, std::try_to_lock);
+    if (!exec.owns_lock()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_.wait(lock, [&] { return stopping_ || queue_.empty() || !helping_; });
+      continue;
+    }
     run_front();
   }
 }
@@ -241,10 +249,19 @@ void Group::execute(Op& op) {
   current_ = nullptr;
 }
 
+void Group::set_helping(bool helping) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    helping_ = helping;
+  }
+  if (!helping) done_.notify_all();
+}
+
 void Group::wait(Op& op) {
   if (!op.done.load()) {
     std::unique_lock<std::mutex> exec(exec_mu_, std::try_to_lock);
     if (exec.owns_lock()) {
+      set_helping(true);
       while (!op.done.load()) {
         {
           std::lock_guard<std::mutex> lock(mu_);
@@ -252,6 +269,8 @@ void Group::wait(Op& op) {
         }
         run_front();
       }
+      exec.unlock();
+      set_helping(false);  // wakes the executor for whatever was queued behind `op`
     }
   }
   if (!op.done.load()) {

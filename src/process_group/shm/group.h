@@ -119,6 +119,7 @@ class Group {
   std::shared_ptr<Op> submit(uint64_t seq, Fingerprint fp, std::function<void()> body);
   void executor_loop();
   void run_front();  // runs the oldest queued op; caller holds exec_mu_
+  void set_helping(bool helping);
   void execute(Op& op);
 
   // Protocol (executor only).
@@ -158,6 +159,7 @@ class Group {
   std::condition_variable queued_;  // an op was queued, or stopping_
   std::condition_variable done_;    // an op finished
   std::deque<std::shared_ptr<Op>> queue_;
+  bool helping_ = false;  // a waiting thread runs the queue (the executor stands aside)
   bool stopping_ = false;
 
   std::thread executor_;  // last: starts after everything above exists
