@@ -416,10 +416,11 @@ void Run::finish() {
 int Run::execute() {
   resume();
   progress_->line(fmt::format(
-      "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} ranks x {} threads, "
-      "batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; run "
-      "folder {}",
+      "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} ranks x {} threads over "
+      "{}, batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; "
+      "run folder {}",
       c_.model, train_set_->size(), test_set_->size(), pg_->size(), torch::get_num_threads(),
+      pg_->backend(),
       c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs, c_.optimizer, schedule_.peak,
       c_.precision, dir_.string()));
   progress_->line(inspect_blas().summary());

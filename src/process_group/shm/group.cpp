@@ -2,6 +2,7 @@
 #include "process_group/shm/group.h"
 
 #include <linux/futex.h>  // FUTEX_WAIT, FUTEX_WAKE
+#include <sched.h>        // sched_yield
 #include <sys/syscall.h>  // SYS_futex
 #include <unistd.h>       // getpid, syscall
 
@@ -27,9 +28,16 @@ using std::chrono::duration;
 using std::chrono::microseconds;
 using std::chrono::milliseconds;
 
-// How long a waiter spins before it sleeps: long enough for a peer doing the same work to
-// arrive (a few microseconds), short enough not to steal a core that computes.
+// How long a waiter spins before it sleeps. At a collective's first sync the peers may still be
+// computing (backward), so the spin is short and the core goes back to that work. Later syncs
+// of the same collective wait for peers known to be inside it, moving their share of one
+// chunk: they arrive within microseconds unless descheduled, and a sleep there would cost a
+// wake-up (tens of microseconds on a VM, where an idle vCPU must be woken by the hypervisor)
+// at every chunk, as the ranks then take turns sleeping.
+// Inside a collective the waiter spins kSpin, then yields the core (to the peer itself, when
+// the machine is oversubscribed and they share it) until kYieldInside, then sleeps.
 constexpr microseconds kSpin{30};
+constexpr microseconds kYieldInside{1000};
 // A sleeping waiter wakes at least this often to check the deadline, aborts and its peers.
 constexpr milliseconds kPoll{50};
 constexpr int kRing = 4;  // fingerprints kept per rank; a peer is at most one collective ahead
@@ -431,6 +439,12 @@ void Group::wait_for_all(uint64_t g) {
     cpu_relax();
     if (all_arrived(g)) return;
     if ((i & 127) == 0 && Clock::now() - spin_start > kSpin) break;
+  }
+  if (fingerprints_checked_) {  // not the first sync: the peers are inside this collective
+    while (Clock::now() - spin_start < kYieldInside) {
+      sched_yield();
+      if (all_arrived(g)) return;
+    }
   }
   std::fill(stopped_since_.begin(), stopped_since_.end(), Clock::time_point{});
   while (true) {
