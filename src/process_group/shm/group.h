@@ -58,9 +58,11 @@
 
 namespace ddp::shm {
 
-// Bytes of each of the two staging halves per rank. Chunks this size stay in the last-level
-// cache between copy-in and reduction; larger ones only save syncs, which cost microseconds.
-inline constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
+// Bytes of each of the two staging halves per rank: both halves (512 KiB) stay in a core's L2
+// between copy-in and reduction. Measured with `ddp-bench collectives` (2 ranks, 4 MiB
+// float32): 256 KiB chunks 0.58 ms, 512 KiB 0.82 ms, 1 MiB 1.0-2.4 ms; below 256 KiB the syncs
+// (a few microseconds each) start to dominate.
+inline constexpr size_t kDefaultChunkBytes = size_t{256} << 10;
 // A stopped peer (SIGSTOP, a debugger) fails the collective after this long: a job whose rank
 // is frozen is as stuck as one whose rank is dead, and the user should learn which one.
 inline constexpr std::chrono::seconds kStoppedLimit{3};
