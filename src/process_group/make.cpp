@@ -124,6 +124,31 @@ std::string choose_backend(const std::string& requested) {
   return "cpu-auto";
 }
 
+// Every rank must ask for the same transport (DDP_BACKEND set differently on two nodes would
+// otherwise leave each side waiting for the other's connections until a timeout). Each rank
+// publishes its request; all compare, so all fail together naming the first difference.
+void agree_on_backend(::c10d::Store& store, const DistEnv& env, const std::string& requested) {
+  if (env.world_size == 1) return;
+  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  store.set(fmt::format("backend/{}", env.rank), bytes(requested));
+  std::string mismatch;
+  for (int r = 0; r < env.world_size && mismatch.empty(); ++r) {
+    if (r == env.rank) continue;
+    const std::vector<uint8_t> v = store.get(fmt::format("backend/{}", r));
+    const std::string theirs(v.begin(), v.end());
+    if (theirs != requested) {
+      mismatch = fmt::format("this rank '{}', rank {} '{}'", requested, r, theirs);
+    }
+  }
+  // Nobody leaves (rank 0 would take the store down) before everyone has read the requests.
+  if (store.add("backend/read", 1) == env.world_size) store.set("backend/all_read", bytes("1"));
+  store.get("backend/all_read");
+  DDP_CHECK(mismatch.empty(), ConfigError,
+            "[rank {}] ranks ask for different backends: {}. Set the same InitOptions::backend / "
+            "DDP_BACKEND / ddprun --backend on every node.",
+            env.rank, mismatch);
+}
+
 bool debug_info() {
   const char* v = std::getenv("DDP_DEBUG");
   if (v == nullptr) v = std::getenv("TORCH_DISTRIBUTED_DEBUG");
@@ -157,6 +182,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
                               env.restart_count, o.group_name);
   rc.timeout = rdzv_timeout;
   impl->store = rendezvous::join(rc);
+  agree_on_backend(*impl->store, env, requested_backend(o));
 
   // Shared memory when every rank is on this host (explicitly asked for, or chosen by auto).
   if (impl->backend_name == "shm" || impl->backend_name == "cpu-auto") {

@@ -260,6 +260,23 @@ TEST(ShmErrors, RankThatLeftFailsPeersFastAndTheGroupStaysFailed) {
   expect_contains(second, {"[rank 0] barrier #2 was not run", "failed at an earlier collective"});
 }
 
+TEST(ShmSelection, RanksAskingForDifferentBackendsFailTogetherNamingBoth) {
+  const int port = testing::free_port();
+  std::vector<std::string> messages(2);
+  auto errors = run_threads(2, [&](int r) {
+    InitOptions o = shm_rank(r, 2, port);
+    if (r == 1) o.backend = "gloo";
+    try {
+      make_process_group(o);
+    } catch (const ConfigError& e) {
+      messages[r] = e.what();
+    }
+  });
+  expect_contains(messages[0], {"[rank 0] ranks ask for different backends: this rank 'shm', "
+                                "rank 1 'gloo'", "DDP_BACKEND"});
+  expect_contains(messages[1], {"[rank 1]", "this rank 'gloo', rank 0 'shm'"});
+}
+
 TEST(ShmSelection, AutoPicksShmOnOneHostAndTheEnvironmentChooses) {
   InitOptions o = testing::one_rank_options();
   EXPECT_EQ(make_process_group(o)->backend(), "shm");
