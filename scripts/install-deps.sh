@@ -19,6 +19,12 @@ PACKAGES=(
   dataset-fashion-mnist gnuplot-nox
 )
 
+# The list alone, one a line (scripts/test-libtorch2.sh installs the same in its trixie root).
+if [[ ${1:-} == --print-packages ]]; then
+  printf '%s\n' "${PACKAGES[@]}"
+  exit 0
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

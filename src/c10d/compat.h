@@ -1,6 +1,7 @@
 // The one place that knows which LibTorch version we are built against.
 //
-// c10d's API moved between 1.13 (Debian's libtorch-dev) and 2.x (the CUDA builds): in 1.13 a
+// c10d's API moved between 1.13 (Debian bookworm's libtorch-dev) and 2.x (trixie's 2.6, the CUDA
+// builds; scripts/test-libtorch2.sh runs the whole suite against 2.6): in 1.13 a
 // backend such as ProcessGroupGloo *is* a c10d::ProcessGroup; from 2.0 on it is a c10d::Backend
 // that a ProcessGroup dispatches to. Collective signatures on the backend object are the same in
 // both, so the rest of ddp-cpp talks to `c10d_compat::Backend` and never names a version.
@@ -10,6 +11,7 @@
 #include <string>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
@@ -29,6 +31,19 @@ using Backend = ::c10d::Backend;
 #else
 using Backend = ::c10d::ProcessGroup;
 #endif
+
+// The key under which torch::optim::Optimizer::state() keeps a parameter's state: the address
+// of its TensorImpl printed as a string in 1.13, the TensorImpl pointer itself from 2.0 on.
+#if TORCH_VERSION_MAJOR >= 2
+using OptimizerStateKey = void*;
+#else
+using OptimizerStateKey = std::string;
+#endif
+OptimizerStateKey optimizer_state_key(const at::Tensor& param);
+
+// A TCPStore, server or client, on any LibTorch; see Note [TCPStore and libuv].
+c10::intrusive_ptr<::c10d::TCPStore> make_tcp_store(const std::string& host,
+                                                    ::c10d::TCPStoreOptions options);
 
 // How Gloo picks the network interface its pairs bind to.
 struct GlooDeviceSpec {

@@ -4,6 +4,7 @@
 #include <map>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard: ATen.h stops including it in 2.x
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "base/check.h"
+#include "c10d/compat.h"
 
 namespace ddp::rendezvous {
 namespace {
@@ -40,7 +41,7 @@ c10::intrusive_ptr<::c10d::Store> connect(const Config& c) {
   opts.waitWorkers = false;  // we count ranks ourselves
   opts.timeout = c.timeout;
   try {
-    return c10::make_intrusive<::c10d::TCPStore>(c.master_addr, opts);
+    return c10d_compat::make_tcp_store(c.master_addr, opts);  // Note [TCPStore and libuv]
   } catch (const std::exception& e) {
     const std::string why = e.what();
     if (opts.isServer) {

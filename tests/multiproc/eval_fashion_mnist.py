@@ -53,6 +53,11 @@ def main():
     model_name, state_path, data_dir, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     torch.set_num_threads(1)
     net = {"mlp": Mlp, "cnn": Cnn}[model_name]()
+    # PyTorch 2.6's torch.load is weights_only by default, and LibTorch's pickle_save tags the
+    # {name: tensor} dict with torch.jit._pickle.restore_type_tag: allow exactly that function.
+    if hasattr(torch.serialization, "add_safe_globals"):
+        from torch.jit._pickle import restore_type_tag
+        torch.serialization.add_safe_globals([restore_type_tag])
     net.load_state_dict(torch.load(state_path))  # strict: every name and shape must match
     net.eval()
     images = read_idx(f"{data_dir}/t10k-images-idx3-ubyte.gz")[:n]

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "c10d/compat.h"  // optimizer_state_key
 #include "checkpoint/encode.h"  // per-rank generator states without ranks
 #include "checkpoint/file_io.h"
 #include "checkpoint/state.h"
@@ -71,7 +72,10 @@ void train(TrainRun& r, int64_t until, const std::function<void(TrainRun&)>& on_
   }
 }
 
-std::string key_of(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// How the optimizer keys a parameter's state (a string in LibTorch 1.13, a pointer in 2.x).
+ddp::c10d_compat::OptimizerStateKey key_of(const at::Tensor& p) {
+  return ddp::c10d_compat::optimizer_state_key(p);
+}
 
 bool same(const at::Tensor& a, const at::Tensor& b) {
   if (a.defined() != b.defined()) return false;

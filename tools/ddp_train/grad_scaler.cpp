@@ -1,6 +1,7 @@
 #include "grad_scaler.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard: ATen.h stops including it in 2.x
 
 namespace ddp::train {
 

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The whole test suite against LibTorch 2.x: Debian trixie's libtorch-dev 2.6 (with trixie's
+# python3-torch 2.6 and Gloo), inside a trixie root made with debootstrap on this bookworm machine.
+#
+#   scripts/test-libtorch2.sh [ctest arguments, e.g. -L unit]
+#   scripts/test-libtorch2.sh --shell [command...]   a shell (or one command) inside the root,
+#                                                    source tree mounted, e.g. to run python3
+#   scripts/test-libtorch2.sh --prepare              create/update the root only
+#
+# Run as root. What it does, each step skipped when already done (idempotent):
+#   1. apt-get installs debootstrap on the host (if missing);
+#   2. creates the trixie root in $DDP_TRIXIE_ROOT (default /var/cache/ddp-cpp/trixie-root,
+#      outside the source tree, kept between runs);
+#   3. installs there the packages of scripts/install-deps.sh (--print-packages), under trixie's
+#      names (trixie_name below);
+#   4. bind-mounts the source tree at /src/ddp-cpp inside the root (not a copy), plus /proc,
+#      /sys, /dev, /dev/pts, /dev/shm and a host ccache folder ($DDP_TRIXIE_CCACHE);
+#   5. configures and builds there into /var/build/ddp-cpp (inside the root: never the bookworm
+#      build/), -j2 at most, through ccache;
+#   6. runs ctest there: unit, collective, multiproc and package, against LibTorch 2.6 and, for
+#      the cross-checks (sampler, model_state.pt, torchrun), trixie's python3-torch 2.6.
+# Everything it mounted is unmounted on exit, failure and Ctrl-C included. Runs are serialised
+# by a lock next to the root.
+set -euo pipefail
+
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${DDP_LIBTORCH2_CACHE:-/var/cache/ddp-cpp}
+ROOT=${DDP_TRIXIE_ROOT:-$CACHE/trixie-root}
+CCACHE_HOST=${DDP_TRIXIE_CCACHE:-$CACHE/ccache-trixie}
+MIRROR=${DDP_TRIXIE_MIRROR:-http://deb.debian.org/debian}
+SUITE=trixie
+JOBS=${DDP_JOBS:-2}
+# Paths inside the root.
+SRC_IN=/src/ddp-cpp
+BUILD_IN=/var/build/ddp-cpp
+CCACHE_IN=/var/cache/ccache
+
+log() { echo "test-libtorch2: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+mode=test
+case "${1:-}" in
+  --shell) mode=shell; shift ;;
+  --prepare) mode=prepare; shift ;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
+
+[[ $(id -u) -eq 0 ]] || die "run as root (debootstrap, chroot and mount need it)"
+case "$ROOT" in /|"") die "DDP_TRIXIE_ROOT must be a dedicated folder" ;; esac
+case "$ROOT/" in "$SRC"/*) die "the trixie root must be outside the source tree ($SRC)" ;; esac
+
+# A package of install-deps.sh under its trixie name (the same for every package so far; a rename
+# goes here, e.g.  libfoo1) echo libfoo1t64 ;;).
+trixie_name() {
+  case "$1" in
+    *) echo "$1" ;;
+  esac
+}
+
+# Anything still mounted at or below a path (deepest first).
+mounts_below() {
+  local dir
+  dir=$(realpath -m "$1")
+  awk -v d="$dir" '{ gsub(/\\040/, " ", $5); if ($5 == d || index($5, d "/") == 1) print $5 }' \
+    /proc/self/mountinfo | sort -r
+}
+
+unmount_below() {
+  local m
+  for m in $(mounts_below "$1"); do
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
+  done
+}
+
+mkdir -p "$CACHE" "$CCACHE_HOST"
+exec 9>"$ROOT.lock"
+if ! flock -n 9; then
+  log "waiting for another run to release $ROOT.lock"
+  flock 9
+fi
+
+# --- 1. debootstrap on the host ---------------------------------------------------------------
+if ! command -v debootstrap >/dev/null; then
+  log "installing debootstrap"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends debootstrap
+fi
+
+# --- 2. the trixie root ------------------------------------------------------------------------
+trap 'unmount_below "$ROOT"; unmount_below "$ROOT.new"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+unmount_below "$ROOT"  # left over by a run that was killed -9
+
+if [[ ! -f $ROOT/.ddp-debootstrap-done ]]; then
+  [[ -e $ROOT ]] && die "$ROOT exists but is not a finished root: remove it (rm -rf --one-file-system)"
+  new=$ROOT.new
+  unmount_below "$new"
+  [[ -z $(mounts_below "$new") ]] || die "cannot clear $new: still mounted"
+  rm -rf --one-file-system "$new"
+  script=$SUITE
+  # bookworm's debootstrap may predate trixie's script; trixie bootstraps like sid.
+  [[ -e /usr/share/debootstrap/scripts/$SUITE ]] || script=/usr/share/debootstrap/scripts/sid
+  log "creating the $SUITE root in $ROOT (debootstrap, a few minutes)"
+  start=$SECONDS
+  debootstrap --variant=minbase --components=main "$SUITE" "$new" "$MIRROR" "$script" \
+    >"$CACHE/debootstrap.log" 2>&1 || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
+  unmount_below "$new"
+  cat >"$new/etc/apt/sources.list" <<EOF
+deb $MIRROR $SUITE main
+deb $MIRROR $SUITE-updates main
+EOF
+  # No daemons start inside the root while packages install.
+  printf '#!/bin/sh\nexit 101\n' >"$new/usr/sbin/policy-rc.d"
+  chmod +x "$new/usr/sbin/policy-rc.d"
+  touch "$new/.ddp-debootstrap-done"
+  mv "$new" "$ROOT"
+  log "root created in $((SECONDS - start)) s"
+fi
+
+# --- 4. mounts ---------------------------------------------------------------------------------
+mkdir -p "$ROOT$SRC_IN" "$ROOT$CCACHE_IN" "$ROOT$BUILD_IN"
+mount -t proc proc "$ROOT/proc"
+mount --bind /sys "$ROOT/sys"
+mount --bind /dev "$ROOT/dev"
+mount --bind /dev/pts "$ROOT/dev/pts"
+mount --bind /dev/shm "$ROOT/dev/shm"
+mount --bind "$SRC" "$ROOT$SRC_IN"
+mount --bind "$CCACHE_HOST" "$ROOT$CCACHE_IN"
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+cp /etc/hosts "$ROOT/etc/hosts"
+
+in_root() {
+  chroot "$ROOT" /usr/bin/env -i \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+    TERM="${TERM:-dumb}" DEBIAN_FRONTEND=noninteractive CI="${CI:-}" \
+    CCACHE_DIR=$CCACHE_IN CCACHE_BASEDIR=$SRC_IN CCACHE_MAXSIZE=${DDP_TRIXIE_CCACHE_SIZE:-3G} \
+    "$@"
+}
+
+# --- 3. packages -------------------------------------------------------------------------------
+packages=()
+for p in $("$SRC/scripts/install-deps.sh" --print-packages); do packages+=("$(trixie_name "$p")"); done
+missing=()
+for p in "${packages[@]}"; do
+  in_root dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing in the root: ${missing[*]}"
+  start=$SECONDS
+  in_root apt-get update -q
+  in_root apt-get install -y -q --no-install-recommends "${missing[@]}"
+  in_root apt-get clean
+  log "packages installed in $((SECONDS - start)) s"
+fi
+log "$(in_root dpkg-query -W -f='${Package} ${Version}\n' libtorch-dev python3-torch libgloo-dev | tr '\n' ' ')"
+
+case $mode in
+  prepare) exit 0 ;;
+  shell)
+    if (($#)); then in_root bash -c 'cd "$0" && exec "$@"' "$SRC_IN" "$@"
+    else in_root bash -c "cd $SRC_IN && exec bash -i"; fi
+    exit ;;
+esac
+
+# --- 5. build ----------------------------------------------------------------------------------
+start=$SECONDS
+in_root cmake -S "$SRC_IN" -B "$BUILD_IN" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+in_root cmake --build "$BUILD_IN" -j"$JOBS"
+log "built in $((SECONDS - start)) s"
+
+# --- 6. the whole suite ------------------------------------------------------------------------
+start=$SECONDS
+rc=0
+in_root bash -c 'cd "$0" && exec ctest --output-on-failure "$@"' "$BUILD_IN" "$@" || rc=$?
+log "ctest ran in $((SECONDS - start)) s (exit $rc)"
+exit $rc
