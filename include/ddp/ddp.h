@@ -1,6 +1,7 @@
 // ddp-cpp: data-parallel training for C++ on LibTorch. The umbrella header.
 #pragma once
 
+#include "ddp/allocator.h"       // retain_freed_memory
 #include "ddp/blas.h"            // ensure_fast_blas, inspect_blas
 #include "ddp/checkpoint.h"      // Checkpointer, save/load_checkpoint: exact resume
 #include "ddp/comm_hooks.h"      // GradBucket, Future, comm_hooks::fp16_compress, ...

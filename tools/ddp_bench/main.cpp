@@ -39,6 +39,7 @@ int fail(const std::exception& e, int code) {
 
 int main(int argc, char** argv) {
   ddp::ensure_fast_blas(argc, argv);
+  ddp::retain_freed_memory();  // activations come back every step: no page faults for them
   try {
     const ddp::bench::CommandLine cl =
         ddp::bench::parse_command_line(std::vector<std::string>(argv + 1, argv + argc));

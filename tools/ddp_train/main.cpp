@@ -37,6 +37,7 @@ int fail(const std::exception& e, int code) {
 
 int main(int argc, char** argv) {
   ddp::ensure_fast_blas(argc, argv);
+  ddp::retain_freed_memory();  // activations come back every step: no page faults for them
   try {
     ddp::train::TrainConfig config;
     if (!ddp::train::parse_args(argc, argv, config)) return 0;  // --help

@@ -2,7 +2,6 @@
 #include "process_group/shm/group.h"
 
 #include <linux/futex.h>  // FUTEX_WAIT, FUTEX_WAKE
-#include <sched.h>        // sched_yield
 #include <sys/syscall.h>  // SYS_futex
 #include <unistd.h>       // getpid, syscall
 
@@ -34,10 +33,10 @@ using std::chrono::milliseconds;
 // chunk: they arrive within microseconds unless descheduled, and a sleep there would cost a
 // wake-up (tens of microseconds on a VM, where an idle vCPU must be woken by the hypervisor)
 // at every chunk, as the ranks then take turns sleeping.
-// Inside a collective the waiter spins kSpin, then yields the core (to the peer itself, when
-// the machine is oversubscribed and they share it) until kYieldInside, then sleeps.
-constexpr microseconds kSpin{30};
-constexpr microseconds kYieldInside{1000};
+// sched_yield() is no middle way: on a busy machine it hands the core to any other process
+// (a compiler) for a whole time slice, and ours came back milliseconds later at every chunk.
+constexpr microseconds kSpinFirst{30};
+constexpr microseconds kSpinInside{200};
 // A sleeping waiter wakes at least this often to check the deadline, aborts and its peers.
 constexpr milliseconds kPoll{50};
 constexpr int kRing = 4;  // fingerprints kept per rank; a peer is at most one collective ahead
@@ -434,17 +433,13 @@ bool Group::all_arrived(uint64_t g) const {
 
 void Group::wait_for_all(uint64_t g) {
   if (all_arrived(g)) return;
+  // Not the first sync of the collective: the peers are inside it, about to arrive.
+  const microseconds spin = fingerprints_checked_ ? kSpinInside : kSpinFirst;
   const Clock::time_point spin_start = Clock::now();
   for (unsigned i = 1;; ++i) {
     cpu_relax();
     if (all_arrived(g)) return;
-    if ((i & 127) == 0 && Clock::now() - spin_start > kSpin) break;
-  }
-  if (fingerprints_checked_) {  // not the first sync: the peers are inside this collective
-    while (Clock::now() - spin_start < kYieldInside) {
-      sched_yield();
-      if (all_arrived(g)) return;
-    }
+    if ((i & 127) == 0 && Clock::now() - spin_start > spin) break;
   }
   std::fill(stopped_since_.begin(), stopped_since_.end(), Clock::time_point{});
   while (true) {

@@ -17,11 +17,10 @@
 // first sync of chunk k + 1, which no peer reaches before it finished reading chunk k.
 //
 // sync(): each rank bumps its own arrival counter and waits until every counter reached the
-// same value. Waiting spins for 30 us; at a collective's later syncs, where the peers are known
-// to be inside it, it then yields the core for up to 1 ms (a sleep there would cost a wake-up,
-// tens of microseconds on a VM, at every chunk as ranks take turns sleeping; a plain spin
-// would starve a peer that shares the core on a busy machine); then it sleeps on a futex word
-// in the segment, waking at least every poll interval to check the
+// same value. Waiting spins for 30 us at a collective's first sync (the peers may still be
+// computing) and 200 us at its later syncs (the peers are inside it: a sleep there would cost
+// a wake-up, tens of microseconds on a VM, at every chunk as ranks take turns sleeping); then
+// it sleeps on a futex word in the segment, waking at least every poll interval to check the
 // deadline, whether another rank gave up (the abort word), and whether the ranks it waits for
 // are still alive: a dead rank (no such pid, zombie, pid reused) fails the collective at once,
 // a stopped one (SIGSTOP, a debugger) after kStoppedLimit. Waiting never burns the core that
