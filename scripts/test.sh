@@ -5,18 +5,46 @@
 # Extra arguments go to ctest (both runs), e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh
+
+# Host packages first: apt must not run twice at once.
+scripts/install-deps.sh
+
+# The trixie root (debootstrap + packages: downloads and unpacking, ~10 min from scratch) is made
+# or updated while the bookworm build below uses the CPUs.
+libtorch2=1
+if [[ ${DDP_SKIP_LIBTORCH2:-0} == 1 ]]; then
+  libtorch2=0
+  echo "test.sh: LibTorch 2.x suite skipped (DDP_SKIP_LIBTORCH2=1)"
+elif [[ $(id -u) -ne 0 ]]; then
+  libtorch2=0
+  echo "test.sh: LibTorch 2.x suite skipped: scripts/test-libtorch2.sh needs root (debootstrap, chroot)"
+fi
+prepare_log=$(mktemp /tmp/ddp-libtorch2-prepare.XXXXXX)
+prepare_pid=
+if ((libtorch2)); then
+  scripts/test-libtorch2.sh --prepare >"$prepare_log" 2>&1 &
+  prepare_pid=$!
+fi
+trap '[[ -n $prepare_pid ]] && kill "$prepare_pid" 2>/dev/null; rm -f "$prepare_log"' EXIT
+
+scripts/build.sh  # its install-deps.sh finds everything installed
 BUILD_DIR=${DDP_BUILD_DIR:-build}
 # Serial: the collective and multi-process tests start several ranks each on a 2-core machine.
 rc=0
 (cd "$BUILD_DIR" && ctest --output-on-failure "$@") || rc=$?
 
-if [[ ${DDP_SKIP_LIBTORCH2:-0} == 1 ]]; then
-  echo "test.sh: LibTorch 2.x suite skipped (DDP_SKIP_LIBTORCH2=1)"
-elif [[ $(id -u) -ne 0 ]]; then
-  echo "test.sh: LibTorch 2.x suite skipped: scripts/test-libtorch2.sh needs root (debootstrap, chroot)"
-else
+if ((libtorch2)); then
   echo "test.sh: LibTorch 1.13 (bookworm) suite exit $rc; now the LibTorch 2.6 (trixie) suite"
-  scripts/test-libtorch2.sh "$@" || rc=$?
+  prepared=0
+  wait "$prepare_pid" || prepared=$?
+  prepare_pid=
+  if ((prepared)); then
+    tail -n 40 "$prepare_log"
+    echo "test.sh: preparing the trixie root failed (exit $prepared)" >&2
+    rc=1
+  else
+    grep -a '^test-libtorch2:' "$prepare_log" || true
+    scripts/test-libtorch2.sh "$@" || rc=$?
+  fi
 fi
 exit $rc
