@@ -148,6 +148,18 @@ Group::Group(Options options, Segment segment)
   read_stat(pid_, &state, &start);
   me.start_time.store(start);
   me.pid.store(pid_);
+  // Every rank must be identifiable before any collective waits for it: a peer stopped or
+  // killed between the segment handshake and this point would otherwise never be named.
+  const Clock::time_point deadline = Clock::now() + o_.timeout;
+  for (int r = 0; r < o_.size; ++r) {
+    while (slots_[r]->pid.load() == 0) {
+      DDP_CHECK(Clock::now() < deadline, RendezvousError,
+                "[rank {}] rank {} mapped the shared segment but did not start its transport "
+                "within {:.1f} s; it may have died or been stopped",
+                o_.rank, r, seconds(o_.timeout));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
   executor_ = std::thread([this] { executor_loop(); });
 }
 
@@ -510,7 +522,7 @@ void Group::check_peers(uint64_t g, Clock::time_point now) {
               "without reaching it; {}.",
               o_.rank, op.fp.describe(op.seq), p, where_is(p));
     const int pid = s.pid.load();
-    if (pid == 0 || pid == pid_) continue;  // not yet known, or a thread of this process
+    if (pid == pid_) continue;  // a thread of this process
     char state = '?';
     uint64_t start = 0;
     const bool alive = read_stat(pid, &state, &start) && start == s.start_time.load() &&
