@@ -7,6 +7,7 @@
 #include <cstdio>   // stderr
 #include <cstdlib>  // getenv
 #include <string_view>
+#include <thread>
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -143,6 +144,14 @@ void agree_on_backend(::c10d::Store& store, const DistEnv& env, const std::strin
   // Nobody leaves (rank 0 would take the store down) before everyone has read the requests.
   if (store.add("backend/read", 1) == env.world_size) store.set("backend/all_read", bytes("1"));
   store.get("backend/all_read");
+  // Rank 0 hosts the store: it waits (at most 2 s) until every rank has seen "all_read", so a
+  // mismatch reaches everyone as this message, not as a closed connection.
+  store.add("backend/done", 1);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (env.rank == 0 && store.add("backend/done", 0) < env.world_size &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   DDP_CHECK(mismatch.empty(), ConfigError,
             "[rank {}] ranks ask for different backends: {}. Set the same InitOptions::backend / "
             "DDP_BACKEND / ddprun --backend on every node.",
