@@ -121,6 +121,19 @@ class ProcessGroup {
   // Completes once every rank has called barrier().
   [[nodiscard]] Work barrier();
 
+  // A zeroed 1-D tensor of `numel` elements (CPU) that this group's collectives move without
+  // copying: with the shm backend every rank of the host maps every rank's buffer, and an
+  // all_reduce of a tensor inside it (the whole buffer or any contiguous part, at the same
+  // offset on every rank) reduces the peers' data in place (Note [Shared-memory collectives]).
+  // DistributedDataParallel keeps its gradient buckets in such buffers. Other backends return
+  // ordinary memory. Collective: every rank calls it in the same order (relative to its other
+  // comm_buffer calls) with the same numel and dtype; a rank whose memory limit refuses the
+  // buffer makes every rank fall back to ordinary memory, with one line on stderr.
+  at::Tensor comm_buffer(int64_t numel, const at::TensorOptions& options);
+  // True when `t` lies in a comm buffer that this group's transport moves in place (shm); false
+  // for ordinary memory, and on backends where comm buffers are ordinary memory.
+  bool is_comm_buffer(const at::Tensor& t) const;
+
   Impl& impl() { return *impl_; }
 
  private:

@@ -60,7 +60,7 @@ c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<::c10d::Store>& s
                                       int size, std::chrono::milliseconds timeout);
 #endif
 
-// True when the backend implements ReduceOp::AVG itself (NCCL); Gloo sums and we divide.
+// True when the backend implements ReduceOp::AVG itself (NCCL, shm); Gloo sums and we divide.
 bool backend_supports_avg(const std::string& backend_name);
 
 // True when the backend can all-reduce tensors of `dtype` (Gloo has no bfloat16 reduction in

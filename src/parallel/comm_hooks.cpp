@@ -73,6 +73,12 @@ CommHook allreduce() {
   return [](GradBucket& bucket) {
     ProcessGroup& pg = bucket.process_group();
     at::Tensor& buffer = bucket.buffer();
+    // Where the transport averages inside its reduction (shm, NCCL), the division costs no
+    // extra pass over the bucket; elsewhere dividing first keeps large sums in range, as
+    // PyTorch's hook does.
+    if (bucket.divisor() == pg.size() && c10d_compat::backend_supports_avg(pg.backend())) {
+      return Future(pg.all_reduce(buffer, ReduceOp::kAvg), buffer);
+    }
     buffer.div_(bucket.divisor());
     return Future(pg.all_reduce(buffer, ReduceOp::kSum), buffer);
   };

@@ -132,7 +132,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bucket.vars = std::move(assignment[b]);
     int64_t total = 0;
     for (size_t v : bucket.vars) total += params_[v].numel();
-    bucket.contents = at::zeros({total}, params_[bucket.vars.front()].options());
+    // In the transport's own memory where it has some (shm: peers reduce it in place).
+    bucket.contents = group_.comm_buffer(total, params_[bucket.vars.front()].options());
     int64_t offset = 0;
     for (size_t slot = 0; slot < bucket.vars.size(); ++slot) {
       const size_t v = bucket.vars[slot];

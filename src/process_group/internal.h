@@ -27,6 +27,7 @@ struct ProcessGroup::Impl {
   // Sequence number of the last collective issued (first is 1); written under issue_mu.
   std::mutex issue_mu;
   std::atomic<uint64_t> seq{0};
+  std::atomic<uint64_t> comm_buffers{0};  // comm_buffer() calls so far (shm buffer ids)
 };
 
 // Note [Work completion]

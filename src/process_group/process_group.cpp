@@ -7,6 +7,7 @@
 
 #include "base/check.h"
 #include "process_group/internal.h"
+#include "process_group/shm_setup.h"
 
 namespace ddp {
 namespace {
@@ -147,10 +148,11 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
     DDP_CHECK(dtype, Error, "[rank {}] all_reduce #{}: the shm backend cannot reduce {} tensors",
               pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
     at::Tensor buf = shm_buffer(pg, "all_reduce", tensor);
+    shm::Placement placement = pg.shm->find(buf.data_ptr(), buf.numel() * buf.element_size());
     issue(pg, state, "all_reduce", detail, [&](Work::State& s) {
       s.shm_group = pg.shm;
       s.shm_op = pg.shm->all_reduce(s.seq, buf.data_ptr(), buf.numel(), *dtype, to_shm(op),
-                                    std::make_shared<at::Tensor>(buf));
+                                    std::make_shared<at::Tensor>(buf), std::move(placement));
     });
     if (!buf.is_same(tensor)) state->then = [tensor, buf]() mutable { tensor.copy_(buf); };
     return Work(std::move(state));
@@ -316,6 +318,27 @@ Work ProcessGroup::barrier() {
     s.work = pg.backend->barrier(opts);
   });
   return Work(std::move(state));
+}
+
+at::Tensor ProcessGroup::comm_buffer(int64_t numel, const at::TensorOptions& options) {
+  Impl& pg = *impl_;
+  DDP_CHECK(numel >= 0, Error, "[rank {}] comm_buffer: numel {} is negative", pg.env.rank, numel);
+  const uint64_t id = ++pg.comm_buffers;
+  if (!pg.shm || !options.device().is_cpu() || numel == 0 || pg.env.world_size == 1) {
+    return at::zeros({numel}, options);
+  }
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(
+                           c10::typeMetaToScalarType(options.dtype()));
+  std::shared_ptr<shm::SharedBuffer> buffer =
+      make_shared_buffer(*pg.store, *pg.shm, pg.env, id, bytes);
+  if (!buffer) return at::zeros({numel}, options);
+  char* mine = buffer->base[pg.env.rank];  // zeroed: a fresh memfd
+  return at::from_blob(mine, {numel}, [buffer](void*) mutable { buffer.reset(); }, options);
+}
+
+bool ProcessGroup::is_comm_buffer(const at::Tensor& t) const {
+  if (!impl_->shm || !t.defined() || !t.device().is_cpu() || !t.is_contiguous()) return false;
+  return impl_->shm->find(t.data_ptr(), t.numel() * t.element_size()).buffer != nullptr;
 }
 
 }  // namespace ddp

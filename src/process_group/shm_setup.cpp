@@ -14,7 +14,7 @@
 namespace ddp {
 namespace {
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 // Ranks may share memory when they run on the same kernel (boot id) in the same pid namespace
@@ -56,7 +56,7 @@ ShmSetup make_shm_group(::c10d::Store& store, const DistEnv& env,
   // 1. One host?
   const std::string me = host_identity();
   if (n > 1) {
-    store.set(fmt::format("shm/host/{}", rank), bytes(me));
+    store.set(fmt::format("shm/host/{}", rank), bytes_of(me));
     for (int r = 0; r < n; ++r) {
       const std::string theirs = r == rank ? me : text(store.get(fmt::format("shm/host/{}", r)));
       if (theirs != me && out.why_not.empty()) {
@@ -80,7 +80,7 @@ ShmSetup make_shm_group(::c10d::Store& store, const DistEnv& env,
       status = e.what();
     }
     if (n > 1) {
-      store.set("shm/segment", bytes(status == "ok"
+      store.set("shm/segment", bytes_of(status == "ok"
                                          ? fmt::format("ok {} {}", getpid(), segment.fd())
                                          : "error " + status));
     }
@@ -99,7 +99,7 @@ ShmSetup make_shm_group(::c10d::Store& store, const DistEnv& env,
         status = e.what();
       }
     }
-    store.set(fmt::format("shm/mapped/{}", rank), bytes(status));
+    store.set(fmt::format("shm/mapped/{}", rank), bytes_of(status));
   }
   // 3. Everyone learns whether every rank mapped it; rank 0 may close its fd after that.
   std::string first_error = rank == 0 && status != "ok" ? "rank 0: " + status : "";
@@ -119,6 +119,88 @@ ShmSetup make_shm_group(::c10d::Store& store, const DistEnv& env,
   }
   out.group = std::make_shared<shm::Group>(o, std::move(segment));
   return out;
+}
+
+std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm::Group& group,
+                                                      const DistEnv& env, uint64_t id,
+                                                      size_t bytes) {
+  const int rank = env.rank;
+  const int n = env.world_size;
+  auto buffer = std::make_shared<shm::SharedBuffer>();
+  buffer->id = id;
+  buffer->bytes = bytes;
+  buffer->base.assign(n, nullptr);
+  buffer->parts.resize(n);
+  const auto key = [&](const char* what, int r) {
+    return fmt::format("shm/buffer/{}/{}/{}", id, what, r);
+  };
+
+  // 1. Every rank creates its part and says where it is (or why it could not).
+  std::string status = "ok";
+  try {
+    buffer->parts[rank] =
+        shm::Segment::create(fmt::format("ddp-shm-{}-buffer-{}", env.run_id, id), bytes);
+    buffer->base[rank] = buffer->parts[rank].data();
+  } catch (const std::exception& e) {
+    status = e.what();
+  }
+  if (n > 1) {
+    store.set(key("part", rank),
+              bytes_of(status == "ok" ? fmt::format("ok {} {} {}", getpid(),
+                                                    buffer->parts[rank].fd(), bytes)
+                                      : fmt::format("error {} {}", bytes, status)));
+  }
+  // 2. Every rank maps every peer's part.
+  for (int r = 0; r < n && status == "ok"; ++r) {
+    if (r == rank) continue;
+    const std::string where = text(store.get(key("part", r)));
+    int pid = 0, fd = -1;
+    unsigned long long theirs = 0;
+    const bool ok = std::sscanf(where.c_str(), "ok %d %d %llu", &pid, &fd, &theirs) == 3;
+    if (!ok) std::sscanf(where.c_str(), "error %llu", &theirs);
+    DDP_CHECK(theirs == bytes, Error,
+              "[rank {}] comm buffer #{}: this rank asked for {} bytes, rank {} for {}. "
+              "ProcessGroup::comm_buffer is collective: every rank must allocate the same "
+              "buffers in the same order.",
+              rank, id, bytes, r, theirs);
+    if (!ok) {
+      status = fmt::format("rank {}: {}", r, where.substr(where.find(' ', 6) + 1));
+      break;
+    }
+    try {
+      buffer->parts[r] = shm::Segment::open(pid, fd, bytes);
+      buffer->parts[r].close_fd();
+      buffer->base[r] = buffer->parts[r].data();
+    } catch (const std::exception& e) {
+      status = e.what();
+    }
+  }
+  // 3. Everyone learns whether every rank mapped everything; then the creators close their fds.
+  if (n > 1) {
+    store.set(key("mapped", rank), bytes_of(status));
+    for (int r = 0; r < n && status == "ok"; ++r) {
+      if (r == rank) continue;
+      const std::string theirs = text(store.get(key("mapped", r)));
+      if (theirs != "ok") status = fmt::format("rank {}: {}", r, theirs);
+    }
+    // A rank that failed at step 2 skipped the others' records; it still must not leave
+    // before they have read its own, so it reads them too.
+    for (int r = 0; r < n && status != "ok"; ++r) {
+      if (r != rank) store.get(key("mapped", r));
+    }
+  }
+  buffer->parts[rank].close_fd();
+  if (status != "ok") {
+    if (rank == 0) {
+      fmt::print(stderr,
+                 "ddp: comm buffer #{} ({:.1f} MiB) is in private memory: {}; its collectives "
+                 "copy through the staging areas\n",
+                 id, bytes / 1048576.0, status);
+    }
+    return nullptr;
+  }
+  group.register_buffer(buffer);
+  return buffer;
 }
 
 }  // namespace ddp

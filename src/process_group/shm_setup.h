@@ -25,4 +25,15 @@ struct ShmSetup {
 ShmSetup make_shm_group(::c10d::Store& store, const DistEnv& env,
                         std::chrono::milliseconds timeout);
 
+// A collective over `store` (keys under "shm/buffer/"): every rank of `group` calls it with the
+// same `id` (the group's allocation counter) and `bytes`. Each rank creates its part (a memfd of
+// `bytes`, zeroed, pages reserved) and maps every peer's part through /proc/<pid>/fd, so the
+// shared-buffer path of Note [Shared-memory collectives] can read and write them in place. The
+// result is registered with `group`. Returns null on every rank when any rank could not create
+// or map its part (memory limits): the caller then uses private memory, and the collectives
+// stage it. Throws ddp::Error when ranks ask for different sizes (the calls are not collective).
+std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm::Group& group,
+                                                      const DistEnv& env, uint64_t id,
+                                                      size_t bytes);
+
 }  // namespace ddp

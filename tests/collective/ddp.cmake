@@ -4,8 +4,8 @@ ddp_add_test(NAME test_ddp_behaviour SOURCES test_ddp_behaviour.cpp LABEL collec
              LIBS ddp TIMEOUT 300)
 ddp_add_test(NAME test_join SOURCES test_join.cpp LABEL collective LIBS ddp TIMEOUT 300)
 
-# DDP equivalence and Join again, over the shared-memory transport.
-foreach(t test_ddp_equivalence test_join)
+# DDP equivalence, behaviour and Join again, over the shared-memory transport.
+foreach(t test_ddp_equivalence test_ddp_behaviour test_join)
   add_test(NAME ${t}_shm COMMAND ${t})
   set_tests_properties(${t}_shm PROPERTIES LABELS collective TIMEOUT 600
     ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};DDP_TEST_BACKEND=shm")

@@ -156,6 +156,21 @@ TEST_F(Behaviour, CustomHookSeesUndividedBucketsAndDecidesTheResult) {
   expect_no_errors(errors);
 }
 
+// Over shm, DDP's buckets are comm buffers: peers reduce them in place, nothing is staged.
+TEST_F(Behaviour, BucketsLiveInTheTransportsMemory) {
+  std::vector<int> in_place(2, -1);
+  auto errors = on_ranks(2, [&](int r, std::shared_ptr<ProcessGroup> pg) {
+    grads_with_hook(r, pg, [&in_place, r](GradBucket& b) {
+      in_place[r] = b.process_group().is_comm_buffer(b.buffer());
+      return comm_hooks::allreduce()(b);
+    });
+  });
+  expect_no_errors(errors);
+  const bool shm = test_backend() == "shm";
+  EXPECT_EQ(in_place[0], shm ? 1 : 0) << test_backend();
+  EXPECT_EQ(in_place[1], shm ? 1 : 0) << test_backend();
+}
+
 TEST_F(Behaviour, CommHookMustBeRegisteredBeforeTheFirstForward) {
   auto pg = one_rank_group();
   auto net = Mlp();

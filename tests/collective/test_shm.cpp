@@ -1,7 +1,10 @@
 // The shared-memory transport with ranks as threads: every collective and dtype at world sizes
 // 1-4, sizes of one element to many chunks (ctest sets DDP_SHM_CHUNK_BYTES=4096), results
 // bit-identical across ranks and equal to Gloo's, and the failures it must name: a timeout, a
-// desync, a rank that left, an error that poisons the group.
+// desync, a rank that left, an error that poisons the group. Comm buffers (memory every rank
+// maps, reduced in place): every dtype and op at any offset, mixed placements, bit-identity,
+// sizes that differ between ranks, and no mapping left once the tensors are gone.
+#include <fstream>
 #include <latch>
 
 #include <fmt/format.h>
@@ -165,7 +168,145 @@ TEST_P(ShmCollectives, ManyInFlightWaitedInReverse) {
   });
 }
 
+// Tensors inside comm buffers are reduced in place (no staging): the whole buffer and parts of
+// it at odd offsets, every dtype and op, sizes that split unevenly over the ranks.
+TEST_P(ShmCollectives, CommBufferAllReduceEveryDtypeOpAndOffset) {
+  const int n = GetParam();
+  run_shm(n, [n](ProcessGroup& pg) {
+    const int r = pg.rank();
+    for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf, torch::kInt,
+                       torch::kLong, torch::kByte}) {
+      at::Tensor buffer = pg.comm_buffer(2 * 12345 + 3, torch::TensorOptions().dtype(dtype));
+      ASSERT_EQ(buffer.scalar_type(), dtype);
+      EXPECT_TRUE(torch::equal(buffer, torch::zeros_like(buffer)));  // zeroed
+      for (int64_t size : kSizes) {
+        for (int64_t offset : {int64_t{0}, int64_t{3}, int64_t{12345}}) {
+          at::Tensor t = buffer.narrow(0, offset, size);
+          const auto base = torch::arange(size) % 7;
+          for (auto op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg}) {
+            if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+            t.copy_((base + r).to(dtype));
+            pg.all_reduce(t, op).wait();
+            at::Tensor want = op == ReduceOp::kSum   ? base * n + n * (n - 1) / 2
+                              : op == ReduceOp::kMax ? base + (n - 1)
+                              : op == ReduceOp::kMin ? base
+                                                     : base.to(torch::kDouble) + (n - 1) / 2.0;
+            EXPECT_TRUE(torch::allclose(t.to(torch::kDouble), want.to(dtype).to(torch::kDouble)))
+                << c10::toString(dtype) << " x " << size << " at " << offset << " op "
+                << to_string(op);
+          }
+        }
+      }
+    }
+  });
+}
+
+// Float sums whose order matters: the in-place path sums each slice once, in rank order, so
+// every replica holds the same bits; and it agrees with the staged path within rounding.
+TEST_P(ShmCollectives, CommBufferReplicasAreBitIdentical) {
+  const int n = GetParam();
+  std::vector<at::Tensor> results(n);
+  run_shm(n, [&](ProcessGroup& pg) {
+    torch::manual_seed(99 + pg.rank());
+    at::Tensor values = torch::randn({50001}) * 1000;
+    at::Tensor in_place = pg.comm_buffer(values.numel(), torch::kFloat);
+    in_place.copy_(values);
+    at::Tensor staged = values.clone();
+    pg.all_reduce(in_place, ReduceOp::kSum).wait();
+    pg.all_reduce(staged, ReduceOp::kSum).wait();
+    EXPECT_TRUE(torch::allclose(in_place, staged, 1e-5, 1e-3));
+    results[pg.rank()] = in_place.clone();
+  });
+  for (int r = 1; r < n; ++r) EXPECT_TRUE(torch::equal(results[0], results[r])) << r;
+}
+
+// One rank's tensor in a comm buffer, another's in ordinary memory, a third's in the buffer at
+// another offset: every rank falls back to staging together, and the result is right.
+TEST_P(ShmCollectives, CommBufferMixedPlacementsFallBackTogether) {
+  const int n = GetParam();
+  run_shm(n, [n](ProcessGroup& pg) {
+    const int r = pg.rank();
+    at::Tensor buffer = pg.comm_buffer(30000, torch::kFloat);
+    for (int64_t size : kSizes) {
+      at::Tensor t = r % 2 == 1 ? torch::empty({size})
+                                : buffer.narrow(0, r == 2 ? 17 : 0, size);
+      t.fill_(static_cast<float>(r + 1));
+      pg.all_reduce(t).wait();
+      EXPECT_TRUE(torch::equal(t, torch::full({size}, n * (n + 1) / 2.0f))) << size;
+      at::Tensor whole = buffer.narrow(0, 0, size);  // then in place again, on every rank
+      whole.fill_(1.0f);
+      pg.all_reduce(whole).wait();
+      EXPECT_TRUE(torch::equal(whole, torch::full({size}, static_cast<float>(n))));
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmCollectives, ::testing::Values(1, 2, 3, 4));
+
+// Mappings of comm buffers named "ddp-shm-...-buffer-..." in this process.
+int buffer_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int count = 0;
+  while (std::getline(maps, line)) count += line.find("-buffer-") != std::string::npos;
+  return count;
+}
+
+TEST(ShmCommBuffers, EveryRankMapsEveryPartAndNothingOutlivesTheTensors) {
+  const int before = buffer_mappings();
+  const int port = testing::free_port();
+  std::latch allocated(3), checked(3);
+  int during = 0;
+  auto errors = run_threads(3, [&](int r) {
+    auto pg = make_process_group(shm_rank(r, 3, port));
+    at::Tensor b = pg->comm_buffer(1 << 20, torch::kFloat);
+    allocated.arrive_and_wait();
+    if (r == 0) during = buffer_mappings();
+    checked.arrive_and_wait();
+    b.fill_(1.0f);
+    pg->all_reduce(b).wait();
+    EXPECT_TRUE(torch::equal(b, torch::full({1 << 20}, 3.0f)));
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < 3; ++r) ASSERT_FALSE(errors[r]) << message_of(errors[r]);
+  EXPECT_EQ(during - before, 9);  // 3 thread-ranks x 3 parts, all in this process
+  EXPECT_EQ(buffer_mappings(), before);
+}
+
+TEST(ShmCommBuffers, SizesThatDifferBetweenRanksAreNamed) {
+  const int port = testing::free_port();
+  std::vector<std::string> messages(2);
+  auto errors = run_threads(2, [&](int r) {
+    auto pg = make_process_group(shm_rank(r, 2, port));
+    try {
+      pg->comm_buffer(r == 0 ? 100 : 200, torch::kFloat);
+    } catch (const Error& e) {
+      messages[r] = e.what();
+    }
+  });
+  expect_contains(messages[0], {"[rank 0] comm buffer #1: this rank asked for 400 bytes, rank 1 "
+                                "for 800", "collective"});
+  expect_contains(messages[1], {"[rank 1]", "rank 0 for 400"});
+}
+
+TEST(ShmCommBuffers, OtherBackendsAndOneRankGiveOrdinaryMemory) {
+  auto one = testing::one_rank_group();
+  at::Tensor t = one->comm_buffer(5, torch::kDouble);
+  EXPECT_TRUE(torch::equal(t, torch::zeros({5}, torch::kDouble)));
+  one->all_reduce(t).wait();
+  const int port = testing::free_port();
+  auto errors = run_threads(2, [&](int r) {
+    InitOptions o = thread_rank(r, 2, port);
+    o.backend = "gloo";
+    auto pg = make_process_group(o);
+    at::Tensor b = pg->comm_buffer(1000, torch::kFloat);
+    b.fill_(2.0f);
+    pg->all_reduce(b).wait();
+    EXPECT_TRUE(torch::equal(b, torch::full({1000}, 4.0f)));
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_FALSE(errors[r]) << message_of(errors[r]);
+  EXPECT_EQ(buffer_mappings(), 0);
+}
 
 TEST(ShmErrors, TimeoutNamesTheOpAndTheRankBehind) {
   const int port = testing::free_port();

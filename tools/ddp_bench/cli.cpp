@@ -25,8 +25,10 @@ void add_collectives(CLI::App& app, CollectivesOptions& c, std::string& backends
       "Sweep sizes (doubling) for each collective and backend; verify every result; report "
       "time, algbw and busbw per size; table on rank 0, CSV and PNG on request.");
   sub->add_option("--backend", backends,
-                  "backends to measure, comma-separated (each forms its own group; one that "
-                  "cannot is reported unavailable and skipped)");
+                  "backends to measure, comma-separated: gloo, shm (ordinary tensors, staged "
+                  "through the segment), shm-inplace (tensors from ProcessGroup::comm_buffer, "
+                  "reduced in place as DDP's buckets are), nccl; each forms its own group; one "
+                  "that cannot is reported unavailable and skipped");
   sub->add_option("--ops", ops,
                   "collectives, comma-separated: all_reduce, broadcast, all_gather, "
                   "reduce_scatter");
@@ -95,7 +97,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   app.require_subcommand(0, 1);
 
   auto& c = out.collectives;
-  std::string backends = "gloo,shm", ops = "all_reduce,broadcast,all_gather,reduce_scatter",
+  std::string backends = "gloo,shm,shm-inplace", ops = "all_reduce,broadcast,all_gather,reduce_scatter",
               dtypes = "float32", min_bytes = "8", max_bytes = "256M", ring = "64M";
   add_collectives(app, c, backends, ops, dtypes, min_bytes, max_bytes, ring);
   add_train(app, out.train);

@@ -36,15 +36,24 @@ int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / mult
 // malloc each time, and faulting their pages in again would dominate a sweep's run time.
 class Scratch {
  public:
+  // With `comm_group`, the arenas are that group's comm buffers (collective: every rank grows
+  // them at the same sizes, as the sweep is the same everywhere).
+  explicit Scratch(ProcessGroup* comm_group = nullptr) : comm_group_(comm_group) {}
+
   // `bytes` of memory as a 1-D tensor of `type` (bytes a multiple of its size); index 0 is the
   // input arena, 1 the output arena. Grows, never shrinks; contents are whatever was there.
   at::Tensor get(int index, int64_t bytes, at::ScalarType type) {
     at::Tensor& buf = bufs_[index];
-    if (!buf.defined() || buf.numel() < bytes) buf = at::empty({bytes}, at::kByte);
+    if (!buf.defined() || buf.numel() < bytes) {
+      buf = at::Tensor();  // the old arena goes first: peak memory is one arena, not two
+      buf = comm_group_ != nullptr ? comm_group_->comm_buffer(bytes, at::kByte)
+                                   : at::empty({bytes}, at::kByte);
+    }
     return buf.narrow(0, 0, bytes).view(type);
   }
 
  private:
+  ProcessGroup* comm_group_;
   at::Tensor bufs_[2];
 };
 
@@ -316,7 +325,7 @@ int run_collectives(const CollectivesOptions& o) {
   }
   groups.control().barrier().wait();
 
-  Scratch scratch;
+  Scratch private_scratch;
   bool failed = false;
   std::vector<std::string> available;
   std::vector<std::string> seen;
@@ -331,8 +340,13 @@ int run_collectives(const CollectivesOptions& o) {
       continue;
     }
     available.push_back(backend);
-    say(fmt::format("#\n# backend {}: group of {} formed in {:.2f} s (reports itself as '{}')",
-                    backend, pg->size(), seconds(formed_at, Clock::now()), pg->backend()));
+    say(fmt::format("#\n# backend {}: group of {} formed in {:.2f} s (reports itself as '{}'){}",
+                    backend, pg->size(), seconds(formed_at, Clock::now()), pg->backend(),
+                    uses_comm_buffers(backend) ? "; buffers from ProcessGroup::comm_buffer"
+                                               : ""));
+    std::optional<Scratch> comm_scratch;
+    if (uses_comm_buffers(backend)) comm_scratch.emplace(pg.get());
+    Scratch& scratch = comm_scratch ? *comm_scratch : private_scratch;
     for (size_t ti = 0; ti < types.size(); ++ti) {
       const int64_t elem = static_cast<int64_t>(c10::elementSize(types[ti]));
       for (const auto& op : o.ops) {

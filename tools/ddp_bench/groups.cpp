@@ -47,7 +47,7 @@ std::shared_ptr<ProcessGroup> Groups::form(const std::string& backend, std::stri
     std::optional<ScopedEnv> client;
     if (size() > 1) client.emplace(kAgentStore, "True");
     InitOptions o;
-    o.backend = backend;
+    o.backend = transport_of(backend);
     o.group_name = backend;
     group = make_process_group(o);
   } catch (const std::exception& e) {

@@ -17,6 +17,13 @@
 
 namespace ddp::bench {
 
+// "shm-inplace" measures the shm transport on buffers from ProcessGroup::comm_buffer (where
+// DDP keeps its buckets: reduced in place, no staging copies); "shm" on ordinary tensors.
+inline bool uses_comm_buffers(const std::string& backend) { return backend == "shm-inplace"; }
+inline std::string transport_of(const std::string& backend) {
+  return uses_comm_buffers(backend) ? "shm" : backend;
+}
+
 class Groups {
  public:
   // Forms the control group from the launch environment (collective: every rank calls it).

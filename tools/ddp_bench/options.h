@@ -17,7 +17,7 @@ inline constexpr int64_t kDefaultRingBytes = int64_t{64} << 20;
 
 // ddp-bench collectives: an nccl-tests-style sweep.
 struct CollectivesOptions {
-  std::vector<std::string> backends = {"gloo", "shm"};
+  std::vector<std::string> backends = {"gloo", "shm", "shm-inplace"};
   std::vector<std::string> ops = {"all_reduce", "broadcast", "all_gather", "reduce_scatter"};
   std::vector<std::string> dtypes = {"float32"};
   int64_t min_bytes = kDefaultMinBytes;

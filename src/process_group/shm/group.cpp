@@ -39,6 +39,9 @@ constexpr microseconds kSpinFirst{30};
 constexpr microseconds kSpinInside{200};
 // A sleeping waiter wakes at least this often to check the deadline, aborts and its peers.
 constexpr milliseconds kPoll{50};
+// Elements are reduced and pushed to the peers' buffers in blocks of this many bytes: the
+// block is read back from L1 for each peer instead of from memory.
+constexpr size_t kSharedBlockBytes = size_t{32} << 10;
 constexpr int kRing = 4;  // fingerprints kept per rank; a peer is at most one collective ahead
 constexpr size_t kAbortReasonBytes = 1024;
 constexpr size_t kPage = 4096;
@@ -123,6 +126,8 @@ struct alignas(64) Group::Slot {
     std::atomic<uint64_t> seq;
     std::atomic<uint64_t> word;   // pack(fingerprint)
     std::atomic<uint64_t> count;
+    std::atomic<uint64_t> buffer; // SharedBuffer::id holding the data; 0: private memory
+    std::atomic<uint64_t> offset; // bytes into that buffer
   } ring[kRing];
 };
 
@@ -194,11 +199,13 @@ char* Group::staging(int rank, int half) const {
 
 // ---- Execution ---------------------------------------------------------------------------
 
-std::shared_ptr<Op> Group::submit(uint64_t seq, Fingerprint fp, std::function<void()> body) {
+std::shared_ptr<Op> Group::submit(uint64_t seq, Fingerprint fp, std::function<void()> body,
+                                  Placement placement) {
   auto op = std::make_shared<Op>();
   op->seq = seq;
   op->fp = fp;
   op->body = std::move(body);
+  op->placement = std::move(placement);
   {
     std::lock_guard<std::mutex> lock(mu_);
     DDP_ASSERT(!stopping_, "collective issued on a destroyed shm group");
@@ -265,6 +272,7 @@ void Group::execute(Op& op) {
     if (failed_) raise_abort(failed_message_);
   }
   op.body = nullptr;  // releases the tensors
+  op.placement = {};
   current_ = nullptr;
 }
 
@@ -301,33 +309,121 @@ void Group::wait(Op& op) {
 
 // ---- Collectives -------------------------------------------------------------------------
 
+void Group::register_buffer(const std::shared_ptr<SharedBuffer>& buffer) {
+  DDP_ASSERT(buffer && static_cast<int>(buffer->base.size()) == o_.size, "bad shared buffer");
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  std::erase_if(buffers_, [](const auto& kv) { return kv.second.expired(); });
+  buffers_[reinterpret_cast<uintptr_t>(buffer->base[o_.rank])] = buffer;
+}
+
+Placement Group::find(const void* data, size_t bytes) const {
+  const auto at = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  auto it = buffers_.upper_bound(at);  // the first buffer starting after `data`
+  if (it == buffers_.begin()) return {};
+  --it;
+  std::shared_ptr<SharedBuffer> b = it->second.lock();
+  if (!b || at + bytes > it->first + b->bytes) return {};
+  return {std::move(b), at - it->first};
+}
+
 std::shared_ptr<Op> Group::all_reduce(uint64_t seq, void* data, size_t count, DType dtype,
-                                      Reduce op, std::shared_ptr<void> keep) {
+                                      Reduce op, std::shared_ptr<void> keep,
+                                      Placement placement) {
   Fingerprint fp{OpKind::kAllReduce, dtype, op, 0, count};
-  return submit(seq, fp, [this, data, count, dtype, op, keep = std::move(keep)] {
-    const int n = o_.size;
-    if (n == 1) return;  // the sum, max, min and mean of one rank are its own values
-    const size_t es = element_size(dtype);
-    const size_t per = o_.chunk_bytes / es;
-    char* bytes = static_cast<char*>(data);
-    std::vector<const void*> srcs(n);
-    size_t a = 0;
-    do {
-      const size_t m = std::min(per, count - a);
-      const int h = next_half();
-      std::memcpy(staging(o_.rank, h), bytes + a * es, m * es);
-      sync();
-      const auto [lo, hi] = slice(m, n, o_.rank);
-      for (int p = 0; p < n; ++p) srcs[p] = staging(p, h) + lo * es;
-      reduce(dtype, op, staging(o_.rank, h) + lo * es, srcs.data(), n, hi - lo);
-      sync();
-      for (int p = 0; p < n; ++p) {
-        const auto [plo, phi] = slice(m, n, p);
-        std::memcpy(bytes + (a + plo) * es, staging(p, h) + plo * es, (phi - plo) * es);
-      }
-      a += m;
-    } while (a < count);
-  });
+  if (placement.buffer) {
+    DDP_ASSERT(placement.buffer->base[o_.rank] + placement.offset == static_cast<char*>(data) &&
+                   placement.offset + count * element_size(dtype) <= placement.buffer->bytes,
+               "all_reduce #{}: placement does not hold the data", seq);
+  }
+  return submit(
+      seq, fp,
+      [this, data, count, dtype, op, placement, keep = std::move(keep)] {
+        if (o_.size == 1) return;  // the sum, max, min and mean of one rank are its own values
+        if (!placement.buffer) return staged_all_reduce(static_cast<char*>(data), count, dtype,
+                                                        op, /*synced_once=*/false);
+        sync();  // every rank's data is in place, and every placement published
+        if (placed_alike(placement)) {
+          shared_all_reduce(placement, count, dtype, op);
+          sync();  // every slice is in every buffer
+          return;
+        }
+        staged_all_reduce(static_cast<char*>(data), count, dtype, op, /*synced_once=*/true);
+      },
+      placement);
+}
+
+bool Group::placed_alike(const Placement& mine) const {
+  const uint64_t seq = current_->seq;
+  for (int p = 0; p < o_.size; ++p) {
+    const Slot::Published& e = slots_[p]->ring[seq % kRing];
+    if (e.buffer.load(std::memory_order_relaxed) != mine.buffer->id ||
+        e.offset.load(std::memory_order_relaxed) != mine.offset) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Group::any_peer_placed() const {
+  const uint64_t seq = current_->seq;
+  for (int p = 0; p < o_.size; ++p) {
+    if (p != o_.rank && slots_[p]->ring[seq % kRing].buffer.load(std::memory_order_relaxed) != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Slice `rank` of the elements, in blocks: reduce the block of every rank's buffer in rank
+// order into ours, then copy it into every peer's buffer (read back from L1).
+void Group::shared_all_reduce(const Placement& where, size_t count, DType dtype, Reduce op) {
+  const int n = o_.size;
+  const size_t es = element_size(dtype);
+  const SharedBuffer& b = *where.buffer;
+  const auto [lo, hi] = slice(count, n, o_.rank);
+  const size_t block = std::max<size_t>(1, kSharedBlockBytes / es);
+  std::vector<const void*> srcs(n);
+  for (size_t i = lo; i < hi; i += block) {
+    const size_t m = std::min(block, hi - i);
+    const size_t at = where.offset + i * es;
+    for (int p = 0; p < n; ++p) srcs[p] = b.base[p] + at;
+    char* mine = b.base[o_.rank] + at;
+    reduce(dtype, op, mine, srcs.data(), n, m);
+    for (int p = 0; p < n; ++p) {
+      if (p != o_.rank) std::memcpy(b.base[p] + at, mine, m * es);
+    }
+  }
+}
+
+// The staged protocol (Note [Shared-memory collectives]). `synced_once`: this rank's data is
+// in a shared buffer but a peer's is not, and the collective's first sync is behind us; the
+// peers that staged their first chunk before it wait at one more sync for ours.
+void Group::staged_all_reduce(char* bytes, size_t count, DType dtype, Reduce op,
+                              bool synced_once) {
+  const int n = o_.size;
+  const size_t es = element_size(dtype);
+  const size_t per = o_.chunk_bytes / es;
+  std::vector<const void*> srcs(n);
+  size_t a = 0;
+  bool first = true;
+  do {
+    const size_t m = std::min(per, count - a);
+    const int h = next_half();
+    std::memcpy(staging(o_.rank, h), bytes + a * es, m * es);
+    sync();
+    if (first && !synced_once && any_peer_placed()) sync();  // their first chunk is staged now
+    first = false;
+    const auto [lo, hi] = slice(m, n, o_.rank);
+    for (int p = 0; p < n; ++p) srcs[p] = staging(p, h) + lo * es;
+    reduce(dtype, op, staging(o_.rank, h) + lo * es, srcs.data(), n, hi - lo);
+    sync();
+    for (int p = 0; p < n; ++p) {
+      const auto [plo, phi] = slice(m, n, p);
+      std::memcpy(bytes + (a + plo) * es, staging(p, h) + plo * es, (phi - plo) * es);
+    }
+    a += m;
+  } while (a < count);
 }
 
 std::shared_ptr<Op> Group::broadcast(uint64_t seq, void* data, size_t count, DType dtype,
@@ -419,6 +515,8 @@ void Group::begin(const Op& op) {
   e.seq.store(op.seq, std::memory_order_relaxed);
   e.word.store(pack(op.fp), std::memory_order_relaxed);
   e.count.store(op.fp.count, std::memory_order_relaxed);
+  e.buffer.store(op.placement.buffer ? op.placement.buffer->id : 0, std::memory_order_relaxed);
+  e.offset.store(op.placement.offset, std::memory_order_relaxed);
   slots_[o_.rank]->current_seq.store(op.seq, std::memory_order_release);
 }
 

@@ -34,6 +34,18 @@
 // (so peers fail now instead of at their own deadline) and every later collective of the group
 // fails with the first error, as a NCCL communicator does after an abort.
 //
+// Shared buffers (zero copy): a collective whose data lies in a SharedBuffer on every rank, at
+// the same offset, moves nothing through the staging areas. all_reduce then takes two syncs:
+//   publish (id, offset) -> sync -> rank r reduces slice r of every rank's buffer, in rank order,
+//   and writes the result into slice r of every rank's buffer -> sync.
+// Nobody reads or writes a slice but its owner between the syncs, and nobody touches a peer's
+// buffer after the second one, so the collective is complete on return: the caller may write
+// its buffer at once. Per rank that is one read and one write of the data: a memcpy's traffic,
+// against three passes (copy in, reduce, copy out) through staging. DDP's buckets are such
+// buffers (ProcessGroup::comm_buffer). When the ranks' placements differ (one rank's tensor is
+// in a buffer, another's is not), every rank falls back to staging after one extra sync, so
+// a mix is slower but never wrong.
+//
 // Execution: collectives run in issue order on the group's executor: a background thread, or
 // the thread that waits for a collective the executor has not started yet (so a blocking call
 // pays no thread hand-off). Issue returns at once: DDP's buckets are reduced while backward
@@ -47,6 +59,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -73,10 +86,27 @@ struct Options {
   size_t chunk_bytes = kDefaultChunkBytes;
 };
 
+// Memory every rank of the group has mapped: rank r's part is base[r] in this process. Made
+// collectively (allocate_shared_buffer in shm_setup.h), so `id` names the same allocation on
+// every rank. Each rank's part is its own memfd, so the memory is counted where it is used.
+struct SharedBuffer {
+  uint64_t id = 0;             // allocation number within the group, from 1
+  size_t bytes = 0;            // of each rank's part
+  std::vector<char*> base;     // per rank, mapped in this process
+  std::vector<Segment> parts;  // the mappings (own and peers'); unmapped with this object
+};
+
+// Where a collective's data lies: inside this rank's part of a shared buffer, or not (null).
+struct Placement {
+  std::shared_ptr<SharedBuffer> buffer;
+  size_t offset = 0;  // bytes from the start of the rank's part
+};
+
 // One issued collective.
 struct Op {
   uint64_t seq = 0;
   Fingerprint fp;
+  Placement placement;  // all_reduce only; published so peers can find the data
   std::function<void()> body;  // runs the protocol; cleared once run
   std::atomic<bool> done{false};
   std::exception_ptr error;    // set before done
@@ -97,10 +127,17 @@ class Group {
   int rank() const { return o_.rank; }
   int size() const { return o_.size; }
 
+  // Shared buffers made for this group: registered so that find() recognises their memory.
+  void register_buffer(const std::shared_ptr<SharedBuffer>& buffer);
+  // The shared buffer holding [data, data + bytes) in this rank's part, if any.
+  Placement find(const void* data, size_t bytes) const;
+
   // The collectives, on plain memory. Each returns at once; `keep` holds whatever must stay
   // alive until the collective ran (the tensors). Pointers must stay valid until then.
+  // all_reduce moves nothing through staging when `placement` names a shared buffer holding
+  // `data` (see Shared buffers above).
   std::shared_ptr<Op> all_reduce(uint64_t seq, void* data, size_t count, DType dtype,
-                                 Reduce op, std::shared_ptr<void> keep);
+                                 Reduce op, std::shared_ptr<void> keep, Placement placement = {});
   std::shared_ptr<Op> broadcast(uint64_t seq, void* data, size_t count, DType dtype, int root,
                                 std::shared_ptr<void> keep);
   // outputs[r] receives rank r's input (count elements each).
@@ -120,7 +157,8 @@ class Group {
   struct Control;
   struct Slot;
 
-  std::shared_ptr<Op> submit(uint64_t seq, Fingerprint fp, std::function<void()> body);
+  std::shared_ptr<Op> submit(uint64_t seq, Fingerprint fp, std::function<void()> body,
+                             Placement placement = {});
   void executor_loop();
   void run_front();  // runs the oldest queued op; caller holds exec_mu_
   void set_helping(bool helping);
@@ -128,6 +166,10 @@ class Group {
 
   // Protocol (executor only).
   void begin(const Op& op);
+  void staged_all_reduce(char* data, size_t count, DType dtype, Reduce op, bool synced_once);
+  void shared_all_reduce(const Placement& where, size_t count, DType dtype, Reduce op);
+  bool placed_alike(const Placement& mine) const;  // every rank published `mine`'s id, offset
+  bool any_peer_placed() const;                     // some rank published a shared buffer
   int next_half() { return static_cast<int>(chunk_++ & 1); }
   char* staging(int rank, int half) const;
   void sync();
@@ -157,6 +199,10 @@ class Group {
   std::vector<std::chrono::steady_clock::time_point> stopped_since_;  // per rank; zero = running
   std::exception_ptr failed_;   // the first error: every later collective fails with it
   std::string failed_message_;
+
+  // Shared buffers by the address of this rank's part, guarded by buffers_mu_.
+  mutable std::mutex buffers_mu_;
+  std::map<uintptr_t, std::weak_ptr<SharedBuffer>> buffers_;
 
   // Queue, guarded by mu_.
   std::mutex mu_;
