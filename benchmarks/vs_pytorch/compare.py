@@ -9,10 +9,13 @@ Fashion-MNIST, global batch 128 over 2 ranks (64 each), SGD with momentum 0.9, 1
 thread per rank (OMP_NUM_THREADS=1), the same number of warm-up and timed steps.
   ours:   ddprun --standalone --nproc-per-node 2 ddp-bench train --backend B ...  (B per --backends)
   theirs: /usr/bin/python3 torch_ddp.py --nproc 2 ...  (python3-torch, DDP over Gloo)
-Runs alternate (ours with each backend, then theirs, for each model, --pairs times), each in
-fresh processes, so drift on a shared machine hits both sides alike. Reported per model: the
-median samples/s of each side, the ratio of medians ours/PyTorch, and the median of the
-per-pair ratios. A run that fails (a backend this build lacks) is reported, not fatal.
+  ceiling: ddprun ... ddp-bench train --no-ddp  (the same 2 ranks, each training alone on its
+           shard, no gradient exchange: what any data-parallel training could reach here)
+Runs alternate (ours with each backend, then theirs, then the ceiling, for each model, --pairs
+times), each in fresh processes, so drift on a shared machine hits every side alike. Reported
+per model: the median samples/s of each side, the ratio of medians ours/PyTorch, the median of
+the per-pair ratios, and each DDP's share of the ceiling (so a ratio can be read against the
+most it could be). A run that fails (a backend this build lacks) is reported, not fatal.
 Python 3 standard library only.
 """
 import argparse
@@ -75,6 +78,8 @@ def main():
     p.add_argument("--summary-csv", default="", help="medians and ratios (default: "
                    "<csv>_summary.csv)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--no-ceiling", action="store_true",
+                   help="skip the communication-free ceiling runs")
     a = p.parse_args()
     models = [m for m in a.models.split(",") if m]
     backends = [b for b in a.backends.split(",") if b]
@@ -86,6 +91,9 @@ def main():
         ddprun, "--standalone", "--nproc-per-node", str(a.nproc), bench, "train",
         "--model", model, "--threads", "1", "--backend", backend, "--label", f"ours-{backend}"
     ] + common
+    ceiling_cmd = lambda model: [
+        ddprun, "--standalone", "--nproc-per-node", str(a.nproc), bench, "train",
+        "--model", model, "--threads", "1", "--no-ddp", "--label", "ceiling"] + common
     theirs_cmd = lambda model: [
         a.python, os.path.join(HERE, "torch_ddp.py"), "--nproc", str(a.nproc), "--model", model,
         "--threads", "1", "--label", "pytorch"] + common
@@ -99,6 +107,8 @@ def main():
         for model in models:
             jobs = [(f"ours-{b}", ours_cmd(model, b)) for b in backends]
             jobs.append(("pytorch", theirs_cmd(model)))
+            if not a.no_ceiling:
+                jobs.append(("ceiling", ceiling_cmd(model)))
             for side, cmd in jobs:
                 row, err = run(cmd, a.timeout)
                 sps = float(row["samples_per_s"]) if row else None
@@ -149,11 +159,32 @@ def main():
                 mt = f"{statistics.median(theirs):.1f}" if theirs else "n/a"
                 print(f"  {model:<12} {b:<10} {'n/a':>10} {mt:>10} {'-':>7} {'-':>11}  0")
             summary.append(rec)
+    if not a.no_ceiling:
+        print("#\n# the ceiling: the same ranks training alone, no gradient exchange "
+              "(samples/s); each DDP's share of it")
+        for model in models:
+            ceil = values(model, "ceiling")
+            if not ceil:
+                print(f"  {model:<12} ceiling n/a")
+                continue
+            mc = statistics.median(ceil)
+            shares = []
+            for side in [f"ours-{b}" for b in backends] + ["pytorch"]:
+                v = values(model, side)
+                if v:
+                    shares.append(f"{side} {100 * statistics.median(v) / mc:.1f}%")
+            theirs = values(model, "pytorch")
+            best = f"; ceiling / pytorch = {mc / statistics.median(theirs):.2f}x" if theirs else ""
+            print(f"  {model:<12} ceiling {mc:9.1f}: " + ", ".join(shares) + best)
+            for rec in summary:
+                if rec["model"] == model:
+                    rec["ceiling_samples_per_s"] = round(mc, 2)
     for (model, side), err in errors.items():
         print(f"# {model} {side} failed: {err}")
     summary_csv = a.summary_csv or os.path.splitext(a.csv)[0] + "_summary.csv"
     with open(summary_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(summary[0].keys()))
+        fields = list(dict.fromkeys(k for rec in summary for k in rec))
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
         w.writeheader()
         w.writerows(summary)
     print(f"# csv: {a.csv} (every run), {summary_csv} (medians and ratios)")

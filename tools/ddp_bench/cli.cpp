@@ -51,7 +51,7 @@ void add_train(CLI::App& app, TrainOptions& t) {
       "train",
       "Throughput of a model at this world size with the per-step breakdown (data, forward, "
       "backward compute, exposed communication, optimizer); --compare adds 1 process x 1 "
-      "thread and x N threads.");
+      "thread and x N threads, and N ranks training without communication (the ceiling).");
   sub->add_option("--model", t.model,
                   "classic-cnn | mlp-1024 (the PyTorch comparison models) | cnn | mlp | resnet "
                   "(ddp-train's)")
@@ -77,7 +77,13 @@ void add_train(CLI::App& app, TrainOptions& t) {
   sub->add_option("--momentum", t.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
   sub->add_flag("--compare", t.compare,
                 "at N ranks, also measure 1 process x 1 thread and 1 process x N threads on "
-                "rank 0 (the others wait) and print the scaling efficiency and the ratio");
+                "rank 0 (the others wait), and N ranks each training alone without any "
+                "gradient exchange (the ceiling of data parallelism on this machine); print the "
+                "scaling efficiency and the ratios");
+  sub->add_flag("--no-ddp", t.no_ddp,
+                "measure only the ceiling: every rank trains its own replica on its shard, no "
+                "DDP, no gradient exchange (benchmarks/vs_pytorch/compare.py runs it beside "
+                "both DDPs)");
   sub->add_option("--repeats", t.repeats,
                   "rounds of every configuration, alternating; medians are reported")
       ->check(CLI::PositiveNumber);

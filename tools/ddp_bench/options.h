@@ -48,6 +48,7 @@ struct TrainOptions {
   double lr = 0.01;
   double momentum = 0.9;
   bool compare = false;  // also 1 process x 1 thread and x N threads, on rank 0
+  bool no_ddp = false;   // only N ranks training alone, without DDP: the ceiling
   int repeats = 1;       // rounds of all configurations, alternating; medians
   std::string label;     // first CSV column (default: the configuration)
   std::string csv;       // appended to (header when new); empty: none

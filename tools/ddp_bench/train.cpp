@@ -77,9 +77,11 @@ class BatchStream {
 };
 
 // Trains `o.warmup + o.steps` steps of `o.model` on `pg` with `threads` intra-op threads per
-// rank and returns the timed steps' row. Collective over `pg`.
+// rank and returns the timed steps' row. Collective over `pg`. `local`: every rank trains its
+// own replica on its shard without DDP (no gradient communication at all): the ceiling any
+// data-parallel implementation can reach on this machine, cores and memory shared as they are.
 TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const TrainOptions& o,
-                 int threads, const std::string& label) {
+                 int threads, const std::string& label, bool local = false) {
   set_threads(threads);
   const int n = pg.size();
   const int64_t per_rank = o.global_batch / n;
@@ -87,8 +89,10 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   auto net = tools::make_model(o.model);
   // pg is ours to keep alive; DDP needs a shared_ptr, so wrap it without ownership.
   std::shared_ptr<ProcessGroup> group(std::shared_ptr<ProcessGroup>{}, &pg);
-  DistributedDataParallel<ModelImpl> model(net, {.process_group = group});
-  torch::optim::SGD opt(model.parameters(),
+  std::optional<DistributedDataParallel<ModelImpl>> ddp;
+  if (!local) ddp.emplace(net, DDPOptions{.process_group = group});
+  auto model = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : net->forward(x); };
+  torch::optim::SGD opt(net->parameters(),
                         torch::optim::SGDOptions(o.lr).momentum(o.momentum));
   BatchStream batches(std::move(data), pg, per_rank, o);
 
@@ -112,8 +116,8 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
     const auto t4 = Clock::now();
     if (step < o.warmup) continue;
     double comm = 0;
-    if (n > 1) {
-      const IterationStats& s = model.last_iteration_stats();
+    if (ddp && n > 1) {
+      const IterationStats& s = ddp->last_iteration_stats();
       comm = s.finalize_end_s - s.finalize_start_s;
     }
     data_s += seconds(t0, t1);
@@ -146,6 +150,8 @@ std::string config_label(int world, int threads, const std::string& backend) {
                      backend);
 }
 
+constexpr const char* kNoCommunication = "no comm";  // the backend column of the ceiling
+
 // The row whose throughput is the median of `rows` (one configuration over the repeats).
 TrainRow median_row(std::vector<TrainRow> rows) {
   std::sort(rows.begin(), rows.end(),
@@ -169,6 +175,7 @@ int run_train(const TrainOptions& o) {
     throw ConfigError(fmt::format("--batch-size {} (global) must be a multiple of the world size "
                                   "{}", o.global_batch, n));
   }
+  if (o.compare && o.no_ddp) throw ConfigError("--compare and --no-ddp exclude each other");
   if (o.compare && n == 1) {
     throw ConfigError("--compare measures N ranks against 1 process: run it under "
                       "ddprun --nproc-per-node N (N > 1)");
@@ -200,11 +207,24 @@ int run_train(const TrainOptions& o) {
     one.backend = "gloo";
     alone = make_process_group(one);
   }
-  std::vector<std::vector<TrainRow>> rounds(3);  // per configuration, one row per repeat
+  // Per configuration, one row per repeat: DDP; with --compare, 1 x 1 thread, 1 x N threads,
+  // and N ranks without communication.
+  std::vector<std::vector<TrainRow>> rounds(4);
   for (int r = 0; r < o.repeats; ++r) {
-    rounds[0].push_back(measure(*pg, data, o, threads, config_label(n, threads, pg->backend())));
+    if (o.no_ddp) {
+      rounds[0].push_back(measure(*pg, data, o, threads,
+                                  config_label(n, threads, kNoCommunication), /*local=*/true));
+      rounds[0].back().backend = kNoCommunication;
+    } else {
+      rounds[0].push_back(
+          measure(*pg, data, o, threads, config_label(n, threads, pg->backend())));
+    }
     if (o.repeats > 1) say(train_table_line(rounds[0].back()) + fmt::format("  (round {})", r + 1));
     if (!o.compare) continue;
+    rounds[3].push_back(measure(*pg, data, o, threads, config_label(n, threads, kNoCommunication),
+                                /*local=*/true));
+    rounds[3].back().backend = kNoCommunication;
+    if (o.repeats > 1) say(train_table_line(rounds[3].back()) + fmt::format("  (round {})", r + 1));
     if (main) {  // the others wait in the barrier below, blocked, not spinning
       rounds[1].push_back(measure(*alone, data, o, 1, config_label(1, 1, "")));
       rounds[2].push_back(measure(*alone, data, o, n, config_label(1, n, "")));
@@ -233,6 +253,10 @@ int run_train(const TrainOptions& o) {
     say(fmt::format("# {} ranks x {} thread{} vs 1 process x {} threads: {:.2f}x ({:.1f} vs "
                     "{:.1f} samples/s)",
                     n, threads, threads > 1 ? "s" : "", n, ddp / threaded, ddp, threaded));
+    const double ceiling = rows[3].samples_per_s;
+    say(fmt::format("# DDP reaches {:.1f}% of the communication-free ceiling ({} ranks training "
+                    "alone, no gradient exchange: {:.1f} samples/s)",
+                    100.0 * ddp / ceiling, n, ceiling));
   }
   if (main && !o.csv.empty()) {
     append_train_csv(o.csv, rows);
