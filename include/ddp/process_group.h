@@ -45,7 +45,10 @@ inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
 struct InitOptions {
   // "shm" (CPU tensors, every rank on this host: shared memory), "gloo" (CPU tensors, any
   // hosts), "nccl" (CUDA tensors; CUDA builds only) or "auto": nccl when it is compiled in and
-  // a GPU is visible, else shm when every rank of the group shares this host, else gloo.
+  // a GPU is visible; else shm when every rank of the group shares this host; else, when the
+  // ranks span hosts with the same number (> 1) on each, "shm+gloo" (all_reduce in shared
+  // memory inside each host and over Gloo between hosts, each rank carrying 1/local_size of
+  // the data; the other collectives over Gloo); else gloo. backend() says which was chosen.
   // Unset: DDP_BACKEND, else "auto".
   std::optional<std::string> backend;
   // Explicit placement; when rank and world_size are both set, the launch environment is not
@@ -63,6 +66,10 @@ struct InitOptions {
   std::optional<std::string> gloo_interface;
   // Store key namespace, so one store can host several groups.
   std::string group_name = "default";
+  // Which ranks count as one host (may share memory). Unset: the kernel's view (hostname, boot
+  // id, pid namespace, user), compared through the store. Ranks that set equal ids must really
+  // share a kernel and pid namespace; tests use it to lay thread-ranks out as several hosts.
+  std::optional<std::string> host_id;
 };
 
 // The outcome of one asynchronous collective. Copyable; copies share the same operation.
@@ -104,7 +111,7 @@ class ProcessGroup {
   int size() const;
   int local_rank() const;
   int local_size() const;
-  const std::string& backend() const;           // "shm", "gloo" or "nccl"
+  const std::string& backend() const;           // "shm", "shm+gloo", "gloo" or "nccl"
   std::chrono::milliseconds timeout() const;    // collective timeout
   const DistEnv& env() const;                   // where this rank stands in the job
   uint64_t last_sequence_number() const;        // of the most recently issued collective
@@ -137,6 +144,8 @@ class ProcessGroup {
   Impl& impl() { return *impl_; }
 
  private:
+  Work hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& detail);
+
   std::unique_ptr<Impl> impl_;
 };
 

@@ -11,6 +11,7 @@
 #include "c10d/compat.h"
 #include "ddp/process_group.h"
 #include "process_group/shm/group.h"
+#include "process_group/shm_setup.h"
 
 namespace ddp {
 
@@ -20,9 +21,20 @@ struct ProcessGroup::Impl {
   std::string backend_name;  // "shm", "gloo" or "nccl"
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<::c10d::Store> store;
-  // Exactly one transport: the shared-memory group (backend "shm"), or a c10d backend.
+  // The transport, one of:
+  //   "shm": `shm`, the shared-memory group of the whole group (every rank on this host);
+  //   "gloo" / "nccl": `backend`, a c10d backend;
+  //   "shm+gloo" (Note [Hierarchical collectives] in make.cpp): ranks on several hosts, the
+  //     same number on each: `local_shm` (this host's ranks), `rail` (Gloo among the ranks of
+  //     this local index, one per host) for all_reduce; `backend` (Gloo) for the others.
   std::shared_ptr<shm::Group> shm;
   c10::intrusive_ptr<c10d_compat::Backend> backend;
+  std::shared_ptr<shm::Group> local_shm;
+  c10::intrusive_ptr<c10d_compat::Backend> rail;
+  ShmPeers shm_peers;  // the ranks sharing `shm` or `local_shm` (comm_buffer's exchange)
+  int host_index = 0;  // "shm+gloo": this rank's host, its rank in the rail
+
+  shm::Group* shared_memory() const { return shm ? shm.get() : local_shm.get(); }
 
   // Sequence number of the last collective issued (first is 1); written under issue_mu.
   std::mutex issue_mu;

@@ -5,11 +5,13 @@
 #include <unistd.h>      // close
 
 #include <cstdio>   // stderr
+#include <numeric>  // std::iota
 #include <cstdlib>  // getenv
 #include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "base/check.h"
@@ -165,6 +167,37 @@ bool debug_info() {
                           std::string_view(v) == "INFO" || std::string_view(v) == "DETAIL");
 }
 
+// Note [Hierarchical collectives]
+// Ranks on H hosts, L on each (L > 1): each host's ranks share a shm group; the ranks with the
+// same local index l form a Gloo group across hosts (the rail). all_reduce of n elements:
+//   1. all_reduce inside the host (shm; in place when the tensor is a comm buffer);
+//   2. local rank l all-reduces slice l (n/L elements) over its rail: every host's ranks carry
+//      their share of the cross-host traffic at once, 1/L of the data each;
+//   3. inside the host, each local rank broadcasts its slice (shm).
+// The steps run as one op of the host's shm group, so they keep its order, numbering, desync
+// and dead-peer checks, and a failure between hosts fails the host's group like any other.
+// The other collectives (broadcast, all_gather, reduce_scatter, barrier) go over Gloo on the
+// whole group. With unequal numbers of ranks per host there is no rail: plain Gloo.
+// Forms this host's shm group, if every host can: returns why not, or "" when formed.
+std::string form_hierarchy(ProcessGroup::Impl& impl, const Locality& where) {
+  const DistEnv& env = impl.env;
+  const int h = where.host[env.rank];
+  impl.host_index = h;
+  impl.shm_peers = {fmt::format("shm/host{}/", h), where.local_rank[env.rank], where.host_size[h],
+                    where.ranks_on(h), env.run_id};
+  ShmSetup local = make_shm_group(*impl.store, impl.shm_peers, impl.timeout);
+  // Every host must have its group, or none uses one (all_reduce would differ across hosts).
+  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  impl.store->set(fmt::format("shm/hierarchy/{}", env.rank), bytes(local.why_not));
+  std::string why_not;
+  for (int r = 0; r < env.world_size && why_not.empty(); ++r) {
+    const std::vector<uint8_t> v = impl.store->get(fmt::format("shm/hierarchy/{}", r));
+    if (!v.empty()) why_not = fmt::format("on rank {}'s host: {}", r, std::string(v.begin(), v.end()));
+  }
+  if (why_not.empty()) impl.local_shm = std::move(local.group);
+  return why_not;
+}
+
 }  // namespace
 
 std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
@@ -193,20 +226,44 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   impl->store = rendezvous::join(rc);
   agree_on_backend(*impl->store, env, requested_backend(o));
 
-  // Shared memory when every rank is on this host (explicitly asked for, or chosen by auto).
+  // Shared memory when every rank is on this host (explicitly asked for, or chosen by auto);
+  // the hierarchy when the ranks span hosts with several on each (auto only).
   if (impl->backend_name == "shm" || impl->backend_name == "cpu-auto") {
-    ShmSetup shm = make_shm_group(*impl->store, env, impl->timeout);
-    if (shm.group) {
+    const Locality where = exchange_locality(*impl->store, env, o.host_id);
+    std::string why_not;
+    if (where.hosts() == 1) {
+      std::vector<int> all(env.world_size);
+      std::iota(all.begin(), all.end(), 0);
+      impl->shm_peers = {"shm/", env.rank, env.world_size, all, env.run_id};
+      ShmSetup shm = make_shm_group(*impl->store, impl->shm_peers, impl->timeout);
       impl->shm = std::move(shm.group);
+      why_not = shm.why_not;
+    } else {
+      why_not = where.first_difference;
+      DDP_CHECK(impl->backend_name != "shm", RendezvousError,
+                "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on "
+                "one host (same kernel, same pid namespace); use backend 'auto' (shared memory "
+                "inside each host, Gloo between them) or 'gloo'.",
+                env.rank, why_not);
+      if (where.uniform() && where.host_size.front() > 1) {
+        why_not = form_hierarchy(*impl, where);
+      } else if (env.rank == 0 && debug_info()) {
+        fmt::print(stderr, "ddp: {} hosts with {} ranks; a hierarchy needs the same number, "
+                   "more than one, on each; using gloo\n", where.hosts(),
+                   fmt::join(where.host_size, "/"));
+      }
+    }
+    if (impl->shm) {
       impl->backend_name = "shm";
+    } else if (impl->local_shm) {
+      impl->backend_name = "shm+gloo";
     } else {
       DDP_CHECK(impl->backend_name != "shm", RendezvousError,
                 "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on "
                 "one host (same kernel, same pid namespace); use backend 'auto' or 'gloo'.",
-                env.rank, shm.why_not);
-      if (env.rank == 0 && (debug_info() || shm.why_not.find("hosts") == std::string::npos)) {
-        fmt::print(stderr, "ddp: shared-memory transport not used ({}); using gloo\n",
-                   shm.why_not);
+                env.rank, why_not);
+      if (env.rank == 0 && (debug_info() || why_not.find("hosts") == std::string::npos)) {
+        fmt::print(stderr, "ddp: shared-memory transport not used ({}); using gloo\n", why_not);
       }
       impl->backend_name = "gloo";
     }
@@ -217,7 +274,8 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   }
 
   // All ranks are present: Gloo/NCCL now connect their pairs through the same store.
-  auto backend_store = c10::make_intrusive<::c10d::PrefixStore>(impl->backend_name, impl->store);
+  const std::string c10d_backend = impl->backend_name == "shm+gloo" ? "gloo" : impl->backend_name;
+  auto backend_store = c10::make_intrusive<::c10d::PrefixStore>(c10d_backend, impl->store);
   try {
 #if DDP_WITH_NCCL
     if (impl->backend_name == "nccl") {
@@ -225,9 +283,18 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
           c10d_compat::make_nccl(backend_store, env.rank, env.world_size, impl->timeout);
     }
 #endif
-    if (impl->backend_name == "gloo") {
+    if (c10d_backend == "gloo") {
       impl->backend = c10d_compat::make_gloo(backend_store, env.rank, env.world_size,
                                              impl->timeout, gloo_device(o, env));
+    }
+    if (impl->local_shm) {
+      // The rail: the ranks of this local index, one per host, in host order.
+      const int index = impl->shm_peers.rank;
+      const int hosts = env.world_size / impl->shm_peers.size;
+      auto rail_store = c10::make_intrusive<::c10d::PrefixStore>(
+          fmt::format("gloo-rail{}", index), impl->store);
+      impl->rail = c10d_compat::make_gloo(rail_store, impl->host_index, hosts, impl->timeout,
+                                          gloo_device(o, env));
     }
   } catch (const Error&) {
     throw;

@@ -134,6 +134,72 @@ Work::State* issue(ProcessGroup::Impl& pg, std::shared_ptr<Work::State>& state, 
 }
 }  // namespace
 
+// Note [Hierarchical collectives] (make.cpp): one op of this host's shm group that reduces
+// inside the host, then this rank's slice over its rail (Gloo, one rank per host), then shares
+// the slices inside the host.
+Work ProcessGroup::hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op,
+                                           const std::string& detail) {
+  Impl& pg = *impl_;
+  const auto dtype = to_shm(tensor.scalar_type());
+  DDP_CHECK(dtype, Error, "[rank {}] all_reduce #{}: the shm+gloo backend cannot reduce {} tensors",
+            pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
+  at::Tensor buf = shm_buffer(pg, "all_reduce", tensor);
+  shm::Placement placement =
+      pg.local_shm->find(buf.data_ptr(), buf.numel() * buf.element_size());
+  // Sums travel between hosts (kAvg divides once at the end); Gloo in LibTorch 1.13 cannot
+  // reduce bfloat16, so such slices cross in float32.
+  const ReduceOp across = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  const bool widen = tensor.scalar_type() == at::kBFloat16;
+  auto make_body = [&](uint64_t seq) {
+    return [shm = pg.local_shm.get(), rail = pg.rail, buf, dtype = *dtype, op, across, widen,
+            placement, local = pg.shm_peers, n = pg.env.world_size, rank = pg.env.rank,
+            host = pg.host_index, timeout = pg.timeout, detail, seq]() mutable {
+    const size_t count = static_cast<size_t>(buf.numel());
+    const size_t es = buf.element_size();
+    char* data = static_cast<char*>(buf.data_ptr());
+    shm->all_reduce_here(data, count, dtype, to_shm(across), placement);
+    const size_t per = (count + local.size - 1) / local.size;
+    auto slice = [&](int p) {
+      const size_t lo = std::min(count, per * p);
+      return std::pair<size_t, size_t>{lo, std::min(count, lo + per)};
+    };
+    const auto [lo, hi] = slice(local.rank);
+    if (hi > lo) {
+      at::Tensor mine = buf.view(-1).narrow(0, static_cast<int64_t>(lo),
+                                            static_cast<int64_t>(hi - lo));
+      std::vector<at::Tensor> wire{widen ? mine.to(at::kFloat) : mine};
+      ::c10d::AllreduceOptions opts;
+      opts.reduceOp = to_c10d(across);
+      try {
+        rail->allreduce(wire, opts)->wait(timeout);
+      } catch (const std::exception& e) {
+        throw CollectiveError(fmt::format(
+            "[rank {}] all_reduce #{} ({}) failed between hosts, on this rank's slice (host {}, "
+            "local rank {}; the same local rank on every host takes part): {}. A rank on another "
+            "host has probably exited or become unreachable: look for its own error.",
+            rank, seq, detail, host, local.rank, e.what()));
+      }
+      if (widen) mine.copy_(wire[0]);
+      shm->restart_deadline();
+    }
+    for (int p = 0; p < local.size; ++p) {
+      const auto [plo, phi] = slice(p);
+      if (phi > plo) shm->broadcast_here(data + plo * es, (phi - plo) * es, p);
+    }
+    if (op == ReduceOp::kAvg) buf.div_(n);
+    };
+  };
+  std::shared_ptr<Work::State> state;
+  issue(pg, state, "all_reduce", detail, [&](Work::State& s) {
+    s.shm_group = pg.local_shm;
+    shm::Fingerprint fp{shm::OpKind::kAllReduce, *dtype, to_shm(op), 0,
+                        static_cast<uint64_t>(buf.numel())};
+    s.shm_op = pg.local_shm->run(s.seq, fp, make_body(s.seq), std::move(placement));
+  });
+  if (!buf.is_same(tensor)) state->then = [tensor, buf]() mutable { tensor.copy_(buf); };
+  return Work(std::move(state));
+}
+
 Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   Impl& pg = *impl_;
   DDP_CHECK(tensor.defined(), Error, "[rank {}] all_reduce #{}: the tensor is undefined",
@@ -143,6 +209,7 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
             pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
   std::shared_ptr<Work::State> state;
   const std::string detail = fmt::format("{}, {}", to_string(op), shape_of(tensor));
+  if (pg.local_shm) return hierarchical_all_reduce(tensor, op, detail);
   if (pg.shm) {
     const auto dtype = to_shm(tensor.scalar_type());
     DDP_CHECK(dtype, Error, "[rank {}] all_reduce #{}: the shm backend cannot reduce {} tensors",
@@ -324,21 +391,23 @@ at::Tensor ProcessGroup::comm_buffer(int64_t numel, const at::TensorOptions& opt
   Impl& pg = *impl_;
   DDP_CHECK(numel >= 0, Error, "[rank {}] comm_buffer: numel {} is negative", pg.env.rank, numel);
   const uint64_t id = ++pg.comm_buffers;
-  if (!pg.shm || !options.device().is_cpu() || numel == 0 || pg.env.world_size == 1) {
+  shm::Group* group = pg.shared_memory();
+  if (group == nullptr || !options.device().is_cpu() || numel == 0 || pg.shm_peers.size == 1) {
     return at::zeros({numel}, options);
   }
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(
                            c10::typeMetaToScalarType(options.dtype()));
   std::shared_ptr<shm::SharedBuffer> buffer =
-      make_shared_buffer(*pg.store, *pg.shm, pg.env, id, bytes);
+      make_shared_buffer(*pg.store, *group, pg.shm_peers, id, bytes);
   if (!buffer) return at::zeros({numel}, options);
-  char* mine = buffer->base[pg.env.rank];  // zeroed: a fresh memfd
+  char* mine = buffer->base[pg.shm_peers.rank];  // zeroed: a fresh memfd
   return at::from_blob(mine, {numel}, [buffer](void*) mutable { buffer.reset(); }, options);
 }
 
 bool ProcessGroup::is_comm_buffer(const at::Tensor& t) const {
-  if (!impl_->shm || !t.defined() || !t.device().is_cpu() || !t.is_contiguous()) return false;
-  return impl_->shm->find(t.data_ptr(), t.numel() * t.element_size()).buffer != nullptr;
+  shm::Group* group = impl_->shared_memory();
+  if (group == nullptr || !t.defined() || !t.device().is_cpu() || !t.is_contiguous()) return false;
+  return group->find(t.data_ptr(), t.numel() * t.element_size()).buffer != nullptr;
 }
 
 }  // namespace ddp

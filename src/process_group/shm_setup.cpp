@@ -3,6 +3,7 @@
 
 #include <unistd.h>  // gethostname, getpid, readlink
 
+#include <algorithm>
 #include <cstdio>   // sscanf
 #include <cstdlib>  // getenv, strtoll
 #include <fstream>
@@ -45,50 +46,78 @@ size_t chunk_bytes(int size) {
 
 }  // namespace
 
-ShmSetup make_shm_group(::c10d::Store& store, const DistEnv& env,
-                        std::chrono::milliseconds timeout) {
-  const int rank = env.rank;
-  const int n = env.world_size;
-  shm::Options o{rank, n, timeout, chunk_bytes(n)};
-  const size_t size = shm::Group::segment_bytes(n, o.chunk_bytes);
-  ShmSetup out;
+bool Locality::uniform() const {
+  return std::all_of(host_size.begin(), host_size.end(),
+                     [&](int n) { return n == host_size.front(); });
+}
 
-  // 1. One host?
-  const std::string me = host_identity();
-  if (n > 1) {
-    store.set(fmt::format("shm/host/{}", rank), bytes_of(me));
-    for (int r = 0; r < n; ++r) {
-      const std::string theirs = r == rank ? me : text(store.get(fmt::format("shm/host/{}", r)));
-      if (theirs != me && out.why_not.empty()) {
-        out.why_not = fmt::format("ranks {} and {} are on different hosts ('{}' vs '{}')",
-                                  std::min(r, rank), std::max(r, rank),
-                                  r < rank ? theirs : me, r < rank ? me : theirs);
-      }
-    }
-    // Every rank compared every identity with its own: if any pair differs, rank 0 saw it too
-    // (transitivity), and all ranks fall back together.
-    if (!out.why_not.empty()) return out;
+std::vector<int> Locality::ranks_on(int h) const {
+  std::vector<int> out;
+  for (size_t r = 0; r < host.size(); ++r) {
+    if (host[r] == h) out.push_back(static_cast<int>(r));
   }
+  return out;
+}
 
-  // 2. Rank 0 creates the segment; the others map it through /proc/<pid>/fd/<fd>.
+Locality exchange_locality(::c10d::Store& store, const DistEnv& env,
+                           const std::optional<std::string>& host_id) {
+  const int n = env.world_size;
+  const std::string me = host_id ? "host_id " + *host_id : host_identity();
+  std::vector<std::string> ids(n);
+  ids[env.rank] = me;
+  if (n > 1) {
+    store.set(fmt::format("shm/host/{}", env.rank), bytes_of(me));
+    for (int r = 0; r < n; ++r) {
+      if (r != env.rank) ids[r] = text(store.get(fmt::format("shm/host/{}", r)));
+    }
+  }
+  Locality out;
+  std::vector<std::string> seen;  // identity of each host, by host index
+  for (int r = 0; r < n; ++r) {
+    auto it = std::find(seen.begin(), seen.end(), ids[r]);
+    const int h = static_cast<int>(it - seen.begin());
+    if (it == seen.end()) {
+      seen.push_back(ids[r]);
+      out.host_size.push_back(0);
+    }
+    out.host.push_back(h);
+    out.local_rank.push_back(out.host_size[h]++);
+    if (h > 0 && out.first_difference.empty()) {
+      out.first_difference = fmt::format("ranks 0 and {} are on different hosts ('{}' vs '{}')",
+                                         r, seen[0], ids[r]);
+    }
+  }
+  return out;
+}
+
+ShmSetup make_shm_group(::c10d::Store& store, const ShmPeers& peers,
+                        std::chrono::milliseconds timeout) {
+  const int rank = peers.rank;
+  const int n = peers.size;
+  shm::Options o{rank, n, timeout, chunk_bytes(n), peers.global};
+  const size_t size = shm::Group::segment_bytes(n, o.chunk_bytes);
+  const auto key = [&](const std::string& what) { return peers.prefix + what; };
+
+  // 1. Local rank 0 creates the segment; the others map it through /proc/<pid>/fd/<fd>.
   shm::Segment segment;
   std::string status = "ok";
   if (rank == 0) {
     try {
-      segment = shm::Segment::create(fmt::format("ddp-shm-{}", env.run_id), size);
+      segment = shm::Segment::create(fmt::format("ddp-shm-{}", peers.run_id), size);
     } catch (const std::exception& e) {
       status = e.what();
     }
     if (n > 1) {
-      store.set("shm/segment", bytes_of(status == "ok"
-                                         ? fmt::format("ok {} {}", getpid(), segment.fd())
-                                         : "error " + status));
+      store.set(key("segment"), bytes_of(status == "ok"
+                                             ? fmt::format("ok {} {}", getpid(), segment.fd())
+                                             : "error " + status));
     }
   } else {
-    const std::string where = text(store.get("shm/segment"));
+    const std::string where = text(store.get(key("segment")));
     int pid = 0, fd = -1;
     if (where.starts_with("error ")) {
-      status = "rank 0 could not create the segment: " + where.substr(6);
+      status = fmt::format("rank {} could not create the segment: {}", peers.global[0],
+                           where.substr(6));
     } else if (std::sscanf(where.c_str(), "ok %d %d", &pid, &fd) != 2) {
       status = fmt::format("malformed segment record '{}'", where);
     } else {
@@ -99,20 +128,23 @@ ShmSetup make_shm_group(::c10d::Store& store, const DistEnv& env,
         status = e.what();
       }
     }
-    store.set(fmt::format("shm/mapped/{}", rank), bytes_of(status));
   }
-  // 3. Everyone learns whether every rank mapped it; rank 0 may close its fd after that.
-  std::string first_error = rank == 0 && status != "ok" ? "rank 0: " + status : "";
-  if (n > 1 && first_error.empty()) {
-    for (int r = 1; r < n; ++r) {
-      const std::string s = text(store.get(fmt::format("shm/mapped/{}", r)));
-      if (s != "ok") {
-        first_error = fmt::format("rank {}: {}", r, s);
-        break;
+  // 2. Every peer learns whether every peer mapped it (so all fall back together); the
+  // creator may close its fd after that.
+  std::string first_error =
+      status != "ok" ? fmt::format("rank {}: {}", peers.global[rank], status) : "";
+  if (n > 1) {
+    store.set(key(fmt::format("mapped/{}", rank)), bytes_of(status));
+    for (int r = 0; r < n; ++r) {
+      if (r == rank) continue;
+      const std::string s = text(store.get(key(fmt::format("mapped/{}", r))));
+      if (s != "ok" && first_error.empty()) {
+        first_error = fmt::format("rank {}: {}", peers.global[r], s);
       }
     }
   }
   segment.close_fd();
+  ShmSetup out;
   if (!first_error.empty()) {
     out.why_not = fmt::format("cannot share a memory segment ({})", first_error);
     return out;
@@ -122,24 +154,24 @@ ShmSetup make_shm_group(::c10d::Store& store, const DistEnv& env,
 }
 
 std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm::Group& group,
-                                                      const DistEnv& env, uint64_t id,
+                                                      const ShmPeers& peers, uint64_t id,
                                                       size_t bytes) {
-  const int rank = env.rank;
-  const int n = env.world_size;
+  const int rank = peers.rank;
+  const int n = peers.size;
   auto buffer = std::make_shared<shm::SharedBuffer>();
   buffer->id = id;
   buffer->bytes = bytes;
   buffer->base.assign(n, nullptr);
   buffer->parts.resize(n);
   const auto key = [&](const char* what, int r) {
-    return fmt::format("shm/buffer/{}/{}/{}", id, what, r);
+    return fmt::format("{}buffer/{}/{}/{}", peers.prefix, id, what, r);
   };
 
   // 1. Every rank creates its part and says where it is (or why it could not).
   std::string status = "ok";
   try {
     buffer->parts[rank] =
-        shm::Segment::create(fmt::format("ddp-shm-{}-buffer-{}", env.run_id, id), bytes);
+        shm::Segment::create(fmt::format("ddp-shm-{}-buffer-{}", peers.run_id, id), bytes);
     buffer->base[rank] = buffer->parts[rank].data();
   } catch (const std::exception& e) {
     status = e.what();
@@ -162,9 +194,9 @@ std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm:
               "[rank {}] comm buffer #{}: this rank asked for {} bytes, rank {} for {}. "
               "ProcessGroup::comm_buffer is collective: every rank must allocate the same "
               "buffers in the same order.",
-              rank, id, bytes, r, theirs);
+              peers.global[rank], id, bytes, peers.global[r], theirs);
     if (!ok) {
-      status = fmt::format("rank {}: {}", r, where.substr(where.find(' ', 6) + 1));
+      status = fmt::format("rank {}: {}", peers.global[r], where.substr(where.find(' ', 6) + 1));
       break;
     }
     try {
@@ -181,7 +213,7 @@ std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm:
     for (int r = 0; r < n && status == "ok"; ++r) {
       if (r == rank) continue;
       const std::string theirs = text(store.get(key("mapped", r)));
-      if (theirs != "ok") status = fmt::format("rank {}: {}", r, theirs);
+      if (theirs != "ok") status = fmt::format("rank {}: {}", peers.global[r], theirs);
     }
     // A rank that failed at step 2 skipped the others' records; it still must not leave
     // before they have read its own, so it reads them too.

@@ -10,3 +10,8 @@ foreach(t test_ddp_equivalence test_ddp_behaviour test_join)
   set_tests_properties(${t}_shm PROPERTIES LABELS collective TIMEOUT 600
     ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};DDP_TEST_BACKEND=shm")
 endforeach()
+
+# DDP equivalence over the hierarchy (4 ranks as 2 hosts x 2: shm inside, Gloo between).
+add_test(NAME test_ddp_equivalence_hier COMMAND test_ddp_equivalence)
+set_tests_properties(test_ddp_equivalence_hier PROPERTIES LABELS collective TIMEOUT 600
+  ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};DDP_TEST_BACKEND=auto;DDP_TEST_HOSTS=2")

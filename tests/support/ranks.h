@@ -8,11 +8,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,11 +45,21 @@ inline std::string test_backend() {
   return v != nullptr && *v != '\0' ? v : "gloo";
 }
 
+// DDP_TEST_HOSTS=K lays thread-ranks out as K hosts of consecutive ranks (InitOptions::host_id):
+// with backend "auto" and equal hosts, the suites run over the hierarchical transport.
+inline std::optional<std::string> test_host_of(int rank, int world) {
+  const char* v = std::getenv("DDP_TEST_HOSTS");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  const int hosts = std::max(1, std::atoi(v));
+  return "test-host-" + std::to_string(rank * hosts / world);
+}
+
 // Options that place `rank` of `world` on a store at 127.0.0.1:`port`.
 inline InitOptions thread_rank(int rank, int world, int port,
                                std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   InitOptions o;
   o.backend = test_backend();
+  o.host_id = test_host_of(rank, world);
   o.rank = rank;
   o.world_size = world;
   o.master_addr = "127.0.0.1";

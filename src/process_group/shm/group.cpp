@@ -147,12 +147,12 @@ Group::Group(Options options, Segment segment)
   Slot* slots = reinterpret_cast<Slot*>(base + round_up(sizeof(Control), kPage));
   for (int r = 0; r < o_.size; ++r) slots_.push_back(&slots[r]);
   stopped_since_.assign(o_.size, Clock::time_point{});
-  Slot& me = *slots_[o_.rank];
+  Slot& mine = *slots_[o_.rank];
   char state = '?';
   uint64_t start = 0;
   read_stat(pid_, &state, &start);
-  me.start_time.store(start);
-  me.pid.store(pid_);
+  mine.start_time.store(start);
+  mine.pid.store(pid_);
   // Every rank must be identifiable before any collective waits for it: a peer stopped or
   // killed between the segment handshake and this point would otherwise never be named.
   const Clock::time_point deadline = Clock::now() + o_.timeout;
@@ -161,7 +161,7 @@ Group::Group(Options options, Segment segment)
       DDP_CHECK(Clock::now() < deadline, RendezvousError,
                 "[rank {}] rank {} mapped the shared segment but did not start its transport "
                 "within {:.1f} s; it may have died or been stopped",
-                o_.rank, r, seconds(o_.timeout));
+                me(), name(r), seconds(o_.timeout));
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
@@ -183,7 +183,7 @@ Group::~Group() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& op : queue_) {
     op->error = std::make_exception_ptr(CollectiveError(fmt::format(
-        "[rank {}] {} was not run: its process group was destroyed first", o_.rank,
+        "[rank {}] {} was not run: its process group was destroyed first", me(),
         op->fp.describe(op->seq))));
     op->body = nullptr;
     op->done.store(true);
@@ -254,7 +254,7 @@ void Group::execute(Op& op) {
   if (failed_) {
     op.error = std::make_exception_ptr(CollectiveError(fmt::format(
         "[rank {}] {} was not run: this process group failed at an earlier collective: {}",
-        o_.rank, op.fp.describe(op.seq), failed_message_)));
+        me(), op.fp.describe(op.seq), failed_message_)));
   } else {
     try {
       begin(op);
@@ -264,7 +264,7 @@ void Group::execute(Op& op) {
       failed_message_ = e.what();
       failed_ = op.error;
     } catch (const std::exception& e) {
-      failed_message_ = fmt::format("[rank {}] {} failed: {}", o_.rank, op.fp.describe(op.seq),
+      failed_message_ = fmt::format("[rank {}] {} failed: {}", me(), op.fp.describe(op.seq),
                                     e.what());
       op.error = std::make_exception_ptr(CollectiveError(failed_message_));
       failed_ = op.error;
@@ -331,26 +331,59 @@ std::shared_ptr<Op> Group::all_reduce(uint64_t seq, void* data, size_t count, DT
                                       Reduce op, std::shared_ptr<void> keep,
                                       Placement placement) {
   Fingerprint fp{OpKind::kAllReduce, dtype, op, 0, count};
-  if (placement.buffer) {
-    DDP_ASSERT(placement.buffer->base[o_.rank] + placement.offset == static_cast<char*>(data) &&
-                   placement.offset + count * element_size(dtype) <= placement.buffer->bytes,
-               "all_reduce #{}: placement does not hold the data", seq);
-  }
   return submit(
       seq, fp,
       [this, data, count, dtype, op, placement, keep = std::move(keep)] {
-        if (o_.size == 1) return;  // the sum, max, min and mean of one rank are its own values
-        if (!placement.buffer) return staged_all_reduce(static_cast<char*>(data), count, dtype,
-                                                        op, /*synced_once=*/false);
-        sync();  // every rank's data is in place, and every placement published
-        if (placed_alike(placement)) {
-          shared_all_reduce(placement, count, dtype, op);
-          sync();  // every slice is in every buffer
-          return;
-        }
-        staged_all_reduce(static_cast<char*>(data), count, dtype, op, /*synced_once=*/true);
+        all_reduce_here(data, count, dtype, op, placement);
       },
       placement);
+}
+
+std::shared_ptr<Op> Group::run(uint64_t seq, Fingerprint fp, std::function<void()> body,
+                               Placement placement) {
+  return submit(seq, fp, std::move(body), std::move(placement));
+}
+
+void Group::restart_deadline() {
+  DDP_ASSERT(current_ != nullptr, "restart_deadline outside a collective");
+  deadline_ = Clock::now() + o_.timeout;
+}
+
+void Group::all_reduce_here(void* data, size_t count, DType dtype, Reduce op,
+                            const Placement& placement) {
+  DDP_ASSERT(current_ != nullptr, "all_reduce_here outside a collective");
+  if (placement.buffer) {
+    DDP_ASSERT(placement.buffer->base[o_.rank] + placement.offset == static_cast<char*>(data) &&
+                   placement.offset + count * element_size(dtype) <= placement.buffer->bytes,
+               "all_reduce #{}: placement does not hold the data", current_->seq);
+  }
+  if (o_.size == 1) return;  // the sum, max, min and mean of one rank are its own values
+  if (!placement.buffer || current_->placement.buffer != placement.buffer) {
+    // Only the op's own placement was published: any other data is staged.
+    return staged_all_reduce(static_cast<char*>(data), count, dtype, op, /*synced_once=*/false);
+  }
+  sync();  // every rank's data is in place, and every placement published
+  if (placed_alike(placement)) {
+    shared_all_reduce(placement, count, dtype, op);
+    sync();  // every slice is in every buffer
+    return;
+  }
+  staged_all_reduce(static_cast<char*>(data), count, dtype, op, /*synced_once=*/true);
+}
+
+void Group::broadcast_here(void* data, size_t total, int root) {
+  DDP_ASSERT(current_ != nullptr, "broadcast_here outside a collective");
+  if (o_.size == 1) return;
+  char* bytes = static_cast<char*>(data);
+  size_t a = 0;
+  do {
+    const size_t m = std::min(o_.chunk_bytes, total - a);
+    const int h = next_half();
+    if (o_.rank == root) std::memcpy(staging(root, h), bytes + a, m);
+    sync();
+    if (o_.rank != root) std::memcpy(bytes + a, staging(root, h), m);
+    a += m;
+  } while (a < total);
 }
 
 bool Group::placed_alike(const Placement& mine) const {
@@ -430,18 +463,7 @@ std::shared_ptr<Op> Group::broadcast(uint64_t seq, void* data, size_t count, DTy
                                      int root, std::shared_ptr<void> keep) {
   Fingerprint fp{OpKind::kBroadcast, dtype, Reduce::kSum, root, count};
   return submit(seq, fp, [this, data, count, dtype, root, keep = std::move(keep)] {
-    if (o_.size == 1) return;
-    const size_t total = count * element_size(dtype);
-    char* bytes = static_cast<char*>(data);
-    size_t a = 0;
-    do {
-      const size_t m = std::min(o_.chunk_bytes, total - a);
-      const int h = next_half();
-      if (o_.rank == root) std::memcpy(staging(root, h), bytes + a, m);
-      sync();
-      if (o_.rank != root) std::memcpy(bytes + a, staging(root, h), m);
-      a += m;
-    } while (a < total);
+    broadcast_here(data, count * element_size(dtype), root);
   });
 }
 
@@ -594,20 +616,20 @@ void Group::check_fingerprints() {
         "[rank {}] collectives differ between ranks: this rank issued {}, rank {} issued {}. "
         "Every rank must issue the same collectives in the same order, with the same sizes "
         "and types.",
-        o_.rank, op.fp.describe(op.seq), p, their_call));
+        me(), op.fp.describe(op.seq), name(p), their_call));
   }
 }
 
 std::string Group::where_is(int p) const {
   const uint64_t cur = slots_[p]->current_seq.load();
   const Op& op = *current_;
-  if (cur == 0) return fmt::format("rank {} has not issued any collective", p);
+  if (cur == 0) return fmt::format("rank {} has not issued any collective", name(p));
   const Slot::Published& c = slots_[p]->ring[cur % kRing];
   const std::string call = unpack(c.word.load(), c.count.load()).describe(cur);
   if (cur < op.seq) {
-    return fmt::format("rank {} has not reached it; its last collective was {}", p, call);
+    return fmt::format("rank {} has not reached it; its last collective was {}", name(p), call);
   }
-  return fmt::format("rank {} is in {}", p, call);
+  return fmt::format("rank {} is in {}", name(p), call);
 }
 
 void Group::check_peers(uint64_t g, Clock::time_point now) {
@@ -618,7 +640,7 @@ void Group::check_peers(uint64_t g, Clock::time_point now) {
     DDP_CHECK(s.left.load() == 0, CollectiveError,
               "[rank {}] {} failed: rank {} destroyed its process group (or is shutting down) "
               "without reaching it; {}.",
-              o_.rank, op.fp.describe(op.seq), p, where_is(p));
+              me(), op.fp.describe(op.seq), name(p), where_is(p));
     const int pid = s.pid.load();
     if (pid == pid_) continue;  // a thread of this process
     char state = '?';
@@ -628,7 +650,7 @@ void Group::check_peers(uint64_t g, Clock::time_point now) {
     DDP_CHECK(alive, CollectiveError,
               "[rank {}] {} failed: rank {} (pid {}) exited or was killed before reaching it. "
               "Its own error (ddprun's root-cause summary) says why.",
-              o_.rank, op.fp.describe(op.seq), p, pid);
+              me(), op.fp.describe(op.seq), name(p), pid);
     if (state != 'T' && state != 't') {
       stopped_since_[p] = Clock::time_point{};
       continue;
@@ -638,7 +660,7 @@ void Group::check_peers(uint64_t g, Clock::time_point now) {
               "[rank {}] {} failed: rank {} (pid {}) is stopped (SIGSTOP, or held by a "
               "debugger) and has not reached it for {:.1f} s; {}. Resume it (kill -CONT {}) or "
               "end the job.",
-              o_.rank, op.fp.describe(op.seq), p, pid, seconds(now - stopped_since_[p]),
+              me(), op.fp.describe(op.seq), name(p), pid, seconds(now - stopped_since_[p]),
               where_is(p), pid);
   }
 }
@@ -653,7 +675,7 @@ void Group::fail_timeout(uint64_t g) {
       "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s): {}. A rank that is behind may be "
       "stuck in computation or I/O, or issuing collectives in a different order. If the work "
       "is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or InitOptions::timeout.",
-      o_.rank, op.fp.describe(op.seq), seconds(o_.timeout), seconds(o_.timeout),
+      me(), op.fp.describe(op.seq), seconds(o_.timeout), seconds(o_.timeout),
       fmt::join(behind, "; ")));
 }
 
@@ -663,7 +685,7 @@ void Group::check_abort() const {
   if (who == o_.rank) return;
   const Op& op = *current_;
   throw CollectiveError(fmt::format("[rank {}] {} failed because rank {} gave up first: {}",
-                                    o_.rank, op.fp.describe(op.seq), who,
+                                    me(), op.fp.describe(op.seq), name(who),
                                     std::string(ctl_->abort_reason)));
 }
 

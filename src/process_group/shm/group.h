@@ -84,6 +84,9 @@ struct Options {
   int size = 1;
   std::chrono::milliseconds timeout{0};
   size_t chunk_bytes = kDefaultChunkBytes;
+  // How messages name each rank of this group: its rank in the process group the user sees
+  // (a host's group inside the hierarchy is a subset). Empty: the ranks themselves.
+  std::vector<int> names;
 };
 
 // Memory every rank of the group has mapped: rank r's part is base[r] in this process. Made
@@ -125,6 +128,8 @@ class Group {
   static size_t segment_bytes(int size, size_t chunk_bytes);
 
   int rank() const { return o_.rank; }
+  int name(int r) const { return o_.names.empty() ? r : o_.names[r]; }  // for messages
+  int me() const { return name(o_.rank); }
   int size() const { return o_.size; }
 
   // Shared buffers made for this group: registered so that find() recognises their memory.
@@ -148,6 +153,19 @@ class Group {
                                      size_t count, DType dtype, Reduce op,
                                      std::shared_ptr<void> keep);
   std::shared_ptr<Op> barrier(uint64_t seq);
+
+  // A collective composed by the caller (the hierarchical transport: shm steps around a
+  // cross-host one): `body` runs in issue order like any collective and may call the *_here
+  // steps below, which every peer's body must call in the same order. Exceptions it throws
+  // fail the op and, like any failure, the group.
+  std::shared_ptr<Op> run(uint64_t seq, Fingerprint fp, std::function<void()> body,
+                          Placement placement = {});
+  // Steps of the op being run; only from inside a body.
+  void all_reduce_here(void* data, size_t count, DType dtype, Reduce op,
+                       const Placement& placement);
+  void broadcast_here(void* data, size_t bytes, int root);
+  // Gives the rest of the op a fresh timeout (after a step that waited elsewhere).
+  void restart_deadline();
 
   // Blocks until `op` ran (running it, and the ones before it, on this thread when the
   // executor has not started it yet); rethrows its ddp::Error.

@@ -1,0 +1,206 @@
+// The hierarchical transport (Note [Hierarchical collectives] in src/process_group/make.cpp)
+// with thread-ranks laid out as hosts through InitOptions::host_id: which layouts choose it,
+// every collective's result, bit-identical replicas, comm buffers, and a rank that leaves.
+#include <latch>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "ddp/error.h"
+#include "support/ranks.h"
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::message_of;
+using testing::run_threads;
+using testing::thread_rank;
+
+// `hosts[r]` names rank r's host.
+InitOptions on_host(int rank, const std::vector<std::string>& hosts, int port,
+                    std::chrono::milliseconds timeout = 60s) {
+  InitOptions o = thread_rank(rank, static_cast<int>(hosts.size()), port, timeout);
+  o.backend = "auto";
+  o.host_id = hosts[rank];
+  return o;
+}
+
+void run_on_hosts(const std::vector<std::string>& hosts,
+                  const std::function<void(ProcessGroup&)>& fn) {
+  const int port = testing::free_port();
+  const int n = static_cast<int>(hosts.size());
+  auto errors = run_threads(n, [&](int r) {
+    auto pg = make_process_group(on_host(r, hosts, port));
+    fn(*pg);
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < n; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << message_of(errors[r]);
+  }
+}
+
+std::string backend_for(const std::vector<std::string>& hosts) {
+  std::vector<std::string> got(hosts.size());
+  run_on_hosts(hosts, [&](ProcessGroup& pg) { got[pg.rank()] = pg.backend(); });
+  for (const auto& b : got) EXPECT_EQ(b, got[0]);
+  return got[0];
+}
+
+const std::vector<std::string> kTwoByTwo = {"a", "a", "b", "b"};
+const std::vector<std::string> kThreeByTwo = {"a", "a", "b", "b", "c", "c"};
+
+TEST(Hierarchy, ChosenForEqualHostsWithSeveralRanksElseGloo) {
+  EXPECT_EQ(backend_for(kTwoByTwo), "shm+gloo");
+  EXPECT_EQ(backend_for({"a", "b", "a", "b"}), "shm+gloo");  // hosts need not be contiguous
+  EXPECT_EQ(backend_for({"a", "a", "b"}), "gloo");           // unequal hosts
+  EXPECT_EQ(backend_for({"a", "b"}), "gloo");                // one rank per host
+  EXPECT_EQ(backend_for({"a", "a"}), "shm");                 // one host
+}
+
+TEST(Hierarchy, ExplicitShmAcrossHostsIsAnErrorOnEveryRank) {
+  const int port = testing::free_port();
+  std::vector<std::string> messages(2);
+  auto errors = run_threads(2, [&](int r) {
+    InitOptions o = on_host(r, {"a", "b"}, port);
+    o.backend = "shm";
+    try {
+      make_process_group(o);
+    } catch (const RendezvousError& e) {
+      messages[r] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(messages[r].find("backend 'shm' cannot be used: ranks 0 and 1 are on different "
+                               "hosts"),
+              std::string::npos)
+        << messages[r];
+  }
+}
+
+class HierarchyLayouts : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+// Small integers: every reduction has one exact answer. Sizes that split unevenly over the
+// local ranks, one element, and more than a staging chunk.
+TEST_P(HierarchyLayouts, AllReduceEveryDtypeOpAndSize) {
+  const auto hosts = GetParam();
+  const int n = static_cast<int>(hosts.size());
+  run_on_hosts(hosts, [n](ProcessGroup& pg) {
+    ASSERT_EQ(pg.backend(), "shm+gloo");
+    const int r = pg.rank();
+    for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf, torch::kInt,
+                       torch::kLong}) {
+      for (int64_t size : {1, 7, 1001, 70000}) {
+        const auto base = torch::arange(size) % 7;
+        for (auto op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg}) {
+          if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+          auto t = (base + r).to(dtype);
+          pg.all_reduce(t, op).wait();
+          at::Tensor want = op == ReduceOp::kSum   ? base * n + n * (n - 1) / 2
+                            : op == ReduceOp::kMax ? base + (n - 1)
+                            : op == ReduceOp::kMin ? base
+                                                   : base.to(torch::kDouble) + (n - 1) / 2.0;
+          EXPECT_TRUE(torch::allclose(t.to(torch::kDouble), want.to(dtype).to(torch::kDouble)))
+              << c10::toString(dtype) << " x " << size << " " << to_string(op);
+        }
+      }
+    }
+  });
+}
+
+TEST_P(HierarchyLayouts, ReplicasAreBitIdenticalAndCommBuffersStayInPlace) {
+  const auto hosts = GetParam();
+  const int n = static_cast<int>(hosts.size());
+  std::vector<at::Tensor> plain(n), in_place(n);
+  run_on_hosts(hosts, [&](ProcessGroup& pg) {
+    torch::manual_seed(7 + pg.rank());
+    at::Tensor values = torch::randn({30001}) * 1000;
+    at::Tensor t = values.clone();
+    pg.all_reduce(t, ReduceOp::kAvg).wait();
+    at::Tensor b = pg.comm_buffer(values.numel(), torch::kFloat);
+    EXPECT_TRUE(pg.is_comm_buffer(b));
+    b.copy_(values);
+    pg.all_reduce(b, ReduceOp::kAvg).wait();
+    EXPECT_TRUE(torch::allclose(t, b, 1e-5, 1e-4));
+    plain[pg.rank()] = t;
+    in_place[pg.rank()] = b.clone();
+  });
+  for (int r = 1; r < n; ++r) {
+    EXPECT_TRUE(torch::equal(plain[0], plain[r])) << r;
+    EXPECT_TRUE(torch::equal(in_place[0], in_place[r])) << r;
+  }
+}
+
+TEST_P(HierarchyLayouts, OtherCollectivesGoOverGloo) {
+  const auto hosts = GetParam();
+  const int n = static_cast<int>(hosts.size());
+  run_on_hosts(hosts, [n](ProcessGroup& pg) {
+    const int r = pg.rank();
+    for (int root = 0; root < n; ++root) {
+      auto t = torch::full({1000}, r * 10.0 + 0.5, torch::kDouble);
+      pg.broadcast(t, root).wait();
+      EXPECT_TRUE(torch::equal(t, torch::full({1000}, root * 10.0 + 0.5, torch::kDouble)));
+    }
+    auto in = torch::arange(100, torch::kLong) + r * 1000;
+    std::vector<at::Tensor> out(n);
+    for (auto& o : out) o = torch::empty_like(in);
+    pg.all_gather(out, in).wait();
+    for (int p = 0; p < n; ++p) EXPECT_TRUE(torch::equal(out[p], torch::arange(100) + p * 1000));
+    std::vector<at::Tensor> inputs;
+    for (int j = 0; j < n; ++j) inputs.push_back(torch::full({5}, float(r + 10 * j)));
+    auto rs = torch::empty({5});
+    pg.reduce_scatter(rs, inputs, ReduceOp::kSum).wait();
+    EXPECT_TRUE(torch::equal(rs, torch::full({5}, n * (n - 1) / 2.0f + 10.0f * r * n)));
+    // all_reduce and the others interleaved, waited in reverse.
+    auto a = torch::full({3000}, 1.0f);
+    auto c = torch::full({10}, float(r));
+    Work wa = pg.all_reduce(a);
+    Work wc = pg.broadcast(c, n - 1);
+    wc.wait();
+    wa.wait();
+    EXPECT_TRUE(torch::equal(a, torch::full({3000}, float(n))));
+    EXPECT_TRUE(torch::equal(c, torch::full({10}, float(n - 1))));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Hosts, HierarchyLayouts, ::testing::Values(kTwoByTwo, kThreeByTwo));
+
+// A rank that leaves: every other rank fails within the timeout, none hangs.
+TEST(Hierarchy, ARankThatLeavesFailsEveryoneInBoundedTime) {
+  const int port = testing::free_port();
+  std::vector<std::string> messages(4);
+  std::vector<double> waited(4);
+  std::latch gone(1);
+  auto errors = run_threads(4, [&](int r) {
+    auto pg = make_process_group(on_host(r, kTwoByTwo, port, /*timeout=*/5s));
+    auto warm = torch::ones({100});
+    pg->all_reduce(warm).wait();
+    if (r == 3) {
+      pg.reset();
+      gone.count_down();
+      return;
+    }
+    gone.wait();
+    auto t = torch::ones({100000});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg->all_reduce(t).wait();
+    } catch (const Error& e) {
+      messages[r] = e.what();
+    }
+    waited[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(messages[r]);
+    ASSERT_FALSE(errors[r]) << message_of(errors[r]);
+    EXPECT_LT(waited[r], 15.0) << r;
+    EXPECT_NE(messages[r].find(fmt::format("[rank {}] all_reduce #2", r)), std::string::npos)
+        << messages[r];
+  }
+  // Rank 2 shares rank 3's host: its shared segment names the rank that left.
+  EXPECT_NE(messages[2].find("rank 3"), std::string::npos) << messages[2];
+}
+
+}  // namespace
+}  // namespace ddp
