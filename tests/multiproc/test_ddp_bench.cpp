@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "support/subprocess.h"
@@ -55,7 +57,8 @@ class BenchTest : public ::testing::Test {
   }
 
   // `expected` rows of a tiny sweep are in the CSV, verified, at `ranks` ranks, plus the floor.
-  void expect_verified_sweep(const fs::path& csv, int ranks, int expected) {
+  void expect_verified_sweep(const fs::path& csv, int ranks, int expected,
+                             std::set<std::string> backends = {"gloo"}) {
     const auto rows = read_csv(csv);
     ASSERT_FALSE(rows.empty());
     EXPECT_EQ(rows[0].front(), "backend");
@@ -69,7 +72,7 @@ class BenchTest : public ::testing::Test {
         continue;
       }
       ++measured;
-      EXPECT_EQ(r[0], "gloo");
+      EXPECT_TRUE(backends.count(r[0])) << r[0];
       EXPECT_EQ(std::stoi(r[3]), ranks);
       EXPECT_GT(std::stod(r[7]), 0) << "time of " << r[1] << " at " << r[4] << " B";
       EXPECT_EQ(r[10], "0") << r[1] << " at " << r[4] << " B had wrong results";
@@ -109,6 +112,36 @@ TEST_F(BenchTest, CollectivesTwoRanksVerifyAndSkipAnUnavailableBackend) {
   if (have_gnuplot()) EXPECT_TRUE(fs::exists(dir_ / "c.png")) << r.out;
 }
 
+// Every collective and dtype between real processes over shared memory, staged and in place
+// (comm buffers), at 2, 3 and 4 ranks: sizes from one element to 4 staging chunks.
+TEST_F(BenchTest, ShmEveryCollectiveAndDtypeAcrossProcesses) {
+  for (int ranks : {2, 3, 4}) {
+    SCOPED_TRACE(ranks);
+    const fs::path csv = dir_ / fmt::format("shm{}.csv", ranks);
+    Command c = bench(ranks, {"collectives", "--backend", "shm,shm-inplace", "--dtype",
+                              "float32,float64,bfloat16,float16,int32,int64", "--max-bytes",
+                              "64K", "--iters", "2", "--warmup", "1", "--ring-bytes", "256K",
+                              "--csv", csv.string()});
+    c.env["DDP_SHM_CHUNK_BYTES"] = "16384";
+    Result r = run_command(c);
+    ASSERT_TRUE(r.exited(0)) << r.describe();
+    EXPECT_NE(r.out.find("# verified: 0 results wrong"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("buffers from ProcessGroup::comm_buffer"), std::string::npos) << r.out;
+    const auto rows = read_csv(csv);
+    int wrong = 0, measured = 0;
+    std::set<std::string> seen;
+    for (size_t i = 1; i < rows.size(); ++i) {
+      if (rows[i][0] == "memcpy") continue;
+      ++measured;
+      seen.insert(rows[i][0] + "/" + rows[i][1] + "/" + rows[i][2]);
+      wrong += std::stoi(rows[i][10]);
+    }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(seen.size(), 2u * 4 * 6) << "2 backends x 4 ops x 6 dtypes";
+    EXPECT_GT(measured, 2 * 4 * 6 * 10);
+  }
+}
+
 TEST_F(BenchTest, TrainTwoRanksWithCompare) {
   const fs::path csv = dir_ / "t.csv";
   Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
@@ -117,17 +150,34 @@ TEST_F(BenchTest, TrainTwoRanksWithCompare) {
                                    "--png", (dir_ / "t.png").string()}));
   ASSERT_TRUE(r.exited(0)) << r.describe();
   for (const char* s : {"2 ranks x 1 thread (gloo)", "1 process x 1 thread",
-                        "1 process x 2 threads", "scaling efficiency at 2 ranks",
-                        "vs 1 process x 2 threads"}) {
+                        "1 process x 2 threads", "2 ranks x 1 thread (no comm)",
+                        "scaling efficiency at 2 ranks", "vs 1 process x 2 threads",
+                        "of the communication-free ceiling"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   }
   const auto rows = read_csv(csv);
-  ASSERT_EQ(rows.size(), 4u) << "header and 3 configurations";
+  ASSERT_EQ(rows.size(), 5u) << "header and 4 configurations";
   EXPECT_EQ(rows[1][3], "2");  // world size
   EXPECT_EQ(rows[2][3], "1");
   EXPECT_EQ(rows[3][4], "2");  // threads
+  EXPECT_EQ(rows[4][2], "no comm");  // backend column of the ceiling
+  EXPECT_EQ(rows[4][3], "2");
   for (size_t i = 1; i < rows.size(); ++i) EXPECT_GT(std::stod(rows[i][7]), 0) << "samples/s";
   if (have_gnuplot()) EXPECT_TRUE(fs::exists(dir_ / "t.png")) << r.out;
+}
+
+TEST_F(BenchTest, TrainWithoutDdpIsTheCeiling) {
+  const fs::path csv = dir_ / "n.csv";
+  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
+                                   "--steps", "3", "--warmup", "1", "--no-ddp", "--csv",
+                                   csv.string()}));
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  const auto rows = read_csv(csv);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1][2], "no comm");
+  EXPECT_EQ(rows[1][12], "0.0000") << "no exposed communication";
+  Result both = run_command(bench(1, {"train", "--steps", "1", "--no-ddp", "--compare"}));
+  EXPECT_FALSE(both.exited(0)) << both.describe();
 }
 
 TEST_F(BenchTest, TrainAloneAndRefusesCompareThere) {
