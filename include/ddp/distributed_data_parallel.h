@@ -75,66 +75,74 @@ struct IterationStats {
   std::vector<std::string> ready_order; // parameter names in the order they were ready
 };
 
-namespace detail {
-class DdpCore;  // the non-template machinery (src/parallel/ddp_core.cpp)
-}
+class DistributedDataParallelBase;
 
-// Restores gradient synchronisation when it goes out of scope (see no_sync()).
+namespace detail {
+class DdpCore;  // the machinery behind the wrapper: src/parallel/ddp_core.h
+DdpCore& core_of(DistributedDataParallelBase& model);  // for ddp::Join (src/parallel/join.cpp)
+}  // namespace detail
+
+// While it lives, backward passes through the wrapper do not reduce gradients (see no_sync()).
 class NoSyncGuard {
  public:
-  explicit NoSyncGuard(detail::DdpCore& core);
   ~NoSyncGuard();
   NoSyncGuard(const NoSyncGuard&) = delete;
   NoSyncGuard& operator=(const NoSyncGuard&) = delete;
 
  private:
+  friend class DistributedDataParallelBase;
+  NoSyncGuard(detail::DdpCore& core, bool enabled);
   detail::DdpCore& core_;
   bool previous_;
 };
 
-struct JoinOptions;
-
-namespace detail {
-
-// The wrapper minus the module type: construction, forward preparation, hooks, no_sync, and
-// the join protocol's steps (see ddp/join.h).
-class DdpCore {
+// Everything a DistributedDataParallel<M> offers that does not depend on M (ddp::Join takes
+// any wrapper through it).
+class DistributedDataParallelBase {
  public:
-  DdpCore(std::shared_ptr<torch::nn::Module> module, DDPOptions options);
-  ~DdpCore();
+  DistributedDataParallelBase(const DistributedDataParallelBase&) = delete;
+  DistributedDataParallelBase& operator=(const DistributedDataParallelBase&) = delete;
 
-  void before_forward();
-  // Join protocol: attach/detach; one round of "who is still training" (an all-gather; returns
-  // the active ranks, ascending); shadow one iteration of the others; copy `root`'s model.
-  void attach_join(const JoinOptions* options);
-  std::vector<int> join_round(bool active);
-  void shadow_iteration(const std::vector<int>& active);
-  void sync_model_from(int root);
-  int last_active_rank() const;
+  // While the returned guard lives (and `enabled` is true), gradients accumulate locally; the
+  // next backward after it (its forward outside the guard) reduces the accumulated sum:
+  //   { auto guard = model.no_sync(); for (micro 1..K-1) model(x).backward(); }
+  //   model(x_K).backward();   // reduces the sum of all K micro-batches
+  // no_sync(false) returns a guard that changes nothing, for code that decides at run time:
+  //   auto guard = model.no_sync(/*enabled=*/micro < K - 1);
+  [[nodiscard]] NoSyncGuard no_sync(bool enabled = true);
+
+  // Before the first forward, on every rank (comm_hooks.h).
   void register_comm_hook(CommHook hook);
-  bool require_sync() const { return require_sync_; }
-  void set_require_sync(bool on) { require_sync_ = on; }
+
   ProcessGroup& process_group();
   const IterationStats& last_iteration_stats() const;
-  // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> bucket_layout() const;
+  // The parameter order (indices in registration order) the buckets were rebuilt in after the
+  // first iteration (the observed gradient order); empty before that rebuild, when there is
+  // none (find_unused_parameters), and at world size 1. Save it with a checkpoint and restore
+  // it (every rank, before the first forward) so that a resumed run reduces in the same
+  // buckets, hence bit for bit the same sums, from its first step. Restoring an empty order
+  // does nothing.
   std::vector<int64_t> bucket_order() const;
   void restore_bucket_order(const std::vector<int64_t>& order);
 
+ protected:
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, DDPOptions options);
+  ~DistributedDataParallelBase();
+  DistributedDataParallelBase(DistributedDataParallelBase&&) noexcept;
+  DistributedDataParallelBase& operator=(DistributedDataParallelBase&&) noexcept;
+  void before_forward();
+
  private:
-  struct State;
-  std::unique_ptr<State> state_;
-  bool require_sync_ = true;
+  friend detail::DdpCore& detail::core_of(DistributedDataParallelBase& model);
+  std::unique_ptr<detail::DdpCore> core_;
 };
 
-}  // namespace detail
-
 template <typename ModuleType>
-class DistributedDataParallel {
+class DistributedDataParallel : public DistributedDataParallelBase {
  public:
   DistributedDataParallel(std::shared_ptr<ModuleType> module, DDPOptions options = {})
-      : module_(std::move(module)),
-        core_(std::make_unique<detail::DdpCore>(module_, std::move(options))) {}
+      : DistributedDataParallelBase(module, std::move(options)), module_(std::move(module)) {}
   DistributedDataParallel(torch::nn::ModuleHolder<ModuleType> holder, DDPOptions options = {})
       : DistributedDataParallel(holder.ptr(), std::move(options)) {}
 
@@ -142,21 +150,13 @@ class DistributedDataParallel {
   // the module's own forward with whatever arguments it takes.
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
-    core_->before_forward();
+    before_forward();
     return module_->forward(std::forward<Args>(args)...);
   }
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
   }
-
-  // Gradients accumulate locally until the guard is released; the next backward after that
-  // (its forward outside the guard) reduces the accumulated sum:
-  //   { auto guard = model.no_sync(); for (micro 1..K-1) model(x).backward(); }
-  //   model(x_K).backward();   // reduces the sum of all K micro-batches
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
-
-  void register_comm_hook(CommHook hook) { core_->register_comm_hook(std::move(hook)); }
 
   // The wrapped module: what users save and evaluate.
   const std::shared_ptr<ModuleType>& module() const { return module_; }
@@ -170,24 +170,8 @@ class DistributedDataParallel {
   void train(bool on = true) { module_->train(on); }
   void eval() { module_->eval(); }
 
-  ProcessGroup& process_group() { return core_->process_group(); }
-  const IterationStats& last_iteration_stats() const { return core_->last_iteration_stats(); }
-  std::vector<std::vector<std::string>> bucket_layout() const { return core_->bucket_layout(); }
-  // The parameter order (indices in registration order) the buckets were rebuilt in after the
-  // first iteration (the observed gradient order); empty before that rebuild, when there is
-  // none (find_unused_parameters), and at world size 1. Save it with a checkpoint and restore
-  // it (every rank, before the first forward) so that a resumed run reduces in the same
-  // buckets, hence bit for bit the same sums, from its first step. Restoring an empty order
-  // does nothing.
-  std::vector<int64_t> bucket_order() const { return core_->bucket_order(); }
-  void restore_bucket_order(const std::vector<int64_t>& order) {
-    core_->restore_bucket_order(order);
-  }
-  detail::DdpCore& core() { return *core_; }  // for ddp::Join
-
  private:
   std::shared_ptr<ModuleType> module_;
-  std::unique_ptr<detail::DdpCore> core_;
 };
 
 template <typename M>

@@ -38,10 +38,8 @@ struct JoinOptions {
 
 class Join {
  public:
-  template <typename M>
-  explicit Join(DistributedDataParallel<M>& model, JoinOptions options = {})
-      : Join(model.core(), options) {}
-  Join(detail::DdpCore& core, JoinOptions options);
+  // Attaches to `model` (any DistributedDataParallel<M>) until destroyed.
+  explicit Join(DistributedDataParallelBase& model, JoinOptions options = {});
   // Detaches. If finish() was not called (and no exception is in flight) it warns: the other
   // ranks would wait for this one until their collective timeout.
   ~Join();

@@ -5,19 +5,51 @@
 #include <fmt/format.h>
 #include <torch/nn/module.h>
 
+#include "parallel/ddp_core.h"
+
 #include "base/check.h"
 #include "ddp/distributed.h"
-#include "ddp/distributed_data_parallel.h"
 #include "ddp/join.h"
 #include "parallel/reducer.h"
 #include "parallel/replica_sync.h"
 
 namespace ddp {
 
-NoSyncGuard::NoSyncGuard(detail::DdpCore& core) : core_(core), previous_(core.require_sync()) {
-  core_.set_require_sync(false);
+NoSyncGuard::NoSyncGuard(detail::DdpCore& core, bool enabled)
+    : core_(core), previous_(core.require_sync()) {
+  if (enabled) core_.set_require_sync(false);
 }
 NoSyncGuard::~NoSyncGuard() { core_.set_require_sync(previous_); }
+
+DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                                                         DDPOptions options)
+    : core_(std::make_unique<detail::DdpCore>(std::move(module), std::move(options))) {}
+DistributedDataParallelBase::~DistributedDataParallelBase() = default;
+DistributedDataParallelBase::DistributedDataParallelBase(DistributedDataParallelBase&&) noexcept =
+    default;
+DistributedDataParallelBase& DistributedDataParallelBase::operator=(
+    DistributedDataParallelBase&&) noexcept = default;
+
+void DistributedDataParallelBase::before_forward() { core_->before_forward(); }
+NoSyncGuard DistributedDataParallelBase::no_sync(bool enabled) { return {*core_, enabled}; }
+void DistributedDataParallelBase::register_comm_hook(CommHook hook) {
+  core_->register_comm_hook(std::move(hook));
+}
+ProcessGroup& DistributedDataParallelBase::process_group() { return core_->process_group(); }
+const IterationStats& DistributedDataParallelBase::last_iteration_stats() const {
+  return core_->last_iteration_stats();
+}
+std::vector<std::vector<std::string>> DistributedDataParallelBase::bucket_layout() const {
+  return core_->bucket_layout();
+}
+std::vector<int64_t> DistributedDataParallelBase::bucket_order() const {
+  return core_->bucket_order();
+}
+void DistributedDataParallelBase::restore_bucket_order(const std::vector<int64_t>& order) {
+  core_->restore_bucket_order(order);
+}
+
+detail::DdpCore& detail::core_of(DistributedDataParallelBase& model) { return *model.core_; }
 
 namespace detail {
 namespace {

@@ -7,10 +7,12 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "parallel/ddp_core.h"
 
 namespace ddp {
 
-Join::Join(detail::DdpCore& core, JoinOptions options) : core_(core) {
+Join::Join(DistributedDataParallelBase& model, JoinOptions options)
+    : core_(detail::core_of(model)) {
   options_holder_ = options;  // the core reads them through a pointer while attached
   core_.attach_join(&options_holder_);
 }

@@ -171,6 +171,30 @@ TEST_F(Behaviour, BucketsLiveInTheTransportsMemory) {
   EXPECT_EQ(in_place[1], shm ? 1 : 0) << test_backend();
 }
 
+// no_sync(enabled) decides at run time: no_sync(false) reduces as usual, no_sync(true) not.
+TEST_F(Behaviour, NoSyncTakesAFlag) {
+  std::vector<std::vector<float>> synced(2), local(2);
+  auto errors = on_ranks(2, [&](int r, std::shared_ptr<ProcessGroup> pg) {
+    torch::manual_seed(3);
+    auto net = Mlp();
+    DistributedDataParallel model(net.ptr(), {.process_group = pg});
+    torch::manual_seed(100 + r);
+    auto x = torch::randn({8, 20});
+    for (bool enabled : {false, true}) {
+      for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+      {
+        auto guard = model.no_sync(enabled);
+        model(x).pow(2).sum().backward();
+      }
+      (enabled ? local : synced)[r].push_back(net->parameters()[0].grad().sum().item<float>());
+    }
+    model(x).pow(2).sum().backward();  // outside the guard: reduces (keeps the ranks in step)
+  });
+  expect_no_errors(errors);
+  EXPECT_EQ(synced[0], synced[1]) << "no_sync(false) must reduce";
+  EXPECT_NE(local[0], local[1]) << "no_sync(true) must not";
+}
+
 TEST_F(Behaviour, CommHookMustBeRegisteredBeforeTheFirstForward) {
   auto pg = one_rank_group();
   auto net = Mlp();

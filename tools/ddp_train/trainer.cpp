@@ -290,8 +290,7 @@ void Run::save_checkpoint(int64_t epoch) {
 }
 
 double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
-  std::optional<NoSyncGuard> no_sync;
-  if (!sync) no_sync.emplace(model_->core());
+  const NoSyncGuard no_sync = model_->no_sync(/*enabled=*/!sync);
   torch::Tensor loss;
   {
     Autocast autocast(c_.precision != "fp32", cuda_);
