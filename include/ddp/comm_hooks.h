@@ -9,9 +9,14 @@
 // A hook receives a bucket whose buffer() holds this rank's gradients (the sum over this rank's
 // micro-batches, not divided by anything) and returns a Future whose value, once waited for, is
 // a tensor shaped and typed like buffer() holding the value every rank must use (normally the
-// mean over ranks: the sum divided by divisor()). Hooks run during backward, as soon as the bucket is ready; the Future is
-// waited for at the end of backward. Every rank must issue the same collectives in the same
-// order. Built-ins mirror PyTorch's torch.distributed.algorithms.ddp_comm_hooks.
+// mean over ranks: the sum divided by divisor()). Hooks run during backward, as soon as the
+// bucket is ready; the Future is waited for at the end of backward. Every rank must issue the
+// same collectives in the same order. Built-ins mirror PyTorch's
+// torch.distributed.algorithms.ddp_comm_hooks.
+//
+// A hook runs while DDP holds its lock: it may use its GradBucket and the process group, but
+// must not call back into the wrapper (a forward or backward through it, its bucket layout or
+// order, register_comm_hook): such a call throws ddp::Error naming it, instead of deadlocking.
 #pragma once
 
 #include <functional>

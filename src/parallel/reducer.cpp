@@ -101,7 +101,8 @@ void Reducer::build_initial_buckets() {
 }
 
 void Reducer::register_comm_hook(CommHook hook) {
-  std::lock_guard<std::mutex> lock(mu_);
+  check_not_in_hook("register_comm_hook");
+  MutexLock lock(&mu_);
   DDP_CHECK(hook != nullptr, Error, "register_comm_hook: the hook is empty");
   DDP_CHECK(iterations_ == 0 && phase_ == Phase::kIdle, Error,
             "[rank {}] register_comm_hook must be called before the first forward through "
@@ -153,7 +154,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
 }
 
 std::vector<std::vector<std::string>> Reducer::layout() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  check_not_in_hook("the bucket layout");
+  MutexLock lock(&mu_);
   std::vector<std::vector<std::string>> out;
   for (const auto& b : buckets_) {
     std::vector<std::string> names;
@@ -164,7 +166,8 @@ std::vector<std::vector<std::string>> Reducer::layout() const {
 }
 
 std::vector<int64_t> Reducer::bucket_order() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  check_not_in_hook("bucket_order");
+  MutexLock lock(&mu_);
   std::vector<int64_t> order;
   if (!rebuilt_) return order;
   for (const auto& b : buckets_) {
@@ -174,7 +177,8 @@ std::vector<int64_t> Reducer::bucket_order() const {
 }
 
 void Reducer::restore_bucket_order(const std::vector<int64_t>& order) {
-  std::lock_guard<std::mutex> lock(mu_);
+  check_not_in_hook("restore_bucket_order");
+  MutexLock lock(&mu_);
   DDP_CHECK(phase_ != Phase::kBackward, Error,
             "[rank {}] restore_bucket_order during a backward", group_.rank());
   if (passthrough_ || order.empty()) return;
@@ -212,7 +216,8 @@ void Reducer::log_layout(const char* when) const {
 }
 
 void Reducer::prepare_for_forward(bool sync) {
-  std::lock_guard<std::mutex> lock(mu_);
+  check_not_in_hook("a forward through the wrapper");
+  MutexLock lock(&mu_);
   DDP_CHECK(phase_ != Phase::kBackward, Error,
             "[rank {}] DistributedDataParallel: the previous backward did not finish reducing "
             "gradients (an exception interrupted it), so the ranks are out of step. Recreate "
@@ -243,7 +248,8 @@ void Reducer::maybe_rebuild_buckets() {
 }
 
 void Reducer::on_gradient(size_t var) {
-  std::lock_guard<std::mutex> lock(mu_);
+  check_not_in_hook("a backward (a gradient hook)");
+  MutexLock lock(&mu_);
   if (phase_ == Phase::kIdle || !sync_ || passthrough_) return;  // accumulate locally
   DDP_CHECK(phase_ != Phase::kFinalized, Error,
             "[rank {}] DistributedDataParallel: parameter '{}' received a gradient after this "
@@ -326,12 +332,29 @@ void Reducer::launch_bucket(size_t b) {
   for (size_t v : bucket.vars) params.push_back(params_[v]);
   GradBucket gb(b, b + 1 == buckets_.size(), bucket.contents, bucket.views, std::move(params),
                 group_, divisor_);
+  struct InHook {  // marks this thread as running user code with mu_ held, until it returns
+    std::atomic<std::thread::id>& thread;
+    explicit InHook(std::atomic<std::thread::id>& t) : thread(t) {
+      thread.store(std::this_thread::get_id());
+    }
+    ~InHook() { thread.store(std::thread::id{}); }
+  } in_hook(hook_thread_);
   bucket.future = hook_(gb);
   bucket.launched = true;
 }
 
+void Reducer::check_not_in_hook(const char* call) const {
+  DDP_CHECK(hook_thread_.load() != std::this_thread::get_id(), Error,
+            "[rank {}] DistributedDataParallel: {} was called from inside a comm hook. A hook "
+            "runs during backward while DDP holds its lock, so it must not call back into the "
+            "wrapper or the model's DDP (no forward, no backward, no bucket queries): use only "
+            "its GradBucket and the process group, and return a Future.",
+            group_.rank(), call);
+}
+
 void Reducer::set_divisor(int divisor) {
-  std::lock_guard<std::mutex> lock(mu_);
+  check_not_in_hook("set_divisor (ddp::Join)");
+  MutexLock lock(&mu_);
   DDP_ASSERT(divisor >= 1, "divisor {}", divisor);
   divisor_ = divisor;
 }
@@ -342,7 +365,8 @@ bool Reducer::needs_used_bitmap() const {
 }
 
 void Reducer::shadow_backward() {
-  std::lock_guard<std::mutex> lock(mu_);
+  check_not_in_hook("ddp::Join's shadow iteration");
+  MutexLock lock(&mu_);
   DDP_ASSERT(phase_ == Phase::kForwarded, "shadow_backward without prepare_for_forward");
   if (passthrough_) return;
   const bool bitmap = needs_used_bitmap();
@@ -383,7 +407,8 @@ void Reducer::fail_iteration() {
 }
 
 void Reducer::finalize() {
-  std::lock_guard<std::mutex> lock(mu_);
+  check_not_in_hook("the end of backward");
+  MutexLock lock(&mu_);
   if (phase_ != Phase::kBackward) return;
   try {
     finalize_locked();

@@ -29,17 +29,25 @@
 // World size 1 with the default hook: the mean over one rank is the local gradient, so hooks
 // return at once and no bucket memory is allocated (a registered comm hook turns this off:
 // its numerics, e.g. fp16 rounding, apply at any world size).
+//
+// Locking: every entry point takes mu_ (autograd may run hooks on device threads). The comm
+// hook is user code and runs with mu_ held, and so do the collectives of the bucket rebuild and
+// of finalize; a hook that calls back into the reducer (a forward through the wrapper, its
+// bucket layout...) would deadlock on mu_, so every entry point first checks that this thread
+// is not inside a hook and throws ddp::Error naming the call instead.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "base/thread_annotations.h"
 #include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/process_group.h"
@@ -97,22 +105,24 @@ class Reducer {
   struct Bucket;
   enum class Phase { kIdle, kForwarded, kBackward, kFinalized };
 
-  void on_gradient(size_t var);
-  void begin_backward();
-  void mark_ready(size_t var);
-  void launch_ready_buckets();
-  void finalize();
-  void finalize_locked();
-  bool needs_used_bitmap() const;
-  void launch_bucket(size_t b);
-  std::vector<size_t> handle_missing_gradients();
-  void write_back(const std::vector<char>& globally_unused);
-  void build_initial_buckets();
-  void build_buckets(const std::vector<size_t>& order);
-  void maybe_rebuild_buckets();
-  void log_layout(const char* when) const;
-  double since_start() const;
-  void fail_iteration();
+  void on_gradient(size_t var) EXCLUDES(mu_);
+  void begin_backward() REQUIRES(mu_);
+  void mark_ready(size_t var) REQUIRES(mu_);
+  void launch_ready_buckets() REQUIRES(mu_);
+  void finalize() EXCLUDES(mu_);
+  // Throws ddp::Error when this thread is running the comm hook (Locking, above).
+  void check_not_in_hook(const char* call) const;
+  void finalize_locked() REQUIRES(mu_);
+  bool needs_used_bitmap() const REQUIRES(mu_);
+  void launch_bucket(size_t b) REQUIRES(mu_);
+  std::vector<size_t> handle_missing_gradients() REQUIRES(mu_);
+  void write_back(const std::vector<char>& globally_unused) REQUIRES(mu_);
+  void build_initial_buckets() REQUIRES(mu_);
+  void build_buckets(const std::vector<size_t>& order) REQUIRES(mu_);
+  void maybe_rebuild_buckets() REQUIRES(mu_);
+  void log_layout(const char* when) const REQUIRES(mu_);
+  double since_start() const REQUIRES(mu_);
+  void fail_iteration() REQUIRES(mu_);
 
   // Constant after construction.
   std::vector<at::Tensor> params_;
@@ -122,33 +132,37 @@ class Reducer {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooks alive
   std::vector<uintptr_t> hook_keys_;
 
-  // Guarded by mu_ (hooks may run on autograd device threads).
-  mutable std::mutex mu_;
-  CommHook hook_;
-  std::vector<Bucket> buckets_;
+  // The thread running the comm hook, while it runs (Locking, above).
+  std::atomic<std::thread::id> hook_thread_{};
+
+  mutable Mutex mu_;  // hooks may run on autograd device threads
+  CommHook hook_ GUARDED_BY(mu_);
+  std::vector<Bucket> buckets_ GUARDED_BY(mu_);
   struct Location {
     size_t bucket = 0;
     size_t slot = 0;
   };
-  std::vector<Location> location_;  // per parameter
-  bool passthrough_ = false;         // world size 1, default hook: nothing to reduce
-  int divisor_ = 1;                  // see set_divisor()
-  Phase phase_ = Phase::kIdle;
-  bool sync_ = false;
-  std::vector<int> fired_;          // hook firings this iteration, per parameter
-  std::vector<char> ready_;         // marked ready this iteration, per parameter
-  std::vector<size_t> hook_order_;  // parameters in the order their hooks first fired
-  size_t next_launch_ = 0;
-  std::chrono::steady_clock::time_point start_;
-  IterationStats stats_;
+  std::vector<Location> location_ GUARDED_BY(mu_);  // per parameter
+  bool passthrough_ GUARDED_BY(mu_) = false;  // world size 1, default hook: nothing to reduce
+  int divisor_ GUARDED_BY(mu_) = 1;           // see set_divisor()
+  Phase phase_ GUARDED_BY(mu_) = Phase::kIdle;
+  bool sync_ GUARDED_BY(mu_) = false;
+  std::vector<int> fired_ GUARDED_BY(mu_);   // hook firings this iteration, per parameter
+  std::vector<char> ready_ GUARDED_BY(mu_);  // marked ready this iteration, per parameter
+  std::vector<size_t> hook_order_ GUARDED_BY(mu_);  // in the order their hooks first fired
+  size_t next_launch_ GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point start_ GUARDED_BY(mu_);
+  IterationStats stats_ GUARDED_BY(mu_);
+  // Read by last_stats() without the lock: written only at the end of finalize, on the
+  // training thread that reads it.
   IterationStats last_stats_;
-  int64_t iterations_ = 0;               // reduced iterations so far
-  bool rebuilt_ = false;
-  std::vector<size_t> first_hook_order_; // from the first reduced iteration
+  int64_t iterations_ GUARDED_BY(mu_) = 0;  // reduced iterations so far
+  bool rebuilt_ GUARDED_BY(mu_) = false;
+  std::vector<size_t> first_hook_order_ GUARDED_BY(mu_);  // from the first reduced iteration
   // static_graph, recorded in the first reduced iteration:
-  bool recorded_ = false;
-  std::vector<int> expected_fires_;
-  std::vector<char> recorded_globally_unused_;
+  bool recorded_ GUARDED_BY(mu_) = false;
+  std::vector<int> expected_fires_ GUARDED_BY(mu_);
+  std::vector<char> recorded_globally_unused_ GUARDED_BY(mu_);
 };
 
 }  // namespace ddp::detail

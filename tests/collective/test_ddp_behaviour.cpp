@@ -195,6 +195,27 @@ TEST_F(Behaviour, NoSyncTakesAFlag) {
   EXPECT_NE(local[0], local[1]) << "no_sync(true) must not";
 }
 
+// A hook runs while DDP holds its lock: calling back into the wrapper is a clear error, never
+// a deadlock (ctest's deadline would catch one).
+TEST_F(Behaviour, ACommHookThatCallsBackIntoDdpIsAnErrorNotADeadlock) {
+  auto pg = one_rank_group();
+  auto net = Mlp();
+  DistributedDataParallel model(net.ptr(), {.process_group = pg});
+  auto* wrapper = &model;
+  model.register_comm_hook([wrapper](GradBucket& b) {
+    wrapper->bucket_layout();
+    return Future::completed(b.buffer());
+  });
+  std::string message;
+  try {
+    model(torch::randn({4, 20})).sum().backward();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  expect_contains(message, {"[rank 0] DistributedDataParallel: the bucket layout was called "
+                            "from inside a comm hook", "use only its GradBucket"});
+}
+
 TEST_F(Behaviour, CommHookMustBeRegisteredBeforeTheFirstForward) {
   auto pg = one_rank_group();
   auto net = Mlp();
