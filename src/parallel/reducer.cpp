@@ -469,6 +469,9 @@ void Reducer::finalize_locked() {
     for (size_t v : silent) u[v] = 0;
     used_work = group_.all_reduce(used, ReduceOp::kSum);
   }
+  // Without the bitmap, which parameters to write back is known now: each bucket is written
+  // back as soon as it is reduced, while the transport works on the next one.
+  if (!need_bitmap && recorded_) globally_unused = recorded_globally_unused_;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     at::Tensor result = bucket.future.wait();
@@ -478,15 +481,14 @@ void Reducer::finalize_locked() {
                 group_.rank(), result.numel(), b, bucket.contents.numel());
       bucket.contents.copy_(result);
     }
+    if (!need_bitmap) write_back(bucket.vars, globally_unused);
   }
   if (need_bitmap) {
     used_work.wait();
     const int* u = used.data_ptr<int>();
     for (size_t v = 0; v < params_.size(); ++v) globally_unused[v] = u[v] == 0;
-  } else if (recorded_) {
-    globally_unused = recorded_globally_unused_;
+    for (const Bucket& bucket : buckets_) write_back(bucket.vars, globally_unused);
   }
-  write_back(globally_unused);
 
   if (recording) {
     recorded_ = true;
@@ -504,9 +506,10 @@ void Reducer::finalize_locked() {
   }
 }
 
-void Reducer::write_back(const std::vector<char>& globally_unused) {
+void Reducer::write_back(const std::vector<size_t>& vars,
+                         const std::vector<char>& globally_unused) {
   at::NoGradGuard no_grad;
-  for (size_t v = 0; v < params_.size(); ++v) {
+  for (size_t v : vars) {
     if (globally_unused[v]) continue;  // used by no rank: .grad stays as it was
     const Location loc = location_[v];
     const at::Tensor& view = buckets_[loc.bucket].views[loc.slot];

@@ -116,7 +116,9 @@ class Reducer {
   bool needs_used_bitmap() const REQUIRES(mu_);
   void launch_bucket(size_t b) REQUIRES(mu_);
   std::vector<size_t> handle_missing_gradients() REQUIRES(mu_);
-  void write_back(const std::vector<char>& globally_unused) REQUIRES(mu_);
+  // The reduced values of `vars` into their .grad (not those used by no rank).
+  void write_back(const std::vector<size_t>& vars, const std::vector<char>& globally_unused)
+      REQUIRES(mu_);
   void build_initial_buckets() REQUIRES(mu_);
   void build_buckets(const std::vector<size_t>& order) REQUIRES(mu_);
   void maybe_rebuild_buckets() REQUIRES(mu_);
