@@ -15,6 +15,8 @@ PACKAGES=(
   libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev libssl-dev
   # tests and benchmarks; python3-torch only as a cross-check (torchrun, PyTorch's DDP)
   libgtest-dev libgmock-dev libbenchmark-dev python3-torch openmpi-bin
+  # multi-host tests: network namespaces, veth, tc (iproute2); unshare (util-linux)
+  iproute2 util-linux
   # the trainer's data and plots
   dataset-fashion-mnist gnuplot-nox
 )

@@ -33,6 +33,7 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d_compat::Backend> rail;
   ShmPeers shm_peers;  // the ranks sharing `shm` or `local_shm` (comm_buffer's exchange)
   int host_index = 0;  // "shm+gloo": this rank's host, its rank in the rail
+  std::vector<int> rail_peers;  // "shm+gloo": the other ranks of the rail (one per other host)
 
   shm::Group* shared_memory() const { return shm ? shm.get() : local_shm.get(); }
 

@@ -183,6 +183,9 @@ std::string form_hierarchy(ProcessGroup::Impl& impl, const Locality& where) {
   const DistEnv& env = impl.env;
   const int h = where.host[env.rank];
   impl.host_index = h;
+  for (int other = 0; other < where.hosts(); ++other) {
+    if (other != h) impl.rail_peers.push_back(where.ranks_on(other)[where.local_rank[env.rank]]);
+  }
   impl.shm_peers = {fmt::format("shm/host{}/", h), where.local_rank[env.rank], where.host_size[h],
                     where.ranks_on(h), env.run_id};
   ShmSetup local = make_shm_group(*impl.store, impl.shm_peers, impl.timeout);

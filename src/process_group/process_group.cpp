@@ -22,6 +22,9 @@ namespace {
   DDP_ASSERT(false, "unknown ReduceOp {}", static_cast<int>(op));
 }
 
+// c10d's messages may carry a C++ backtrace after their first line.
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 std::string dims(const at::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
 
 std::string shape_of(const at::Tensor& t) {
@@ -153,7 +156,7 @@ Work ProcessGroup::hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op,
   auto make_body = [&](uint64_t seq) {
     return [shm = pg.local_shm.get(), rail = pg.rail, buf, dtype = *dtype, op, across, widen,
             placement, local = pg.shm_peers, n = pg.env.world_size, rank = pg.env.rank,
-            host = pg.host_index, timeout = pg.timeout, detail, seq]() mutable {
+            peers = pg.rail_peers, timeout = pg.timeout, detail, seq]() mutable {
     const size_t count = static_cast<size_t>(buf.numel());
     const size_t es = buf.element_size();
     char* data = static_cast<char*>(buf.data_ptr());
@@ -170,15 +173,21 @@ Work ProcessGroup::hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op,
       std::vector<at::Tensor> wire{widen ? mine.to(at::kFloat) : mine};
       ::c10d::AllreduceOptions opts;
       opts.reduceOp = to_c10d(across);
+      std::string failure;
       try {
         rail->allreduce(wire, opts)->wait(timeout);
+      } catch (const c10::Error& e) {
+        failure = e.what_without_backtrace();
       } catch (const std::exception& e) {
-        throw CollectiveError(fmt::format(
-            "[rank {}] all_reduce #{} ({}) failed between hosts, on this rank's slice (host {}, "
-            "local rank {}; the same local rank on every host takes part): {}. A rank on another "
-            "host has probably exited or become unreachable: look for its own error.",
-            rank, seq, detail, host, local.rank, e.what()));
+        failure = e.what();
       }
+      DDP_CHECK(failure.empty(), CollectiveError,
+                "[rank {}] all_reduce #{} ({}) failed between hosts: this rank exchanges its "
+                "slice with rank{} {} (the same local rank on the other host{}), and that "
+                "failed: {}. A rank on another host has exited, or the network between the "
+                "hosts is down: look for that rank's own error.",
+                rank, seq, detail, peers.size() > 1 ? "s" : "", fmt::join(peers, ", "),
+                peers.size() > 1 ? "s" : "", first_line(failure));
       if (widen) mine.copy_(wire[0]);
       shm->restart_deadline();
     }

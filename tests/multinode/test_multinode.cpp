@@ -1,0 +1,138 @@
+// Several hosts for real: network namespaces joined by veth links to a bridge (support/netns.h),
+// one ddprun per host with --nnodes, --node-rank and host 0's address, two workers per host (so
+// the group runs the shm+gloo hierarchy). Training across hosts equals training on one host; a
+// link taken down mid-training fails every rank within the collective timeout, naming the rank
+// across the link, and leaves no process; a slow link slows training but does not fail it.
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "support/netns.h"
+#include "support/saved_state.h"
+#include "support/subprocess.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Hosts;
+using testing::Result;
+using testing::Subprocess;
+
+const std::string kDdprun = testing::env_or_die("DDPRUN");
+const std::string kWorker = testing::env_or_die("EQUIVALENCE_WORKER");
+const std::string kTrain = testing::env_or_die("DDP_TRAIN");
+
+class MultiNode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!Hosts::available(&why)) GTEST_SKIP() << why;
+    char tmpl[] = "/tmp/ddp_multinode_XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  // ddprun on host k of `hosts`, 2 workers, host 0's address as the master.
+  Subprocess node(const Hosts& hosts, int k, int port, std::vector<std::string> program,
+                  std::vector<std::string> extra = {}, double timeout_s = 180) {
+    std::vector<std::string> argv = {kDdprun, "--nnodes", "2", "--node-rank", std::to_string(k),
+                                     "--nproc-per-node", "2", "--master-addr", hosts.address(0),
+                                     "--master-port", std::to_string(port)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.insert(argv.end(), program.begin(), program.end());
+    return hosts.start(k, argv, {{"DDP_DEBUG", "info"}}, timeout_s);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(MultiNode, TrainingAcrossHostsEqualsOneHost) {
+  const fs::path one = dir_ / "one.pt", many = dir_ / "many.pt";
+  Result ref = testing::run_command({.argv = {kWorker, "cnn", one.string(), "--chunks", "4"},
+                                     .timeout_s = 120});
+  ASSERT_TRUE(ref.exited(0)) << ref.describe();
+  Hosts hosts(2);
+  const std::vector<std::string> program = {kWorker, "cnn", many.string(), "--chunks", "4"};
+  auto h0 = node(hosts, 0, 29500, program);
+  auto h1 = node(hosts, 1, 29500, program);
+  const Result& r0 = h0.wait();
+  const Result& r1 = h1.wait();
+  ASSERT_TRUE(r0.exited(0)) << r0.describe();
+  ASSERT_TRUE(r1.exited(0)) << r1.describe();
+  EXPECT_NE(r0.err.find("of 4 ranks over shm+gloo"), std::string::npos) << r0.describe();
+  auto a = testing::load_state(one), b = testing::load_state(many);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) {
+    ASSERT_EQ(b.count(name), 1u) << name;
+    EXPECT_LE((tensor - b[name]).abs().max().item<double>(), 1e-5) << name;
+  }
+}
+
+TEST_F(MultiNode, LinkDownFailsEveryRankWithinTheTimeoutAndLeavesNothing) {
+  Hosts hosts(2);
+  const std::vector<std::string> train = {kTrain, "--model", "cnn", "--epochs", "5",
+                                          "--train-subset", "20000", "--output-dir",
+                                          (dir_ / "run").string()};
+  const std::vector<std::string> flags = {"--collective-timeout", "8", "--grace-period", "5"};
+  auto h0 = node(hosts, 0, 29500, train, flags);
+  auto h1 = node(hosts, 1, 29500, train, flags);
+  // Unplug host 1 once training is under way (rank 0 prints progress).
+  ASSERT_TRUE(testing::wait_until([&] { return h0.out_so_far().find("/79") != std::string::npos ||
+                                               h0.out_so_far().find("epoch 1/") != std::string::npos; },
+                                  120))
+      << h0.out_so_far() << h0.err_so_far();
+  hosts.set_link(1, false);
+  const double down_at = h0.elapsed_s();
+  const Result& r0 = h0.wait();
+  const Result& r1 = h1.wait();
+  EXPECT_FALSE(r0.timed_out) << r0.describe();
+  EXPECT_FALSE(r1.timed_out) << r1.describe();
+  EXPECT_EQ(r0.exit_code, 1) << r0.describe();
+  EXPECT_EQ(r1.exit_code, 1) << r1.describe();
+  // The collective timeout (8 s), the grace period (5 s), and slack for a loaded machine.
+  EXPECT_LT(r0.wall_s - down_at, 40) << r0.describe();
+  EXPECT_LT(r1.wall_s - down_at, 40) << r1.describe();
+  // Host 0's ranks name their peers on host 1, and the reverse.
+  const std::string all0 = r0.out + r0.err, all1 = r1.out + r1.err;
+  EXPECT_TRUE(all0.find("failed between hosts: this rank exchanges its slice with rank 2") !=
+                  std::string::npos ||
+              all0.find("with rank 3") != std::string::npos)
+      << r0.describe();
+  EXPECT_TRUE(all1.find("with rank 0") != std::string::npos ||
+              all1.find("with rank 1") != std::string::npos)
+      << r1.describe();
+  EXPECT_EQ(all0.find("frame #"), std::string::npos) << "no C++ backtraces: " << r0.describe();
+  EXPECT_EQ(hosts.processes(0), 0);
+  EXPECT_EQ(hosts.processes(1), 0);
+}
+
+TEST_F(MultiNode, SlowLinkSlowsTrainingButDoesNotFailIt) {
+  auto run = [&](bool slow, const std::string& name) {
+    Hosts hosts(2);
+    if (slow) {
+      hosts.shape(0, "8mbit");
+      hosts.shape(1, "8mbit");
+    }
+    const std::vector<std::string> train = {kTrain, "--model", "mlp", "--epochs", "1",
+                                            "--max-steps", "10", "--output-dir",
+                                            (dir_ / name).string()};
+    auto h0 = node(hosts, 0, 29500, train, {"--collective-timeout", "60"});
+    auto h1 = node(hosts, 1, 29500, train, {"--collective-timeout", "60"});
+    Result r0 = h0.wait(), r1 = h1.wait();
+    EXPECT_TRUE(r0.exited(0)) << r0.describe();
+    EXPECT_TRUE(r1.exited(0)) << r1.describe();
+    return r0.wall_s;
+  };
+  const double fast = run(false, "fast");
+  const double slow = run(true, "slow");
+  // 10 steps, each moving ~0.5 MB of gradients per rank across an 8 Mbit/s (1 MB/s) link.
+  EXPECT_GT(slow, fast + 3.0) << "fast " << fast << " s, slow " << slow << " s";
+}
+
+}  // namespace
+}  // namespace ddp
