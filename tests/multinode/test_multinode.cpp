@@ -111,6 +111,32 @@ TEST_F(MultiNode, LinkDownFailsEveryRankWithinTheTimeoutAndLeavesNothing) {
   EXPECT_EQ(hosts.processes(1), 0);
 }
 
+TEST_F(MultiNode, AHostWhoseProcessesAreAllKilledIsReportedByTheOther) {
+  Hosts hosts(2);
+  const std::vector<std::string> train = {kTrain, "--model", "cnn", "--epochs", "5",
+                                          "--train-subset", "20000", "--output-dir",
+                                          (dir_ / "run").string()};
+  const std::vector<std::string> flags = {"--collective-timeout", "30", "--grace-period", "5"};
+  auto h0 = node(hosts, 0, 29500, train, flags);
+  auto h1 = node(hosts, 1, 29500, train, flags);
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return h0.out_so_far().find("epoch 1/") != std::string::npos; }, 120))
+      << h0.out_so_far() << h0.err_so_far();
+  // Everything on host 1 (its ddprun and both workers) dies at once, as in a node failure.
+  std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(1)).c_str());
+  const double killed_at = h0.elapsed_s();
+  const Result& r0 = h0.wait();
+  h1.wait();
+  EXPECT_EQ(r0.exit_code, 1) << r0.describe();
+  // A dead peer's sockets close at once: well inside the 30 s collective timeout.
+  EXPECT_LT(r0.wall_s - killed_at, 25) << r0.describe();
+  const std::string all0 = r0.out + r0.err;
+  EXPECT_TRUE(all0.find("with rank 2") != std::string::npos ||
+              all0.find("with rank 3") != std::string::npos)
+      << r0.describe();
+  EXPECT_EQ(hosts.processes(0), 0);
+}
+
 TEST_F(MultiNode, SlowLinkSlowsTrainingButDoesNotFailIt) {
   auto run = [&](bool slow, const std::string& name) {
     Hosts hosts(2);
