@@ -4,7 +4,7 @@
     benchmarks/vs_pytorch/compare.py                       # 5 pairs, 200 steps after 20 warm-up
     benchmarks/vs_pytorch/compare.py --pairs 1 --steps 20  # a quick check that it all runs
 
-The work (the issue's comparison): the classic CNN and the 784-1024-1024-10 MLP on
+The work (the README's comparison): the classic CNN and the 784-1024-1024-10 MLP on
 Fashion-MNIST, global batch 128 over 2 ranks (64 each), SGD with momentum 0.9, 1 intra-op
 thread per rank (OMP_NUM_THREADS=1), the same number of warm-up and timed steps.
   ours:   ddprun --standalone --nproc-per-node 2 ddp-bench train --backend B ...  (B per --backends)

@@ -30,7 +30,8 @@
 namespace ddp {
 
 struct JoinOptions {
-  // false: divide by the ranks still training (the contract); true: PyTorch's default.
+  // false: divide by the ranks still training (ddp-cpp's default: each update is the mean over
+  // the ranks that contributed); true: PyTorch's default, divide by the whole world size.
   bool divide_by_initial_world_size = false;
   // Every rank throws ddp::Error as soon as any rank runs out of data (to stop all together).
   bool throw_on_early_termination = false;

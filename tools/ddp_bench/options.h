@@ -8,7 +8,7 @@
 namespace ddp::bench {
 
 inline constexpr int64_t kDefaultMinBytes = 8;                  // nccl-tests' -b 8
-inline constexpr int64_t kDefaultMaxBytes = int64_t{256} << 20;  // the issue's sweep: 256 MiB
+inline constexpr int64_t kDefaultMaxBytes = int64_t{256} << 20;  // nccl-tests' usual top: 256 MiB
 inline constexpr int kDefaultIters = 20;   // nccl-tests' -n 20
 inline constexpr int kDefaultWarmup = 5;   // nccl-tests' -w 5
 // Bytes of buffers cycled through, per size: more than a last-level cache holds, so that no
@@ -29,7 +29,7 @@ struct CollectivesOptions {
   std::string png;  // empty: none
 };
 
-// The comparison workload of the issue: global batch 128, SGD with momentum 0.9.
+// The comparison workload (benchmarks/vs_pytorch): global batch 128, SGD with momentum 0.9.
 inline constexpr int64_t kDefaultGlobalBatch = 128;
 inline constexpr int kDefaultTrainSteps = 100;
 inline constexpr int kDefaultTrainWarmup = 10;
