@@ -208,8 +208,9 @@ void Reducer::log_layout(const char* when) const {
     const auto& bucket = buckets_[b];
     std::vector<std::string> names;
     for (size_t v : bucket.vars) names.push_back(names_[v]);
-    s += fmt::format("\n  bucket {} ({}, {:.3f} MB): {}", b, key_of(bucket.contents),
+    s += fmt::format("\n  bucket {} ({}, {:.3f} MB{}): {}", b, key_of(bucket.contents),
                      bucket.contents.numel() * bucket.contents.element_size() / 1048576.0,
+                     group_.is_comm_buffer(bucket.contents) ? ", shared memory" : "",
                      fmt::join(names, ", "));
   }
   std::fprintf(stderr, "%s\n", s.c_str());

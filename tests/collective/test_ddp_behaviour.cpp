@@ -159,16 +159,20 @@ TEST_F(Behaviour, CustomHookSeesUndividedBucketsAndDecidesTheResult) {
 // Over shm, DDP's buckets are comm buffers: peers reduce them in place, nothing is staged.
 TEST_F(Behaviour, BucketsLiveInTheTransportsMemory) {
   std::vector<int> in_place(2, -1);
+  ::testing::internal::CaptureStderr();
   auto errors = on_ranks(2, [&](int r, std::shared_ptr<ProcessGroup> pg) {
     grads_with_hook(r, pg, [&in_place, r](GradBucket& b) {
       in_place[r] = b.process_group().is_comm_buffer(b.buffer());
       return comm_hooks::allreduce()(b);
     });
+    DistributedDataParallel logged(Mlp().ptr(), {.process_group = pg, .debug = DebugLevel::kInfo});
   });
+  const std::string log = ::testing::internal::GetCapturedStderr();
   expect_no_errors(errors);
   const bool shm = test_backend() == "shm";
   EXPECT_EQ(in_place[0], shm ? 1 : 0) << test_backend();
   EXPECT_EQ(in_place[1], shm ? 1 : 0) << test_backend();
+  EXPECT_EQ(log.find("MB, shared memory): ") != std::string::npos, shm) << log;
 }
 
 // no_sync(enabled) decides at run time: no_sync(false) reduces as usual, no_sync(true) not.
