@@ -121,6 +121,9 @@ fi
 
 # --- 4. mounts ---------------------------------------------------------------------------------
 mkdir -p "$ROOT$SRC_IN" "$ROOT$CCACHE_IN" "$ROOT$BUILD_IN"
+# The root is a mount point of its own, first (the mounts below go on top of it): `ip netns exec`
+# runs `mount --make-rslave /`, which fails on a / that is not a mount (the multi-host tests).
+mount --bind "$ROOT" "$ROOT"
 mount -t proc proc "$ROOT/proc"
 mount --bind /sys "$ROOT/sys"
 mount --bind /dev "$ROOT/dev"

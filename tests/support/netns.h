@@ -45,6 +45,30 @@ class Hosts {
 
   explicit Hosts(int n) : n_(n), tag_(fmt::format("ddpt{}", ::getpid())) {
     remove_stale();
+    try {
+      create();
+    } catch (...) {
+      remove(tag_);  // the destructor does not run for a constructor that throws
+      throw;
+    }
+  }
+
+  // Whether network namespaces work here at all (a chroot without its own mount of / does
+  // not allow `ip netns exec`): one is made and used, then deleted.
+  static bool usable(std::string* why) {
+    const std::string probe = fmt::format("ddpt{}probe", ::getpid());
+    Result r = run_command({.argv = {"/bin/sh", "-c",
+                                     fmt::format("ip netns add {0} && ip netns exec {0} true && "
+                                                 "ip -n {0} link set lo up",
+                                                 probe)},
+                            .timeout_s = 30});
+    remove(probe);
+    if (!r.exited(0)) *why = "network namespaces do not work here: " + r.err;
+    return r.exited(0);
+  }
+
+ private:
+  void create() {
     const int subnet = 1 + ::getpid() % 250;
     sh(fmt::format("ip netns add {}sw", tag_));
     sh(fmt::format("ip -n {0}sw link add br0 type bridge && ip -n {0}sw link set br0 up", tag_));
@@ -64,6 +88,7 @@ class Hosts {
     }
   }
 
+ public:
   ~Hosts() {
     for (int k = 0; k < n_; ++k) {
       std::system(fmt::format("ip netns pids {} 2>/dev/null | xargs -r kill -9", host(k)).c_str());
