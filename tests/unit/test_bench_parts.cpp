@@ -44,8 +44,8 @@ TEST(BenchSweep, DoublingSizes) {
 }
 
 TEST(BenchSweep, SplitList) {
-  EXPECT_EQ(split_list("gloo,shm"), (std::vector<std::string>{"gloo", "shm"}));
-  EXPECT_EQ(split_list(" gloo , ,shm,"), (std::vector<std::string>{"gloo", "shm"}));
+  EXPECT_EQ(split_list("gloo,shm"), (std::vector<std::string>{"gloo", "shm", "shm-inplace"}));
+  EXPECT_EQ(split_list(" gloo , ,shm,"), (std::vector<std::string>{"gloo", "shm", "shm-inplace"}));
   EXPECT_TRUE(split_list("").empty());
 }
 
@@ -105,7 +105,7 @@ CommandLine parse(std::vector<std::string> args) { return parse_command_line(arg
 TEST(BenchCli, CollectivesDefaultsAndValues) {
   CommandLine d = parse({"collectives"});
   ASSERT_EQ(d.mode, CommandLine::Mode::kCollectives);
-  EXPECT_EQ(d.collectives.backends, (std::vector<std::string>{"gloo", "shm"}));
+  EXPECT_EQ(d.collectives.backends, (std::vector<std::string>{"gloo", "shm", "shm-inplace"}));
   EXPECT_EQ(d.collectives.ops.size(), 4u);
   EXPECT_EQ(d.collectives.dtypes, std::vector<std::string>{"float32"});
   EXPECT_EQ(d.collectives.min_bytes, 8);
