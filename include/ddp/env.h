@@ -11,7 +11,10 @@
 // Under 2-4, MASTER_ADDR/MASTER_PORT may still be given; when absent, a single-node job uses
 // 127.0.0.1 and a port derived from the launcher's job id (so all ranks agree without talking).
 //
-// Also read: DDP_RDZV_TIMEOUT and DDP_COLLECTIVE_TIMEOUT (seconds, may be fractional).
+// Also read: DDP_RDZV_TIMEOUT and DDP_COLLECTIVE_TIMEOUT (seconds, may be fractional), and the
+// rendezvous store's knobs (README, "The rendezvous store"): DDP_STORE_SECRET (the job's
+// secret; ddprun generates one for single-node jobs), DDP_STORE_BIND, DDP_STORE_MAX_BYTES,
+// DDP_AGENT_STORE ("tcpstore", torchrun's agent, or "ddp": the agent's store is a ddp-cpp one).
 //
 // Every malformed or inconsistent value is a ddp::ConfigError naming the variable and the fix,
 // raised before any socket opens. Pure functions: tests pass an EnvMap instead of the real env.
@@ -20,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <cstdint>
 #include <string>
 
 namespace ddp {
@@ -50,6 +54,14 @@ struct DistEnv {
   // torchrun's agent already hosts the store on MASTER_ADDR:MASTER_PORT: every rank, rank 0
   // included, connects as a client (TORCHELASTIC_USE_AGENT_STORE=True).
   bool use_agent_store = false;
+  // DDP_AGENT_STORE=ddp: that agent's store is a ddp-cpp store (ddp-bench's extra groups, a
+  // launcher of ours), not LibTorch's TCPStore (torchrun's agent).
+  bool agent_store_is_ddp = false;
+  // The rendezvous store's secret (DDP_STORE_SECRET): every process of the job must give the
+  // same one, or none. Never printed.
+  std::string store_secret;
+  std::string store_bind;                   // DDP_STORE_BIND: addresses to listen on, or "any"
+  std::optional<uint64_t> store_max_bytes;  // DDP_STORE_MAX_BYTES: cap on the stored bytes
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: which attempt of the group this is
   std::string run_id;     // TORCHELASTIC_RUN_ID or the launcher's job id; may be empty
   std::optional<double> rdzv_timeout_s;        // DDP_RDZV_TIMEOUT

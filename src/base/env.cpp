@@ -198,6 +198,35 @@ void parse_slurm(const EnvMap& env, DistEnv& out) {
                        nodelist ? first_slurm_host(*nodelist) : std::string());
 }
 
+// The rendezvous store's variables (include/ddp/env.h; README, "The rendezvous store").
+void parse_store_knobs(const EnvMap& env, DistEnv& out) {
+  if (const std::string* v = find(env, "DDP_AGENT_STORE"); v != nullptr && !v->empty()) {
+    DDP_CHECK(*v == "ddp" || *v == "tcpstore", ConfigError,
+              "invalid environment: DDP_AGENT_STORE='{}': use 'tcpstore' (the launcher's agent "
+              "hosts LibTorch's TCPStore, as torchrun does) or 'ddp' (a ddp-cpp store)",
+              *v);
+    out.agent_store_is_ddp = *v == "ddp";
+  }
+  if (const std::string* v = find(env, "DDP_STORE_SECRET")) out.store_secret = *v;
+  if (const std::string* v = find(env, "DDP_STORE_BIND")) out.store_bind = *v;
+  if (const std::string* v = find(env, "DDP_STORE_MAX_BYTES"); v != nullptr && !v->empty()) {
+    uint64_t bytes = 0;
+    auto [ptr, ec] = std::from_chars(v->data(), v->data() + v->size(), bytes);
+    uint64_t scale = 1;
+    const std::string_view suffix(ptr, v->data() + v->size() - ptr);
+    if (suffix == "K" || suffix == "KiB") scale = uint64_t{1} << 10;
+    else if (suffix == "M" || suffix == "MiB") scale = uint64_t{1} << 20;
+    else if (suffix == "G" || suffix == "GiB") scale = uint64_t{1} << 30;
+    else if (!suffix.empty()) ec = std::errc::invalid_argument;
+    DDP_CHECK(ec == std::errc() && bytes > 0 && bytes <= (uint64_t{1} << 40) / scale,
+              ConfigError,
+              "invalid environment: DDP_STORE_MAX_BYTES='{}' is not a size in bytes (e.g. "
+              "268435456, 256M or 1G)",
+              *v);
+    out.store_max_bytes = bytes * scale;
+  }
+}
+
 }  // namespace
 
 const char* to_string(LaunchContract contract) {
@@ -240,6 +269,7 @@ DistEnv parse_dist_env(const EnvMap& env) {
   if (const std::string* v = find(env, "DDP_COLLECTIVE_TIMEOUT")) {
     out.collective_timeout_s = parse_seconds("DDP_COLLECTIVE_TIMEOUT", *v);
   }
+  parse_store_knobs(env, out);
   return out;
 }
 

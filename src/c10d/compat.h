@@ -41,6 +41,21 @@ using OptimizerStateKey = std::string;
 #endif
 OptimizerStateKey optimizer_state_key(const at::Tensor& param);
 
+// Note [c10d::Store across versions]
+// c10d::Store grew after 1.13: 2.x adds clone() (pure virtual: a new handle on the same store,
+// usable from another thread) and virtuals with defaults (append, multiGet, multiSet,
+// queuePush/Pop/Len...). Stores of ours derive from StoreBase and implement clone_store();
+// StoreBase maps clone() onto it where c10d::Store has one.
+class StoreBase : public ::c10d::Store {
+ public:
+  explicit StoreBase(std::chrono::milliseconds timeout) : ::c10d::Store(timeout) {}
+  // A new handle on the same underlying store.
+  virtual c10::intrusive_ptr<::c10d::Store> clone_store() = 0;
+  // Deliberately without `override`: it overrides c10d::Store::clone() on LibTorch 2.x and is
+  // an ordinary extra method on 1.13, which has no clone().
+  c10::intrusive_ptr<::c10d::Store> clone() { return clone_store(); }
+};
+
 // A TCPStore, server or client, on any LibTorch; see Note [TCPStore and libuv].
 c10::intrusive_ptr<::c10d::TCPStore> make_tcp_store(const std::string& host,
                                                     ::c10d::TCPStoreOptions options);

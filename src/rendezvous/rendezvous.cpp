@@ -1,9 +1,11 @@
-// Counting rendezvous over a TCPStore (see Note [Counting rendezvous] in rendezvous.h).
+// Counting rendezvous over the store (see Note [Counting rendezvous] in rendezvous.h).
 #include "rendezvous/rendezvous.h"
 
 #include <unistd.h>  // gethostname, getpid
 
 #include <algorithm>
+#include <cerrno>  // EADDRINUSE
+#include <cstdio>  // stderr
 #include <thread>
 #include <vector>
 
@@ -15,6 +17,8 @@
 
 #include "base/check.h"
 #include "c10d/compat.h"
+#include "store/bind.h"        // plan_bind
+#include "store/c10d_store.h"  // DdpStore, BoundedStore
 
 namespace ddp::rendezvous {
 namespace {
@@ -32,76 +36,164 @@ std::string this_host() {
   return name;
 }
 
-std::string endpoint(const Config& c) { return fmt::format("{}:{}", c.master_addr, c.master_port); }
+std::string endpoint(const Config& c) {
+  return store::format_endpoint(c.master_addr, c.master_port);
+}
 
-c10::intrusive_ptr<::c10d::Store> connect(const Config& c) {
+bool hosting(const Config& c) { return c.rank == 0 && !c.use_agent_store; }
+
+std::string who_hosts(const Config& c) {
+  if (c.use_agent_store) return "the launcher's agent";
+  return c.rank == 0 ? "rank 0, this process" : "rank 0";
+}
+
+// The message for a store nobody answered at all (refused, no route, unknown name).
+[[noreturn]] void unreachable(const Config& c, std::string cause) {
+  while (!cause.empty() && (cause.back() == '.' || cause.back() == '\n')) cause.pop_back();
+  throw RendezvousError(fmt::format(
+      "[rank {}] could not reach the rendezvous store at {} (MASTER_ADDR:MASTER_PORT) within "
+      "{:.1f} s: {}. Rank 0 hosts the store{}: it has not started, has exited, or listens on "
+      "another address or port. Missing ranks: 0 (at least). Check that every rank was given "
+      "the same MASTER_ADDR and MASTER_PORT and that rank 0 is running.",
+      c.rank, endpoint(c), seconds(c.timeout), cause,
+      c.use_agent_store ? " (here: the launcher's agent)" : ""));
+}
+
+// torchrun's agent hosts LibTorch's TCPStore: reached through a TCPStore client, each call of
+// which runs under a deadline (Note [Bounded store calls]).
+c10::intrusive_ptr<::c10d::Store> connect_agent_tcpstore(const Config& c) {
   ::c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(c.master_port);
-  opts.isServer = c.rank == 0 && !c.use_agent_store;
+  opts.isServer = false;
   opts.waitWorkers = false;  // we count ranks ourselves
   opts.timeout = c.timeout;
+  auto make = [host = c.master_addr, opts]() -> c10::intrusive_ptr<::c10d::Store> {
+    return c10d_compat::make_tcp_store(host, opts);  // Note [TCPStore and libuv]
+  };
   try {
-    return c10d_compat::make_tcp_store(c.master_addr, opts);  // Note [TCPStore and libuv]
+    return c10::make_intrusive<store::BoundedStore>(make, c.timeout,
+                                                    fmt::format("[rank {}]", c.rank),
+                                                    endpoint(c), who_hosts(c));
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& e) {
-    const std::string why = e.what();
-    if (opts.isServer) {
-      const bool in_use = why.find("errno: 98") != std::string::npos ||
-                          why.find("Address already in use") != std::string::npos;
-      if (in_use) {
-        throw RendezvousError(fmt::format(
-            "[rank 0] cannot host the rendezvous store: port {} (MASTER_PORT) is already in use "
-            "on this host. Another job, or an earlier run still shutting down, holds it: pick a "
-            "free port with --master-port / MASTER_PORT, or let ddprun --standalone choose one.",
-            c.master_port));
-      }
-      throw RendezvousError(fmt::format(
-          "[rank 0] cannot host the rendezvous store on {} (MASTER_ADDR:MASTER_PORT): {}",
-          endpoint(c), why));
-    }
-    std::string cause = why;
-    while (!cause.empty() && (cause.back() == '.' || cause.back() == '\n')) cause.pop_back();
-    throw RendezvousError(fmt::format(
-        "[rank {}] could not reach the rendezvous store at {} (MASTER_ADDR:MASTER_PORT) within "
-        "{:.1f} s: {}. Rank 0 hosts the store{}: it has not started, has exited, or listens on "
-        "another address or port. Missing ranks: 0 (at least). Check that every rank was given "
-        "the same MASTER_ADDR and MASTER_PORT and that rank 0 is running.",
-        c.rank, endpoint(c), seconds(c.timeout), cause,
-        c.use_agent_store ? " (here: the launcher's agent)" : ""));
+    unreachable(c, e.what());
   }
+}
+
+// Rank 0 hosts our store where the job's ranks reach it (Note [Where the store listens]).
+std::shared_ptr<store::Server> host_store(const Config& c, const std::string& key) {
+  const store::BindPlan plan = store::plan_bind(c.master_addr, c.single_host, c.store_bind);
+  store::ServerOptions so;
+  so.bind_addresses = plan.addresses;
+  so.port = c.master_port;
+  so.key = key;
+  if (c.store_max_bytes > 0) so.max_stored_bytes = c.store_max_bytes;
+  std::shared_ptr<store::Server> server;
+  try {
+    server = std::make_shared<store::Server>(so);
+  } catch (const store::BindError& e) {
+    if (e.error == EADDRINUSE) {
+      throw RendezvousError(fmt::format(
+          "[rank 0] cannot host the rendezvous store: port {} (MASTER_PORT) is already in use "
+          "on this host. Another job, or an earlier run still shutting down, holds it: pick a "
+          "free port with --master-port / MASTER_PORT, or let ddprun --standalone choose one.",
+          c.master_port));
+    }
+    throw RendezvousError(fmt::format(
+        "[rank 0] cannot host the rendezvous store on {} (MASTER_ADDR:MASTER_PORT): {}. Set "
+        "DDP_STORE_BIND to an address of this host (or 'any').",
+        endpoint(c), e.what()));
+  }
+  if (!plan.why_every_interface.empty()) {
+    fmt::print(stderr, "ddp: the rendezvous store listens on every interface ({}): {}; set "
+               "DDP_STORE_BIND=<address of this host> to listen on one\n",
+               server->listening(), plan.why_every_interface);
+  }
+  bool loopback_only = !plan.addresses.empty();
+  for (const std::string& a : plan.addresses) {
+    store::SocketAddress parsed;
+    loopback_only = loopback_only && store::parse_ip(a, 0, parsed) && parsed.is_loopback();
+  }
+  if (c.store_secret.empty() && !loopback_only) {
+    fmt::print(stderr, "ddp: the rendezvous store on {} has no secret (DDP_STORE_SECRET is not "
+               "set): any process that reaches it and knows the run id can join the job. Give "
+               "every process the same DDP_STORE_SECRET (ddprun does for single-node jobs; "
+               "with several nodes, export one on each)\n",
+               server->listening());
+  }
+  return server;
+}
+
+c10::intrusive_ptr<::c10d::Store> connect(const Config& c) {
+  if (c.use_agent_store && !c.agent_store_is_ddp) return connect_agent_tcpstore(c);
+  const std::string key = store::job_key(c.store_secret, c.run_id);
+  std::shared_ptr<store::Server> server;
+  if (hosting(c)) server = host_store(c, key);
+  store::ClientOptions o;
+  // The host reaches its own server on an address it listens on, whatever MASTER_ADDR says.
+  o.host = server ? server->local_address() : c.master_addr;
+  o.port = server ? server->port() : c.master_port;
+  o.key = key;
+  o.identity = fmt::format("rank {}, pid {} on {}", c.rank, static_cast<int>(getpid()),
+                           this_host());
+  o.who = fmt::format("[rank {}]", c.rank);
+  o.owner = who_hosts(c);
+  auto s = c10::make_intrusive<store::DdpStore>(o, c.timeout, server);
+  try {
+    s->connect(store::Clock::now() + c.timeout);
+  } catch (const store::UnreachableError& e) {
+    unreachable(c, e.cause);
+  }
+  return s;
 }
 
 // How long the rank hosting the store lingers after a failed rendezvous so that the others can
 // read why (they acknowledge under "abort_ack"), instead of seeing a broken connection.
 constexpr auto kAbortLinger = std::chrono::seconds(2);
 
+// While counting, each store call may take what is left of the rendezvous timeout, and no less
+// than this (the abort path runs after the timeout and must still be able to say why).
+constexpr auto kMinCallTime = std::chrono::seconds(1);
+
 // Counts ranks until all joined (see Note [Counting rendezvous]). Throws on abort or timeout.
-void count(::c10d::Store& store, const Config& c) {
+// `raw` is the store under `prefixed`, whose timeout bounds each call.
+void count(::c10d::Store& prefixed, ::c10d::Store& raw, const Config& c) {
   const std::string me =
       fmt::format("{}:{}:{}:{}", c.world_size, c.rank, this_host(), static_cast<int>(getpid()));
-  const bool hosting = c.rank == 0 && !c.use_agent_store;
+  const bool hosting = rendezvous::hosting(c);
+  const auto deadline = Clock::now() + c.timeout;
+  // The store, its next call bounded by the time left.
+  auto bounded = [&]() -> ::c10d::Store& {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    raw.setTimeout(std::max<std::chrono::milliseconds>(left, kMinCallTime));
+    return prefixed;
+  };
   // Acknowledges an abort (whoever raised it). The store's host then keeps the store up until
   // every rank that connected has acknowledged too (at most kAbortLinger), so that nobody sees
   // a dropped connection instead of the reason.
   auto acknowledge = [&] {
-    store.add("abort_ack", 1);
+    bounded().add("abort_ack", 1);
     if (!hosting) return;
     const auto until = Clock::now() + kAbortLinger;
-    while (Clock::now() < until && store.add("abort_ack", 0) < store.add("connected", 0)) {
+    while (Clock::now() < until &&
+           bounded().add("abort_ack", 0) < bounded().add("connected", 0)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   };
   // Ends the rendezvous on every rank with `reason`.
   auto fail = [&](const std::string& reason) {
-    store.set("abort", bytes(reason));
+    bounded().set("abort", bytes(reason));
     acknowledge();
     throw RendezvousError(reason);
   };
 
   // Counted before anything can fail, so that the host knows whom to wait for on an abort.
-  store.add("connected", 1);
+  bounded().add("connected", 1);
 
   // 2. One world size for all.
-  const std::string first = text(store.compareSet("world_size", {}, bytes(me)));
+  const std::string first = text(bounded().compareSet("world_size", {}, bytes(me)));
   if (first != me) {
     const int their_world = std::stoi(first.substr(0, first.find(':')));
     if (their_world != c.world_size) {
@@ -115,33 +207,33 @@ void count(::c10d::Store& store, const Config& c) {
   }
   // 3. One process per rank.
   const std::string rank_key = fmt::format("rank/{}", c.rank);
-  if (store.add(rank_key, 1) != 1) {
+  if (bounded().add(rank_key, 1) != 1) {
     std::string other = "another process";
-    if (store.check({rank_key + "/owner"})) other = text(store.get(rank_key + "/owner"));
+    if (bounded().check({rank_key + "/owner"})) other = text(bounded().get(rank_key + "/owner"));
     fail(fmt::format(
         "[rank {}] duplicate RANK: RANK={} was already claimed by {} (WORLD_SIZE:RANK:host:pid). "
         "Each process needs a distinct RANK in [0, {}).",
         c.rank, c.rank, other, c.world_size));
   }
-  store.set(rank_key + "/owner", bytes(me));
+  bounded().set(rank_key + "/owner", bytes(me));
 
   // 4. Count.
-  store.add("joined", 1);
+  bounded().add("joined", 1);
   const auto start = Clock::now();
   auto backoff = std::chrono::milliseconds(1);
   while (true) {
-    if (store.check({"abort"})) {
-      const std::string reason = text(store.get("abort"));
+    if (bounded().check({"abort"})) {
+      const std::string reason = text(bounded().get("abort"));
       acknowledge();
       throw RendezvousError(reason);
     }
-    const int64_t joined = store.add("joined", 0);
+    const int64_t joined = bounded().add("joined", 0);
     if (joined >= c.world_size) return;
     if (Clock::now() - start >= c.timeout) {
       // 5. Name the missing.
       std::vector<int> missing;
       for (int r = 0; r < c.world_size; ++r) {
-        if (!store.check({fmt::format("rank/{}", r)})) missing.push_back(r);
+        if (!bounded().check({fmt::format("rank/{}", r)})) missing.push_back(r);
       }
       fail(fmt::format(
           "[rank {}] rendezvous timed out: {}/{} ranks joined after {:.1f} s; missing ranks: {}. "
@@ -163,11 +255,11 @@ c10::intrusive_ptr<::c10d::Store> join(const Config& config) {
   if (config.world_size == 1 && !config.use_agent_store) {
     return c10::make_intrusive<::c10d::HashStore>();
   }
-  auto tcp = connect(config);
-  tcp->setTimeout(config.timeout);
-  auto store = c10::make_intrusive<::c10d::PrefixStore>(config.key_prefix, tcp);
+  auto raw = connect(config);
+  auto store = c10::make_intrusive<::c10d::PrefixStore>(config.key_prefix, raw);
   try {
-    count(*store, config);
+    count(*store, *raw, config);
+    raw->setTimeout(config.timeout);  // the bound of every later call (Gloo's, ours)
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -3,9 +3,13 @@
 // Note [Counting rendezvous]
 // LibTorch 1.13's TCPStore does not check that every rank arrived (with waitWorkers=false it
 // proceeds; with true it hangs without naming anyone). We count ourselves, over the store:
-//   1. Connect: rank 0 hosts the TCPStore server on MASTER_ADDR:MASTER_PORT unless the
-//      launcher's agent already does (torchrun); everyone else connects as a client, retrying
-//      until the rendezvous timeout. A port in use or an unreachable host fails here, named.
+//   1. Connect: rank 0 hosts the store (ours: src/store, Note [Store server]) on
+//      MASTER_ADDR:MASTER_PORT unless the launcher's agent already hosts one (torchrun's
+//      TCPStore, reached through store::BoundedStore; or a ddp-cpp store with DDP_AGENT_STORE=
+//      ddp); everyone connects as a client, retrying refused connections until the rendezvous
+//      timeout, and proves it holds the job's key (Note [Store protocol]). A port in use, an
+//      unreachable host, a silent one (stopped, or another program's port) or a wrong secret
+//      fails here, named.
 //   2. Agree on the world size: compareSet("world_size", "", "<N>:<rank>") is first-writer-wins,
 //      so every rank learns the WORLD_SIZE of the first rank to arrive and compares its own.
 //   3. Claim the rank: add("rank/<r>", 1) must return 1; a second claimant is a duplicate RANK.
@@ -17,6 +21,9 @@
 //      instead of the reason.
 //   5. On timeout the missing ranks are those with no "rank/<r>" key: "k/N ranks joined
 //      after T s; missing ranks: ...".
+// Every store call is bounded (Note [Bounded store calls]); while counting, by what is left of
+// the rendezvous timeout, so a store whose host freezes mid-rendezvous fails the rank in time,
+// naming the endpoint and the call that got no answer.
 // Keys live under "ddp/<run id>/attempt_<restart count>/<group name>/", so a restarted group
 // (or another group on the same store) never sees stale keys.
 #pragma once
@@ -33,9 +40,16 @@ struct Config {
   int world_size = 1;
   std::string master_addr;
   int master_port = 0;
-  bool use_agent_store = false;  // every rank is a client of the launcher's store
-  std::string key_prefix;        // e.g. "ddp/<run id>/attempt_0/default/"
+  bool use_agent_store = false;     // every rank is a client of the launcher's store
+  bool agent_store_is_ddp = false;  // ...which is a ddp-cpp store, not LibTorch's TCPStore
+  bool single_host = false;         // every rank runs on this host (where the store listens)
+  std::string key_prefix;           // e.g. "ddp/<run id>/attempt_0/default/"
   std::chrono::milliseconds timeout{0};
+  // The store's job key comes from the secret, else from the run id (Note [Store protocol]).
+  std::string store_secret;
+  std::string run_id;
+  std::string store_bind;          // DDP_STORE_BIND (Note [Where the store listens])
+  uint64_t store_max_bytes = 0;    // 0: the default
 };
 
 // Returns a store shared by all ranks (prefixed with key_prefix) once all world_size ranks have

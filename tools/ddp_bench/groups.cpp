@@ -11,6 +11,7 @@ namespace ddp::bench {
 namespace {
 
 constexpr const char* kAgentStore = "TORCHELASTIC_USE_AGENT_STORE";
+constexpr const char* kAgentStoreProtocol = "DDP_AGENT_STORE";
 constexpr const char* kControlGroup = "ddp-bench";
 
 // Sets an environment variable for this scope and restores the previous value after.
@@ -44,8 +45,13 @@ Groups::Groups() {
 std::shared_ptr<ProcessGroup> Groups::form(const std::string& backend, std::string& why) {
   std::shared_ptr<ProcessGroup> group;
   try {
-    std::optional<ScopedEnv> client;
-    if (size() > 1) client.emplace(kAgentStore, "True");
+    // Clients of the store the control group uses: rank 0's own (a ddp-cpp store), unless the
+    // control group is itself a client of a launcher's agent (then that one, as it is).
+    std::optional<ScopedEnv> client, protocol;
+    if (size() > 1 && !control_->env().use_agent_store) {
+      client.emplace(kAgentStore, "True");
+      protocol.emplace(kAgentStoreProtocol, "ddp");
+    }
     InitOptions o;
     o.backend = transport_of(backend);
     o.group_name = backend;

@@ -6,7 +6,9 @@
 // port. ddp-bench forms one control group first (Gloo: it hosts the store and carries the
 // timings and verification counts), then forms every measured group as a client of that store:
 // TORCHELASTIC_USE_AGENT_STORE=True, torchrun's word for "another process hosts the store",
-// set in this process around the call (ddp-bench is single-threaded there). Each group's keys
+// with DDP_AGENT_STORE=ddp (that store is rank 0's ddp-cpp store, not a TCPStore), set in this
+// process around the call (ddp-bench is single-threaded there). Under torchrun's agent store
+// the control group is already its client and the measured groups are too. Each group's keys
 // live under its own group name. At world size 1 every group uses an in-process store.
 #pragma once
 
