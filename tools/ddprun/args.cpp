@@ -252,7 +252,9 @@ constexpr const char* kFooter =
     "MASTER_PORT,\nTORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,\n"
     "TORCHELASTIC_USE_AGENT_STORE=False (global rank 0 hosts the store), TORCHELASTIC_ERROR_FILE;"
     "\nOMP_NUM_THREADS=1 when unset and nproc-per-node > 1; (TORCH_)NCCL_ASYNC_ERROR_HANDLING=1 "
-    "when unset.\n\n"
+    "when unset;\nDDP_STORE_SECRET, the secret the rendezvous store requires: the one ddprun "
+    "inherited, else a\nrandom one per job when --nnodes is 1 (with several nodes, export the "
+    "same one on each).\n\n"
     "Output lines are prefixed '[rank N]: '. On the first worker failure ddprun stops the others "
     "(SIGTERM,\nthen SIGKILL after --grace-period), prints the root cause and exits 1 (or "
     "restarts the group).\nSIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded to the workers; ddprun then "
@@ -699,6 +701,7 @@ EnvMap worker_environment(const LaunchConfig& config, const GroupSpec& group, in
   env["TORCHELASTIC_RUN_ID"] = group.run_id;
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
+  if (!group.store_secret.empty()) env["DDP_STORE_SECRET"] = group.store_secret;
   if (config.rdzv_timeout_s) env["DDP_RDZV_TIMEOUT"] = fmt::format("{}", *config.rdzv_timeout_s);
   if (config.collective_timeout_s) {
     env["DDP_COLLECTIVE_TIMEOUT"] = fmt::format("{}", *config.collective_timeout_s);

@@ -145,7 +145,8 @@ struct GroupSpec {
   std::string master_addr;
   int master_port = 0;
   std::string run_id;
-  int restart_count = 0;  // 0 on the first attempt
+  int restart_count = 0;     // 0 on the first attempt
+  std::string store_secret;  // DDP_STORE_SECRET for the workers; empty: none (Note [Job secret])
 };
 
 // The full environment of local rank `local_rank`: `base` plus the torchrun contract

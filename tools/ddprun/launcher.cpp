@@ -34,6 +34,7 @@
 
 #include <netinet/in.h>  // sockaddr_in, htonl, ntohs
 #include <poll.h>        // poll
+#include <sys/random.h>  // getrandom: the job's store secret
 #include <sys/socket.h>  // socket, bind, getsockname
 #include <sys/wait.h>    // waitpid, W* macros
 #include <unistd.h>      // access, gethostname
@@ -106,6 +107,33 @@ std::string random_run_id() {
   hex[12] = '4';
   return fmt::format("{}-{}-{}-{}-{}", hex.substr(0, 8), hex.substr(8, 4), hex.substr(12, 4),
                      hex.substr(16, 4), hex.substr(20, 12));
+}
+
+// Note [Job secret]
+// The rendezvous store admits only processes that prove they hold the job's key (Note [Store
+// protocol] in src/store/protocol.h), DDP_STORE_SECRET when the workers have one. ddprun hands
+// its workers the DDP_STORE_SECRET it inherited (a multi-node job exports the same one on every
+// node); without one, when it launches the whole job (a single node) it makes a fresh random
+// secret that only its workers see (a process's environment is readable by its own user and
+// root only). Several nodes without one cannot agree on a secret without a channel: the store
+// then keys on the run id, which keeps other jobs out but not a stranger who learns the id,
+// and rank 0 says so when its store listens beyond loopback.
+std::string job_secret(const LaunchConfig& config, const EnvMap& base) {
+  if (auto it = base.find("DDP_STORE_SECRET"); it != base.end() && !it->second.empty()) {
+    return it->second;
+  }
+  if (config.nnodes > 1) return "";
+  unsigned char raw[32];
+  std::size_t done = 0;
+  while (done < sizeof raw) {
+    const ssize_t n = ::getrandom(raw + done, sizeof raw - done, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw_errno("getrandom (the job's store secret)");
+    done += static_cast<std::size_t>(n);
+  }
+  std::string hex;
+  for (unsigned char c : raw) hex += fmt::format("{:02x}", c);
+  return hex;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,8 +485,10 @@ void print_startup_notes(const LaunchConfig& config, const EnvMap& base, const R
   }
 }
 
-GroupSpec group_for_attempt(const LaunchConfig& config, const std::string& run_id, int attempt) {
+GroupSpec group_for_attempt(const LaunchConfig& config, const std::string& run_id,
+                            const std::string& secret, int attempt) {
   GroupSpec g;
+  g.store_secret = secret;
   g.master_addr = config.master_addr;
   g.master_port = config.pick_free_port ? pick_free_port() : config.master_port;
   g.run_id = run_id;
@@ -483,6 +513,7 @@ RunResult run(const LaunchConfig& config) {
   ensure_standard_fds();
   const rlimit fd_limit = raise_fd_limit();
   const std::string run_id = config.random_run_id ? random_run_id() : config.run_id;
+  const std::string secret = job_secret(config, base_env);
   RunDirectory run_dir(config, run_id);
   SignalChannel signals;  // blocked from here on: before the first fork
   SubreaperScope subreaper;
@@ -491,7 +522,7 @@ RunResult run(const LaunchConfig& config) {
 
   const int attempts = config.max_restarts + 1;
   for (int attempt = 0; attempt < attempts; ++attempt) {
-    WorkerGroup group(shared, group_for_attempt(config, run_id, attempt));
+    WorkerGroup group(shared, group_for_attempt(config, run_id, secret, attempt));
     Outcome outcome = group.run();
     if (outcome == Outcome::kSucceeded) return RunResult{0, 0};
     if (outcome == Outcome::kFailed && attempt + 1 < attempts) {
