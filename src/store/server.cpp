@@ -28,8 +28,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr size_t kLogBurst = 20;                   // lines per window, then a summary
-constexpr auto kLogWindow = std::chrono::seconds(10);
 constexpr auto kCloseGrace = std::chrono::seconds(1);  // to flush a last error answer
 constexpr int64_t kMaxWaitMs = int64_t{24} * 3600 * 1000;
 constexpr size_t kReadChunk = 64 * 1024;
@@ -166,7 +164,7 @@ void Server::Loop::log_refusal(const std::string& line) {
 
 void Server::Loop::flush_log_summary(bool force) {
   const auto now = Clock::now();
-  if (!force && now - window_start < kLogWindow) return;
+  if (!force && now - window_start < o.log_window) return;
   if (suppressed > 0) {
     emit(fmt::format("{} more refused connection{} not shown (the last: {})", suppressed,
                      suppressed == 1 ? "" : "s", last_suppressed));
@@ -292,6 +290,7 @@ void Server::Loop::refuse(Conn& c, const std::string& why, const std::string& fi
 }
 
 void Server::Loop::answer(Conn& c, const std::string& frame) {
+  publish_stats();  // before the client can read its answer and look at stats()
   c.out.append(frame);
   flush(c);
 }

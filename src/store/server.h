@@ -20,7 +20,7 @@
 //   - Stopping (the destructor) closes every socket at once: a client holding a socket open
 //     never keeps the host from exiting.
 // Whoever is refused or dropped is logged with its address and why (at most kLogBurst lines
-// per 10 s; the rest are counted in a summary line).
+// per log_window, 10 s; the rest are counted in a summary line).
 #pragma once
 
 #include <atomic>
@@ -40,6 +40,8 @@ namespace ddp::store {
 
 // Stored entries cost their key and value plus this, for the map's own bookkeeping.
 inline constexpr size_t kEntryOverhead = 64;
+// Refusals logged one by one per log window; the rest are summed up in one line.
+inline constexpr size_t kLogBurst = 20;
 
 struct ServerOptions {
   // IP literals to listen on (e.g. "127.0.0.1"); empty: every interface (0.0.0.0 and ::).
@@ -54,6 +56,8 @@ struct ServerOptions {
   std::chrono::milliseconds stall_timeout{30'000};  // mid-frame, or not reading its answers
   // Receives each log line (no newline). Unset: "ddp: ..." lines on stderr.
   std::function<void(const std::string&)> log;
+  // At most kLogBurst refusals are logged one by one per window; the rest are counted.
+  std::chrono::milliseconds log_window{10'000};
 };
 
 // Binding or listening failed; `error` is the errno (EADDRINUSE: the port is taken).

@@ -6,6 +6,7 @@
 #include "ddp/error.h"
 #include "ddp/process_group.h"
 #include "support/ranks.h"
+#include "support/store_peers.h"  // SilentListener
 
 namespace ddp {
 namespace {
@@ -67,6 +68,22 @@ TEST(Rendezvous, UnreachableStoreNamesTheEndpoint) {
                                "Missing ranks: 0"});
   }
   EXPECT_LT(seconds_since(start), 5.0);
+}
+
+// A port that accepts connections and never answers: the store's host is stopped (SIGSTOP) or
+// frozen, or MASTER_PORT belongs to another program. LibTorch 1.13's TCPStore blocked forever
+// there; the rendezvous ends within its timeout, naming the endpoint and what did not answer.
+TEST(Rendezvous, SilentEndpointIsABoundedErrorNamingIt) {
+  testing::SilentListener silent;
+  const auto start = Clock::now();
+  try {
+    make_process_group(quick(1, 2, silent.port(), 2s));
+    FAIL() << "joined a group through a port that never answers";
+  } catch (const RendezvousError& e) {
+    expect_contains(e.what(), {"[rank 1]", fmt::format("127.0.0.1:{}", silent.port()),
+                               "accepted the connection but did not answer", "SIGSTOP"});
+  }
+  EXPECT_LT(seconds_since(start), 6.0);
 }
 
 TEST(Rendezvous, PortInUseIsAClearError) {

@@ -68,6 +68,36 @@ TEST(Env, TorchrunAgentStoreAndDefaultsForLocalPlacement) {
   expect_config_error(env, {"TORCHELASTIC_USE_AGENT_STORE", "maybe"});
 }
 
+TEST(Env, RendezvousStoreKnobs) {
+  EnvMap env = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5"}};
+  DistEnv e = parse_dist_env(env);
+  EXPECT_FALSE(e.agent_store_is_ddp);
+  EXPECT_EQ(e.store_secret, "");
+  EXPECT_FALSE(e.store_max_bytes.has_value());
+  env["DDP_AGENT_STORE"] = "ddp";
+  env["DDP_STORE_SECRET"] = "s3cret";
+  env["DDP_STORE_BIND"] = "10.0.0.1";
+  env["DDP_STORE_MAX_BYTES"] = "64M";
+  e = parse_dist_env(env);
+  EXPECT_TRUE(e.agent_store_is_ddp);
+  EXPECT_EQ(e.store_secret, "s3cret");
+  EXPECT_EQ(e.store_bind, "10.0.0.1");
+  EXPECT_EQ(e.store_max_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(e.describe().find("s3cret"), std::string::npos);  // never printed
+  env["DDP_AGENT_STORE"] = "tcpstore";
+  env["DDP_STORE_MAX_BYTES"] = "1000";
+  e = parse_dist_env(env);
+  EXPECT_FALSE(e.agent_store_is_ddp);
+  EXPECT_EQ(e.store_max_bytes, 1000u);
+  env["DDP_AGENT_STORE"] = "etcd";
+  expect_config_error(env, {"DDP_AGENT_STORE", "etcd", "tcpstore"});
+  env["DDP_AGENT_STORE"] = "ddp";
+  for (const char* bad : {"0", "-5", "12X", "lots"}) {
+    env["DDP_STORE_MAX_BYTES"] = bad;
+    expect_config_error(env, {"DDP_STORE_MAX_BYTES", bad});
+  }
+}
+
 TEST(Env, TorchrunWorldSizeOneNeedsNoStore) {
   DistEnv e = parse_dist_env({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
   EXPECT_EQ(e.world_size, 1);
