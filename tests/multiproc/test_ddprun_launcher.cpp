@@ -190,6 +190,41 @@ TEST_F(DdprunTest, OneWorkerGetsNoOmpOverride) {
   EXPECT_FALSE(contains(r.err, "OMP_NUM_THREADS")) << r.err;
 }
 
+// Note [Job secret]: a random secret per single-node job, the same for its workers; an
+// inherited one passed through; none invented for one node of several.
+TEST_F(DdprunTest, WorkersGetTheJobsStoreSecret) {
+  auto secret_of = [](const std::string& out, int rank) {
+    const std::string p = "[rank " + std::to_string(rank) + "]: DDP_STORE_SECRET=";
+    const size_t at = out.find(p);
+    if (at == std::string::npos) return std::string("(none)");
+    return out.substr(at + p.size(), out.find('\n', at) - at - p.size());
+  };
+  Command cmd = command({"--nproc-per-node", "2"}, {"print-env", "DDP_STORE_SECRET"});
+  cmd.unset_env.push_back("DDP_STORE_SECRET");
+  Result first = ddp::testing::run_command(cmd);
+  ASSERT_TRUE(first.exited(0)) << first.describe();
+  const std::string secret = secret_of(first.out, 0);
+  EXPECT_EQ(secret.size(), 64u) << first.out;
+  EXPECT_EQ(secret.find_first_not_of("0123456789abcdef"), std::string::npos) << secret;
+  EXPECT_EQ(secret_of(first.out, 1), secret);
+  Result second = ddp::testing::run_command(cmd);
+  ASSERT_TRUE(second.exited(0)) << second.describe();
+  EXPECT_NE(secret_of(second.out, 0), secret) << "the same secret for two jobs";
+
+  cmd.env["DDP_STORE_SECRET"] = "given-by-the-scheduler";
+  Result inherited = ddp::testing::run_command(cmd);
+  ASSERT_TRUE(inherited.exited(0)) << inherited.describe();
+  EXPECT_EQ(secret_of(inherited.out, 1), "given-by-the-scheduler");
+
+  Command node = command({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
+                          "--master-addr", "10.9.8.7", "--master-port", "1234"},
+                         {"print-env", "DDP_STORE_SECRET"});
+  node.unset_env.push_back("DDP_STORE_SECRET");
+  Result multi = ddp::testing::run_command(node);
+  ASSERT_TRUE(multi.exited(0)) << multi.describe();
+  EXPECT_EQ(secret_of(multi.out, 1), "<unset>") << multi.out;
+}
+
 TEST_F(DdprunTest, UserOmpNumThreadsIsKept) {
   Command cmd = command({"--nproc-per-node", "2"}, {"print-env", "OMP_NUM_THREADS"});
   cmd.env["OMP_NUM_THREADS"] = "3";
