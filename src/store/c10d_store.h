@@ -71,8 +71,8 @@ class DdpStore final : public c10d_compat::StoreBase {
 class BoundedStore final : public c10d_compat::StoreBase {
  public:
   // Creates the inner store with `make` (e.g. a TCPStore client, which connects) within
-  // `timeout` + answer_grace. `describe` names the store in errors, e.g.
-  // "[rank 1] the launcher's agent store at 10.0.0.1:29500".
+  // `timeout` + answer_grace; `make`'s own exceptions reach the caller unchanged. Errors open
+  // with `who` ("[rank 1]") and name `endpoint` and `owner` ("the launcher's agent").
   BoundedStore(std::function<c10::intrusive_ptr<::c10d::Store>()> make,
                std::chrono::milliseconds timeout, std::string who, std::string endpoint,
                std::string owner);
@@ -96,7 +96,7 @@ class BoundedStore final : public c10d_compat::StoreBase {
  private:
   std::chrono::milliseconds bound() const;
   void shutdown();  // stops the worker: joined, or left behind when a call is stuck in it
-  // Runs `task` on the worker; the caller waits until `deadline`.
+  // Runs `task` on the worker; the caller waits at most `limit`, then the store is broken.
   void run(const std::string& what, std::chrono::milliseconds limit, std::function<void()> task);
 
   // Constant after construction.

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -220,6 +221,7 @@ TEST_F(StoreTest, RandomBytesAnHttpRequestAndAHugeLengthPrefixAreRefusedAndLogge
     expect_contains(log(), {c.logged});
     EXPECT_TRUE(served_within(3.0));
   }
+  std::printf("[ measured ] RSS after three strangers: +%ld KiB\n", rss_kib() - rss_before);
   EXPECT_LT(rss_kib() - rss_before, 16 * 1024) << "KiB grown";
   EXPECT_GE(server_->stats().refused, cases.size());
 }
@@ -238,6 +240,9 @@ TEST_F(StoreTest, AHugeLengthPrefixFromAMemberIsRefusedUnread) {
   ASSERT_TRUE(partial.authenticate(key));
   partial.send(Writer().u32(15u << 20).body() + std::string(1 << 20, 'x'));  // 1 of 15 MiB
   std::this_thread::sleep_for(200ms);
+  std::printf("[ measured ] RSS after a member's 1 GiB prefix and 1 MiB of a 15 MiB frame: "
+              "+%ld KiB\n",
+              rss_kib() - rss_before);
   EXPECT_LT(rss_kib() - rss_before, 8 * 1024) << "KiB grown";
   EXPECT_TRUE(served_within(3.0));
 }
@@ -296,7 +301,10 @@ TEST_F(StoreTest, HundredsOfIdleConnectionsNeitherBlockNorGrowIt) {
   for (int i = 0; i < 300; ++i) idle.push_back(std::make_unique<RawPeer>(server_->port()));
   std::this_thread::sleep_for(300ms);
   EXPECT_LE(server_->stats().pending, 64u);
+  const auto served_start = Clock::now();
   EXPECT_TRUE(served_within(3.0)) << "a rank could not get in among idle strangers";
+  std::printf("[ measured ] 300 idle connections: a rank's 60 calls took %.3f s; RSS +%ld KiB\n",
+              seconds_since(served_start), rss_kib() - rss_before);
   EXPECT_LT(rss_kib() - rss_before, 16 * 1024) << "KiB grown";
   EXPECT_TRUE(logged("64 connections were waiting to authenticate")) << log();
   // Past the handshake deadline none is left, and the log was not flooded.

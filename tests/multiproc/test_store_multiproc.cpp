@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -185,6 +186,8 @@ TEST(StoreUnderAttack, TheJobFinishesWithTheSameResultAndRankZeroStaysSmall) {
   for (int i = 0; i < 300; ++i) held.push_back(std::make_unique<RawPeer>(port));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const long hwm_after = testing::status_kib(pid, "VmHWM");
+  std::printf("[ measured ] rank 0's VmHWM: %ld KiB before the attacks, %ld KiB after (+%ld)\n",
+              hwm_before, hwm_after, hwm_after - hwm_before);
   EXPECT_LT(hwm_after - hwm_before, 64 * 1024)
       << "rank 0's peak memory grew by " << (hwm_after - hwm_before) << " KiB under attack";
 
@@ -197,6 +200,9 @@ TEST(StoreUnderAttack, TheJobFinishesWithTheSameResultAndRankZeroStaysSmall) {
   EXPECT_EQ(results(r.out), results(reference.out)) << r.describe();
   // The attackers still hold their sockets: the job does not wait for them.
   EXPECT_LT(after_go, 30.0) << r.describe();
+  std::printf("[ measured ] the job ended %.1f s after it was let go, with %zu attackers' "
+              "sockets still open\n",
+              after_go, held.size());
   const std::string where = fmt::format("[rank 0]: ddp: rendezvous store 127.0.0.1:{}: ", port);
   for (const auto& [address, says] : logged) {
     const size_t at = r.err.find(address);
