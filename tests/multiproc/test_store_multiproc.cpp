@@ -3,7 +3,9 @@
 // hosts that accept but never answer (a silent port, a SIGSTOPped rank 0, before and during
 // the rendezvous, bare and under ddprun): every rank fails within its rendezvous timeout,
 // naming the endpoint and the call that got no answer. Also: a wrong secret between nodes.
+#include <arpa/inet.h>  // inet_ntop, inet_pton
 #include <dirent.h>
+#include <ifaddrs.h>    // getifaddrs
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -134,10 +136,11 @@ TEST(StoreUnderAttack, TheJobFinishesWithTheSameResultAndRankZeroStaysSmall) {
   ASSERT_EQ(results(reference.out).size(), 2u) << reference.describe();
 
   auto attacked = job(dir / "go");
+  std::string out;  // what `m` points into
   std::smatch m;
   ASSERT_TRUE(testing::wait_until(
       [&] {
-        const std::string out = attacked.out_so_far();
+        out = attacked.out_so_far();
         return std::regex_search(out, m, std::regex("store-ready pid=(\\d+) port=(\\d+)"));
       },
       60))
@@ -160,7 +163,8 @@ TEST(StoreUnderAttack, TheJobFinishesWithTheSameResultAndRankZeroStaysSmall) {
   stranger(noise, "not the store's handshake");
   stranger("GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", "GET / HTTP/1.1");
   stranger(store::Writer().u32(1u << 30).body(), "1073741824 bytes before authenticating");
-  stranger(std::string("\x46\x00\x00\x00" "DDPST", 9), "");  // half a hello, then silence
+  // Half a hello, then silence: the oldest waiting stranger once the idle ones come.
+  stranger(std::string("\x46\x00\x00\x00" "DDPST", 9), "made room");
   // A process that speaks the protocol but lacks the secret.
   store::ClientOptions o;
   o.host = "127.0.0.1";
@@ -211,8 +215,61 @@ TEST(StoreUnderAttack, TheJobFinishesWithTheSameResultAndRankZeroStaysSmall) {
     const std::string line = r.err.substr(line_start, r.err.find('\n', at) - line_start);
     expect_contains(line, {where, says}, r.err);
   }
-  expect_contains(r.err, {"wrong job key", "(an intruder)"}, r.err);
+  expect_contains(r.err, {"wrong job key", "(an intruder)",
+                          "64 connections were waiting to authenticate"},
+                  r.err);
   held.clear();
+}
+
+// The non-loopback IPv4 addresses of this host.
+std::vector<std::string> other_addresses() {
+  std::vector<std::string> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    char buf[INET_ADDRSTRLEN] = {0};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
+    if (std::string(buf).rfind("127.", 0) != 0) out.push_back(buf);
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+// ddprun --standalone: the store listens on 127.0.0.1 only, not on the host's other addresses.
+TEST(StoreUnderAttack, StandaloneListensOnLoopbackOnly) {
+  TempDir dir;
+  auto job = Subprocess::start({.argv = {kDdprun, "--standalone", "--nproc-per-node", "2",
+                                         kWorker, dir / "go"},
+                                .timeout_s = 120});
+  std::string out;  // what `m` points into
+  std::smatch m;
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        out = job.out_so_far();
+        return std::regex_search(out, m, std::regex("store-ready pid=(\\d+) port=(\\d+)"));
+      },
+      60))
+      << job.out_so_far() << job.err_so_far();
+  const int port = std::stoi(m[2].str());
+  const std::vector<std::string> others = other_addresses();
+  for (const std::string& address : others) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    ::inet_pton(AF_INET, address.c_str(), &a.sin_addr);
+    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    const int err = errno;
+    ::close(fd);
+    EXPECT_TRUE(rc != 0 && err == ECONNREFUSED)
+        << "the store of a --standalone job answered on " << address << ":" << port;
+  }
+  touch(dir / "go");
+  const Result& r = job.wait();
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  EXPECT_EQ(r.err.find("every interface"), std::string::npos) << r.describe();
+  if (others.empty()) GTEST_SKIP() << "this host has no address but loopback to try";
 }
 
 // ---------------------------------------------------------------------------------------------
