@@ -697,8 +697,12 @@ void Server::Loop::run() {
   while (true) {
     const auto now = Clock::now();
     if (now >= next_scan) {
-      scan(now);
-      flush_log_summary(false);
+      try {
+        scan(now);
+        flush_log_summary(false);
+      } catch (const std::exception& e) {
+        emit(fmt::format("checking deadlines failed: {}", e.what()));
+      }
       publish_stats();
       // Deadlines are seconds long: checking them 10 times a second is exact enough and costs
       // one pass over the connections.
@@ -715,12 +719,21 @@ void Server::Loop::run() {
         flush_log_summary(true);
         return;
       }
-      if (id < kFirstConnId) {
-        accept_all(listeners[id - 1].get());
-        continue;
+      // Nothing a peer does may end the loop (an exception would end the process): a
+      // failure handling one connection (out of memory for its frame, say) closes it.
+      try {
+        if (id < kFirstConnId) {
+          accept_all(listeners[id - 1].get());
+          continue;
+        }
+        auto it = conns.find(id);
+        if (it != conns.end()) on_event(*it->second, events[i].events);
+      } catch (const std::exception& e) {
+        auto it = conns.find(id);
+        emit(fmt::format("closed {}: {}", it != conns.end() ? it->second->who() : "a connection",
+                         e.what()));
+        if (it != conns.end()) close_conn(id);
       }
-      auto it = conns.find(id);
-      if (it != conns.end()) on_event(*it->second, events[i].events);
     }
     publish_stats();
   }
