@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "base/parse.h"
 
 extern char** environ;
 
@@ -23,15 +24,12 @@ const std::string* find(const EnvMap& env, std::string_view name) {
 // An integer in [lo, hi] read from variable `name`; `hint` says where the value comes from.
 int parse_int(const std::string& name, const std::string& value, int lo, int hi,
               std::string_view hint) {
-  int out = 0;
-  const char* first = value.data();
-  const char* last = first + value.size();
-  auto [ptr, ec] = std::from_chars(first, last, out);
-  DDP_CHECK(ec == std::errc() && ptr == last && !value.empty(), ConfigError,
-            "invalid environment: {}='{}' is not an integer ({})", name, value, hint);
-  DDP_CHECK(out >= lo && out <= hi, ConfigError,
-            "invalid environment: {}={} is out of range [{}, {}] ({})", name, out, lo, hi, hint);
-  return out;
+  const std::optional<long long> out = parse::integer(value);
+  DDP_CHECK(out.has_value(), ConfigError, "invalid environment: {}='{}' is not an integer ({})",
+            name, value, hint);
+  DDP_CHECK(*out >= lo && *out <= hi, ConfigError,
+            "invalid environment: {}={} is out of range [{}, {}] ({})", name, *out, lo, hi, hint);
+  return static_cast<int>(*out);
 }
 
 std::optional<int> get_int(const EnvMap& env, const std::string& name, int lo, int hi,
@@ -49,10 +47,10 @@ int require_int(const EnvMap& env, const std::string& name, int lo, int hi,
 }
 
 bool parse_bool(const std::string& name, const std::string& value) {
-  if (value == "1" || value == "True" || value == "true") return true;
-  if (value == "0" || value == "False" || value == "false" || value.empty()) return false;
-  throw ConfigError(fmt::format(
-      "invalid environment: {}='{}' is not a boolean (use True/False or 1/0)", name, value));
+  const std::optional<bool> out = parse::boolean(value);
+  DDP_CHECK(out.has_value(), ConfigError,
+            "invalid environment: {}='{}' is not a boolean (use True/False or 1/0)", name, value);
+  return *out;
 }
 
 constexpr int kMaxWorld = 1 << 20;
@@ -241,12 +239,10 @@ const char* to_string(LaunchContract contract) {
 }
 
 double parse_seconds(const std::string& name, const std::string& value) {
-  char* end = nullptr;
-  const double s = std::strtod(value.c_str(), &end);
-  DDP_CHECK(!value.empty() && end == value.c_str() + value.size() && std::isfinite(s) && s > 0,
-            ConfigError, "invalid value: {}='{}' is not a positive number of seconds", name,
-            value);
-  return s;
+  const std::optional<double> s = parse::seconds(value);
+  DDP_CHECK(s.has_value(), ConfigError,
+            "invalid value: {}='{}' is not a positive number of seconds", name, value);
+  return *s;
 }
 
 DistEnv parse_dist_env(const EnvMap& env) {

@@ -3,11 +3,6 @@
 // suites both ways: tests/collective/CMakeLists.txt).
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -21,23 +16,13 @@
 
 #include <gtest/gtest.h>
 
+#include "base/net.h"
 #include "ddp/process_group.h"
 
 namespace ddp::testing {
 
 // A port that was free a moment ago (the kernel picks it; collisions are unlikely).
-inline int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+inline int free_port() { return net::pick_free_port(); }
 
 // The backend thread-rank tests run over: DDP_TEST_BACKEND, else "gloo".
 inline std::string test_backend() {

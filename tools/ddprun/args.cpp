@@ -5,14 +5,13 @@
 
 #include <algorithm>  // std::ranges::any_of
 #include <cctype>     // std::toupper
-#include <charconv>   // std::from_chars
-#include <cmath>      // std::isfinite
-#include <cstdlib>    // std::strtod
 #include <filesystem>
 #include <system_error>
 
 #include <CLI/CLI.hpp>  // option spellings, --help, stopping at PROGRAM
 #include <fmt/format.h>
+
+#include "base/parse.h"  // the number and switch readers the library's env contract uses
 
 namespace ddp::launcher {
 namespace {
@@ -26,40 +25,28 @@ namespace {
   throw UsageError(fmt::format("{}='{}': {}", source, value, why));
 }
 
-std::optional<long long> to_integer(const std::string& text) {
-  long long out = 0;
-  const char* first = text.data();
-  const char* last = first + text.size();
-  auto [ptr, ec] = std::from_chars(first, last, out);
-  if (text.empty() || ec != std::errc() || ptr != last) return std::nullopt;
-  return out;
-}
-
 int parse_int(const std::string& source, const std::string& value, long long lo, long long hi,
               const std::string& expected) {
-  auto v = to_integer(value);
+  auto v = parse::integer(value);
   if (!v || *v < lo || *v > hi) bad_value(source, value, "expected " + expected);
   return static_cast<int>(*v);
 }
 
 // Seconds as a decimal number; `allow_zero` for the grace period.
 double parse_seconds(const std::string& source, const std::string& value, bool allow_zero) {
-  char* end = nullptr;
-  double s = value.empty() ? 0.0 : std::strtod(value.c_str(), &end);
-  bool ok = !value.empty() && end == value.c_str() + value.size() && std::isfinite(s) &&
-            (allow_zero ? s >= 0 : s > 0);
-  if (!ok) {
+  auto s = parse::seconds(value, allow_zero);
+  if (!s) {
     bad_value(source, value,
               allow_zero ? "expected a number of seconds >= 0, e.g. 10 or 0.5"
                          : "expected a number of seconds > 0, e.g. 30 or 0.5");
   }
-  return s;
+  return *s;
 }
 
 bool parse_bool(const std::string& source, const std::string& value) {
-  if (value == "1" || value == "true" || value == "True") return true;
-  if (value == "0" || value == "false" || value == "False" || value.empty()) return false;
-  bad_value(source, value, "expected 1/0 or true/false");
+  auto b = parse::boolean(value);
+  if (!b) bad_value(source, value, "expected 1/0 or true/false");
+  return *b;
 }
 
 std::vector<std::string> split(const std::string& text, char sep) {
@@ -102,8 +89,8 @@ int parse_nnodes(const std::string& source, const std::string& value) {
   if (colon == std::string::npos) {
     return parse_int(source, value, 1, 1 << 20, "a number of nodes >= 1");
   }
-  auto lo = to_integer(value.substr(0, colon));
-  auto hi = to_integer(value.substr(colon + 1));
+  auto lo = parse::integer(value.substr(0, colon));
+  auto hi = parse::integer(value.substr(colon + 1));
   if (!lo || !hi || *lo < 1 || *hi < 1 || *lo > (1 << 20) || *hi > (1 << 20)) {
     bad_value(source, value, "expected N or MIN:MAX with numbers >= 1");
   }
@@ -135,7 +122,7 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& source,
 std::set<int> parse_rank_list(const std::string& source, const std::string& value, int nproc) {
   std::set<int> ranks;
   for (const std::string& item : split(value, ',')) {
-    auto r = to_integer(item);
+    auto r = parse::integer(item);
     if (!r || *r < 0) {
       bad_value(source, value, "expected a comma-separated list of local ranks, e.g. 0,1");
     }
@@ -597,8 +584,8 @@ StdSpec parse_std_spec(const std::string& flag, const std::string& value) {
   for (const std::string& item : split(value, ',')) {
     auto colon = item.find(':');
     if (colon == std::string::npos) bad_value(flag, value, expected);
-    auto rank = to_integer(item.substr(0, colon));
-    auto streams = to_integer(item.substr(colon + 1));
+    auto rank = parse::integer(item.substr(0, colon));
+    auto streams = parse::integer(item.substr(colon + 1));
     if (!rank || *rank < 0 || *rank > (1 << 16) || !streams || *streams < 0 || *streams > 3) {
       bad_value(flag, value, expected);
     }
@@ -632,7 +619,7 @@ Endpoint parse_endpoint(const std::string& flag, const std::string& value) {
   }
   if (e.host.empty()) bad_value(flag, value, "missing host; expected HOST[:PORT]");
   if (has_port) {
-    auto port = to_integer(port_text);
+    auto port = parse::integer(port_text);
     if (!port || *port < 0 || *port > 65535) {
       bad_value(flag, value,
                 fmt::format("'{}' is not a port number; expected HOST[:PORT] with PORT in [0, "

@@ -33,7 +33,6 @@ inline constexpr int kUsageExitCode = 2;  // like argparse, getopt tools and tor
 inline constexpr int kDefaultNprocPerNode = 1;
 inline constexpr int kDefaultNnodes = 1;
 inline constexpr const char* kDefaultMasterAddr = "127.0.0.1";
-inline constexpr int kDefaultMasterPort = 29500;  // torchrun's --master-port default
 inline constexpr int kDefaultRdzvPort = 29400;    // torchrun's port for a bare --rdzv-endpoint host
 inline constexpr const char* kDefaultRunId = "none";  // torchrun's --rdzv-id default
 inline constexpr const char* kDefaultRole = "default";

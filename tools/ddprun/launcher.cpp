@@ -32,10 +32,8 @@
 // exception cuts the loop short.
 #include "launcher.h"
 
-#include <netinet/in.h>  // sockaddr_in, htonl, ntohs
 #include <poll.h>        // poll
 #include <sys/random.h>  // getrandom: the job's store secret
-#include <sys/socket.h>  // socket, bind, getsockname
 #include <sys/wait.h>    // waitpid, W* macros
 #include <unistd.h>      // access, gethostname
 
@@ -52,7 +50,8 @@
 
 #include <fmt/format.h>
 
-#include "ddp/env.h"  // current_environment
+#include "base/net.h"  // pick_free_port
+#include "ddp/env.h"   // current_environment
 #include "output.h"   // Stream, RunDirectory, note
 #include "summary.h"  // WorkerEnd, pick_root_cause, format_failure_summary
 
@@ -80,24 +79,6 @@ std::string host_name() {
   return buf;
 }
 
-// A port that was free a moment ago on 127.0.0.1 (torchrun's --standalone does the same; another
-// process could take it before rank 0 binds it, which rank 0 reports as "port in use").
-int pick_free_port() {
-  UniqueFd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (sock.get() < 0) throw_errno("cannot create a socket to pick a free port");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (::bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    throw_errno("cannot bind 127.0.0.1:0 to pick a free port");
-  }
-  socklen_t len = sizeof addr;
-  if (::getsockname(sock.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw_errno("getsockname");
-  }
-  return ntohs(addr.sin_port);
-}
 
 // A UUID4-shaped id, like torchrun's --standalone run ids.
 std::string random_run_id() {
@@ -490,7 +471,7 @@ GroupSpec group_for_attempt(const LaunchConfig& config, const std::string& run_i
   GroupSpec g;
   g.store_secret = secret;
   g.master_addr = config.master_addr;
-  g.master_port = config.pick_free_port ? pick_free_port() : config.master_port;
+  g.master_port = config.pick_free_port ? net::pick_free_port() : config.master_port;
   g.run_id = run_id;
   g.restart_count = attempt;
   return g;

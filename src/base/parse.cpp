@@ -1,0 +1,36 @@
+// Reading numbers and switches from text (see parse.h).
+#include "base/parse.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace ddp::parse {
+
+std::optional<long long> integer(std::string_view text) {
+  long long out = 0;
+  const char* first = text.data();
+  const char* last = first + text.size();
+  auto [ptr, ec] = std::from_chars(first, last, out);
+  if (text.empty() || ec != std::errc() || ptr != last) return std::nullopt;
+  return out;
+}
+
+std::optional<double> seconds(std::string_view text, bool allow_zero) {
+  const std::string s(text);  // strtod needs a terminator
+  char* end = nullptr;
+  const double v = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
+  const bool ok = !s.empty() && end == s.c_str() + s.size() && std::isfinite(v) &&
+                  (allow_zero ? v >= 0 : v > 0);
+  if (!ok) return std::nullopt;
+  return v;
+}
+
+std::optional<bool> boolean(std::string_view text) {
+  if (text == "1" || text == "true" || text == "True") return true;
+  if (text == "0" || text == "false" || text == "False" || text.empty()) return false;
+  return std::nullopt;
+}
+
+}  // namespace ddp::parse
