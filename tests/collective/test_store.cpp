@@ -134,7 +134,7 @@ TEST_F(StoreTest, OperationsFollowC10dStoreSemantics) {
     EXPECT_FALSE(s->deleteKey("a"));
     EXPECT_EQ(s->getNumKeys(), 2);
     s->wait({"n", "c"});
-    s->set("empty", {});
+    s->set("empty", std::vector<uint8_t>{});
     EXPECT_TRUE(s->get("empty").empty());
   }
 }
