@@ -18,8 +18,11 @@ namespace {
 
 std::string errno_text() { return fmt::format("{} (errno {})", std::strerror(errno), errno); }
 
+// MAP_POPULATE fills the page tables now: a collective that reads a peer's buffer for the first
+// time would otherwise take a minor fault per 4 KiB page (0.5 ms per MiB on a VM), on every
+// rank, in the middle of a backward pass.
 char* map(int fd, size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
 }
 
