@@ -29,36 +29,12 @@
 // the sampler splits the rest of the epoch among the new ranks (ddp/sampler.h); rank r takes
 // the saved generator state of rank r % old_world_size (rng_exact = false).
 //
-// Note [Checkpoint file format]
-// A checkpoint is one file: a fixed 88-byte header, JSON metadata, then the payload. Integers
-// are little-endian.
-//   offset  size  field
-//        0     8  magic "DDP-CKPT"
-//        8     4  format version (u32), kCheckpointFormatVersion
-//       12     4  metadata length M (u32, at most kMaxCheckpointMetadataBytes)
-//       16     8  payload length P (u64)
-//       24    32  SHA-256 of the payload
-//       56    32  SHA-256 of bytes [0, 56) followed by the metadata (guards the header itself)
-//       88     M  metadata: UTF-8 JSON (step, epoch, world size, hparams, sampler state, the
-//                 model fingerprint, optimizer type and group sizes, versions, ...)
-//     88+M     P  payload: a LibTorch OutputArchive (save_to) holding the tensors: model,
-//                 optimizer, per-rank generator states, blob
-// The file is exactly 88 + M + P bytes. Reading checks, in this order: that the file is not
-// empty, the magic, the header checksum (over the fixed fields and the metadata, so a damaged
-// length or version is reported as damage, not as truncation or a newer format), the declared
-// lengths against the file size (truncated, trailing bytes), the version, the metadata, then
-// the model fingerprint (IncompatibleCheckpointError), and only then it reads the payload and
-// checks its SHA-256: LibTorch sees payload bytes only after they matched. Every failure is a
-// CorruptCheckpointError naming the file and what was wrong, e.g. "<file>: truncated: the file
-// has 5000 bytes, its header declares 7236 (88 header + 1512 metadata + 5636 payload); ...".
-//
-// Note [Atomic checkpoint write]
-// A file is written to a temporary ".<name>.tmp.<pid>.<n>" in the same directory, fsync'ed,
-// renamed over <name>, and the directory is fsync'ed. A crash or an error at any point leaves
-// either the old <name> or the complete new one, never a mix; an existing checkpoint is not
-// touched until its replacement is complete on disk. A failed write removes its temporary file;
-// a crash can leave one behind: readers ignore them and the next Checkpointer::save (or
-// remove_stale_temp_files) deletes them.
+// The file: a checksummed 88-byte header, JSON metadata, then the payload; every check runs
+// before a payload byte reaches LibTorch, and every failure is a CorruptCheckpointError naming
+// the file and what was wrong (Note [Checkpoint file format] in src/checkpoint/format.h).
+// Writes are atomic: a temporary file, fsync, rename, fsync of the directory; an existing
+// checkpoint is never touched before its replacement is complete on disk (Note [Atomic
+// checkpoint write] in src/checkpoint/file_io.h).
 //
 // Note [Checkpoint directory]
 // A Checkpointer owns one directory:
@@ -193,7 +169,7 @@ struct LoadedCheckpoint {
 
 // --- One file ---------------------------------------------------------------------------------
 
-// Writes `file` atomically (Note [Atomic checkpoint write]) from `refs` and `meta`, with this
+// Writes `file` atomically (see above) from `refs` and `meta`, with this
 // process's generator state. Throws CheckpointError (I/O), ConfigError (no model, bad JSON).
 void save_checkpoint(const std::filesystem::path& file, const CheckpointRefs& refs,
                      const CheckpointMeta& meta);

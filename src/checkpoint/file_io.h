@@ -1,5 +1,13 @@
-// POSIX file plumbing for checkpoints: atomic writes (Note [Atomic checkpoint write] in
-// ddp/checkpoint.h), whole-range reads, temporary-file names. Torch-free.
+// POSIX file plumbing for checkpoints: atomic writes, whole-range reads, temporary-file names.
+// Torch-free.
+//
+// Note [Atomic checkpoint write]
+// A file is written to a temporary ".<name>.tmp.<pid>.<n>" in the same directory, fsync'ed,
+// renamed over <name>, and the directory is fsync'ed. A crash or an error at any point leaves
+// either the old <name> or the complete new one, never a mix; an existing checkpoint is not
+// touched until its replacement is complete on disk. A failed write removes its temporary file;
+// a crash can leave one behind: readers ignore them and the next Checkpointer::save (or
+// remove_stale_temp_files) deletes them.
 #pragma once
 
 #include <cstdint>

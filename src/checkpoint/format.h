@@ -1,6 +1,28 @@
-// The checkpoint file layout (Note [Checkpoint file format] in ddp/checkpoint.h): encoding the
-// header, and reading a file with every check done before its payload reaches LibTorch.
-// Torch-free: SHA-256 from OpenSSL.
+// The checkpoint file layout: encoding the header, and reading a file with every check done
+// before its payload reaches LibTorch. Torch-free: SHA-256 from OpenSSL.
+//
+// Note [Checkpoint file format]
+// A checkpoint is one file: a fixed 88-byte header, JSON metadata, then the payload. Integers
+// are little-endian.
+//   offset  size  field
+//        0     8  magic "DDP-CKPT"
+//        8     4  format version (u32), kCheckpointFormatVersion
+//       12     4  metadata length M (u32, at most kMaxCheckpointMetadataBytes)
+//       16     8  payload length P (u64)
+//       24    32  SHA-256 of the payload
+//       56    32  SHA-256 of bytes [0, 56) followed by the metadata (guards the header itself)
+//       88     M  metadata: UTF-8 JSON (step, epoch, world size, hparams, sampler state, the
+//                 model fingerprint, optimizer type and group sizes, versions, ...)
+//     88+M     P  payload: a LibTorch OutputArchive (save_to) holding the tensors: model,
+//                 optimizer, per-rank generator states, blob
+// The file is exactly 88 + M + P bytes. Reading checks, in this order: that the file is not
+// empty, the magic, the header checksum (over the fixed fields and the metadata, so a damaged
+// length or version is reported as damage, not as truncation or a newer format), the declared
+// lengths against the file size (truncated, trailing bytes), the version, the metadata, then
+// the model fingerprint (IncompatibleCheckpointError), and only then it reads the payload and
+// checks its SHA-256: LibTorch sees payload bytes only after they matched. Every failure is a
+// CorruptCheckpointError naming the file and what was wrong, e.g. "<file>: truncated: the file
+// has 5000 bytes, its header declares 7236 (88 header + 1512 metadata + 5636 payload); ...".
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// The JSON metadata of a checkpoint file (Note [Checkpoint file format]): what it records
+// The JSON metadata of a checkpoint file (Note [Checkpoint file format] in format.h): what it records
 // besides tensors, including the model fingerprint. Torch-free.
 #pragma once
 
