@@ -1,5 +1,5 @@
-// The JSON metadata of a checkpoint file (Note [Checkpoint file format] in format.h): what it records
-// besides tensors, including the model fingerprint. Torch-free.
+// The JSON metadata of a checkpoint file (Note [Checkpoint file format] in format.h): what it
+// records besides tensors, including the model fingerprint. Torch-free.
 #pragma once
 
 #include <cstdint>
