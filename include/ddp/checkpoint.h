@@ -60,7 +60,7 @@
 //   load: every rank reads the file itself (a shared file system, or the same path on every
 //         node) and verifies it; the ranks then exchange success, so if any rank fails, every
 //         rank throws (naming the ranks that failed).
-// Without a group (nullptr), the caller is the only process involved: call save() on the main
+// Without a group (the overloads without one), the caller is the only process involved: call save() on the main
 // process only, and the RNG saved is this process's.
 //
 // Errors: CheckpointError (I/O: cannot create, write, rename, list), its subclasses
@@ -223,17 +223,20 @@ class Checkpointer {
   // (see the top; meta.world_size becomes group->size()). Throws CheckpointError: when it
   // fails, every checkpoint that existed before is intact (a failure updating last.ckpt after
   // the step file is complete is still thrown: the step file stays, last.ckpt is the old one).
+  SavedCheckpoint save(const CheckpointRefs& refs, const CheckpointMeta& meta) const;
   SavedCheckpoint save(const CheckpointRefs& refs, const CheckpointMeta& meta,
-                       ProcessGroup* group = nullptr) const;
+                       ProcessGroup& group) const;
 
   // The newest checkpoint that passes full verification ("--resume auto"); see the Note.
-  ResumePoint latest_valid(ProcessGroup* group = nullptr) const;
+  ResumePoint latest_valid() const;
+  ResumePoint latest_valid(ProcessGroup& group) const;
 
   // load_checkpoint with this run's rank and world size (from the group; without one, rank 0
   // of 1) and the options' model label; collective with a group. Pass the module itself, not a
   // DistributedDataParallel wrapper: refs.model = ddp_model.module().get().
+  LoadedCheckpoint load(const std::filesystem::path& file, const CheckpointRefs& refs) const;
   LoadedCheckpoint load(const std::filesystem::path& file, const CheckpointRefs& refs,
-                        ProcessGroup* group = nullptr) const;
+                        ProcessGroup& group) const;
 
   // Step checkpoints in the directory, newest first (by step, then epoch); not verified.
   std::vector<std::filesystem::path> list() const;
@@ -247,6 +250,12 @@ class Checkpointer {
   static std::string file_name(int64_t epoch, int64_t step);
 
  private:
+  SavedCheckpoint save(const CheckpointRefs& refs, const CheckpointMeta& meta,
+                       ProcessGroup* group) const;
+  ResumePoint latest_valid(ProcessGroup* group) const;
+  LoadedCheckpoint load(const std::filesystem::path& file, const CheckpointRefs& refs,
+                        ProcessGroup* group) const;
+
   // Constant after construction.
   std::filesystem::path dir_;
   CheckpointerOptions options_;

@@ -38,7 +38,8 @@ class Future {
   // `value` is ready once `work` completes; then `then(value)` (if given) makes the result.
   Future(Work work, at::Tensor value, std::function<at::Tensor(at::Tensor)> then = {});
 
-  // Blocks until available; rethrows the collective's error. Idempotent.
+  // Blocks until available; rethrows the collective's error. Idempotent: the transform runs
+  // once, and if it (or the collective) failed, every later wait() rethrows the same error.
   at::Tensor wait();
   bool is_completed() const;
 

@@ -6,7 +6,13 @@
 //   ddp::destroy_process_group();
 //
 // The default group is a convenience for programs; every component also accepts a
-// ProcessGroup explicitly, so a test can host several ranks in one process.
+// ProcessGroup explicitly, so a test can host several ranks in one process. One convention:
+//   - a call that uses a group takes `ProcessGroup&` (ddp::all_reduce(EvalStats, pg),
+//     Checkpointer::save/latest_valid/load: their overloads without a group are single-process);
+//   - an object that keeps a group holds a `std::shared_ptr<ProcessGroup>` in its options
+//     (DDPOptions::process_group, SyncBatchNormOptions::process_group);
+//   - the default group is used only where a field or parameter says so: those options when
+//     null, SamplerOptions when num_replicas/rank are unset, and the free functions below.
 // Before init_process_group() (or after destroy), get_rank() is 0 and get_world_size() is 1 so
 // that single-process code runs unchanged; the collectives throw ddp::Error.
 #pragma once

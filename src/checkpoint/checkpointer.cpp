@@ -178,6 +178,16 @@ std::vector<fs::path> Checkpointer::remove_stale_temp_files() const {
   return removed;
 }
 
+SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointMeta& meta) const {
+  return save(refs, meta, static_cast<ProcessGroup*>(nullptr));
+}
+
+SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointMeta& meta,
+                                   ProcessGroup& group) const {
+  return save(refs, meta, &group);
+}
+
+// The group is optional in the overloads above; the private forms take it as a pointer.
 SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointMeta& meta_in,
                                    ProcessGroup* group) const {
   ckpt::check_save_args(refs, meta_in);  // on every rank, before any collective
@@ -285,6 +295,9 @@ ResumePoint scan(const Checkpointer& c) {
 
 }  // namespace
 
+ResumePoint Checkpointer::latest_valid() const { return latest_valid(nullptr); }
+ResumePoint Checkpointer::latest_valid(ProcessGroup& group) const { return latest_valid(&group); }
+
 ResumePoint Checkpointer::latest_valid(ProcessGroup* group) const {
   if (!group) return scan(*this);
   ResumePoint out;
@@ -308,6 +321,16 @@ ResumePoint Checkpointer::latest_valid(ProcessGroup* group) const {
   name = broadcast_bytes(*group, name, size);
   if (group->rank() != 0 && !name.empty()) out.path = dir_ / name;
   return out;
+}
+
+LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file,
+                                    const CheckpointRefs& refs) const {
+  return load(file, refs, static_cast<ProcessGroup*>(nullptr));
+}
+
+LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, const CheckpointRefs& refs,
+                                    ProcessGroup& group) const {
+  return load(file, refs, &group);
 }
 
 LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, const CheckpointRefs& refs,

@@ -1,22 +1,23 @@
 // Futures and the built-in communication hooks (see include/ddp/comm_hooks.h).
 #include "ddp/comm_hooks.h"
 
-#include <mutex>
-
 #include <ATen/ATen.h>
 
+#include "base/completion.h"
 #include "c10d/compat.h"
 #include "ddp/error.h"
 #include "process_group/internal.h"
 
 namespace ddp {
 
+// A Future is a Work, a value, and a transform applied once when the work completes: the
+// same Completion as Work's (src/base/completion.h), so the outcome, error included, is sticky.
 struct Future::State {
-  std::mutex mu;
-  Work work;                                    // may be empty (already completed)
+  Work work;  // may be empty (already completed)
   bool has_work = false;
-  at::Tensor value;
-  std::function<at::Tensor(at::Tensor)> then;  // cleared once applied
+  at::Tensor value;                             // written by `done`'s step only
+  std::function<at::Tensor(at::Tensor)> then;  // run by `done`'s step only
+  Completion done;
 };
 
 Future Future::completed(at::Tensor value) {
@@ -36,20 +37,20 @@ Future::Future(Work work, at::Tensor value, std::function<at::Tensor(at::Tensor)
 
 at::Tensor Future::wait() {
   if (!state_) throw Error("ddp::Future::wait() on an empty Future");
-  std::lock_guard<std::mutex> lock(state_->mu);
-  if (state_->has_work) state_->work.wait();  // rethrows the collective's error
-  if (state_->then) {
-    auto then = std::move(state_->then);
-    state_->then = nullptr;
-    state_->value = then(state_->value);
-  }
-  return state_->value;
+  State& s = *state_;
+  s.done.run([&s] {
+    if (s.has_work) s.work.wait();  // rethrows the collective's error
+    if (s.then) {
+      auto then = std::move(s.then);
+      s.value = then(s.value);
+    }
+  });
+  return s.value;
 }
 
 bool Future::is_completed() const {
   if (!state_) return false;
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return !state_->has_work || state_->work.is_completed();
+  return state_->done.finished() || !state_->has_work || state_->work.is_completed();
 }
 
 namespace comm_hooks {

@@ -54,7 +54,7 @@ detail::DdpCore& detail::core_of(DistributedDataParallelBase& model) { return *m
 namespace detail {
 namespace {
 
-int64_t megabytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }
+int64_t megabytes(double mb) { return ReducerOptions::megabytes(mb); }
 
 DebugLevel parse_level(const char* value) {
   const std::string v = value;
@@ -124,14 +124,9 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, DDPOptions options)
     broadcast_coalesced(*s.group, state, 0, megabytes(kDefaultBroadcastChunkMb));
   }
 
-  ReducerOptions ro;
-  ro.first_bucket_bytes = megabytes(s.options.first_bucket_mb);
-  ro.bucket_bytes = megabytes(s.options.bucket_cap_mb);
-  ro.find_unused_parameters = s.options.find_unused_parameters;
-  ro.gradient_as_bucket_view = s.options.gradient_as_bucket_view;
-  ro.static_graph = s.options.static_graph;
-  ro.debug = debug_level(s.options);
-  s.reducer = std::make_unique<Reducer>(s.params, s.param_names, *s.group, ro);
+  s.reducer = std::make_unique<Reducer>(
+      s.params, s.param_names, *s.group,
+      ReducerOptions{.ddp = s.options, .debug = debug_level(s.options)});
 }
 
 DdpCore::~DdpCore() = default;

@@ -125,7 +125,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     specs.push_back({static_cast<int64_t>(p.numel() * p.element_size()), key_of(p)});
   }
   auto assignment =
-      assign_buckets(specs, order, {options_.first_bucket_bytes, options_.bucket_bytes});
+      assign_buckets(specs, order, {options_.first_bucket_bytes(), options_.bucket_bytes()});
   at::NoGradGuard no_grad;
   std::vector<Bucket> buckets(assignment.size());
   for (size_t b = 0; b < assignment.size(); ++b) {
@@ -141,7 +141,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       location_[v] = {b, slot};
       at::Tensor view = slot_in(bucket.contents, offset, params_[v]);
       offset += params_[v].numel();
-      if (options_.gradient_as_bucket_view) {
+      if (options_.ddp.gradient_as_bucket_view) {
         // .grad becomes this slot (keeping any value it had, e.g. across a rebuild).
         at::Tensor& grad = params_[v].mutable_grad();
         if (grad.defined()) view.copy_(grad);
@@ -202,8 +202,8 @@ void Reducer::log_layout(const char* when) const {
   std::string s = fmt::format("[rank {}] ddp: {} bucket layout: {} parameters in {} buckets "
                               "(first {:.2f} MB, cap {:.2f} MB)",
                               group_.rank(), when, params_.size(), buckets_.size(),
-                              options_.first_bucket_bytes / 1048576.0,
-                              options_.bucket_bytes / 1048576.0);
+                              options_.first_bucket_bytes() / 1048576.0,
+                              options_.bucket_bytes() / 1048576.0);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const auto& bucket = buckets_[b];
     std::vector<std::string> names;
@@ -230,7 +230,7 @@ void Reducer::prepare_for_forward(bool sync) {
 }
 
 void Reducer::maybe_rebuild_buckets() {
-  const bool allowed = !options_.find_unused_parameters || options_.static_graph;
+  const bool allowed = !options_.ddp.find_unused_parameters || options_.ddp.static_graph;
   if (rebuilt_ || iterations_ < 1 || !allowed) return;
   rebuilt_ = true;
   // Rank 0's observed order, so that every rank builds the same buckets. Parameters that never
@@ -260,7 +260,7 @@ void Reducer::on_gradient(size_t var) {
             group_.rank(), names_[var]);
   if (phase_ == Phase::kForwarded) begin_backward();
   if (fired_[var]++ == 0) hook_order_.push_back(var);
-  if (options_.static_graph && !recorded_) return;  // recording: all reduced in finalize
+  if (options_.ddp.static_graph && !recorded_) return;  // recording: all reduced in finalize
   const int expected = recorded_ ? expected_fires_[var] : 1;
   if (fired_[var] > expected) {
     fail_iteration();
@@ -314,7 +314,7 @@ void Reducer::mark_ready(size_t var) {
       view.zero_();  // no gradient here (unused on this rank): contributes zero
     } else if (!same_memory(grad, view)) {
       view.copy_(grad);
-      if (options_.gradient_as_bucket_view) grad = view;
+      if (options_.ddp.gradient_as_bucket_view) grad = view;
     }
   }
   if (--bucket.pending == 0) launch_ready_buckets();
@@ -361,8 +361,8 @@ void Reducer::set_divisor(int divisor) {
 }
 
 bool Reducer::needs_used_bitmap() const {
-  const bool recording = options_.static_graph && !recorded_;
-  return (options_.find_unused_parameters && !recorded_) || recording;
+  const bool recording = options_.ddp.static_graph && !recorded_;
+  return (options_.ddp.find_unused_parameters && !recorded_) || recording;
 }
 
 void Reducer::shadow_backward() {
@@ -384,7 +384,7 @@ void Reducer::shadow_backward() {
   }
   if (bitmap) used_work.wait();
   // Keep the iteration-dependent state in step with the ranks that trained this iteration.
-  if (options_.static_graph && !recorded_) {
+  if (options_.ddp.static_graph && !recorded_) {
     recorded_ = true;
     expected_fires_.assign(params_.size(), 0);
     recorded_globally_unused_.assign(params_.size(), 0);
@@ -434,7 +434,7 @@ std::vector<size_t> Reducer::handle_missing_gradients() {
           "iteration; the graph is not static. Use find_unused_parameters=true instead.",
           group_.rank(), names_[v], fired_[v], expected_fires_[v]));
     }
-    if (!options_.find_unused_parameters && !options_.static_graph) {
+    if (!options_.ddp.find_unused_parameters && !options_.ddp.static_graph) {
       missing.push_back(names_[v]);
     }
   }
@@ -454,7 +454,7 @@ std::vector<size_t> Reducer::handle_missing_gradients() {
 
 void Reducer::finalize_locked() {
   stats_.finalize_start_s = since_start();
-  const bool recording = options_.static_graph && !recorded_;
+  const bool recording = options_.ddp.static_graph && !recorded_;
   const std::vector<size_t> silent = handle_missing_gradients();
   DDP_ASSERT(next_launch_ == buckets_.size(), "{} of {} buckets launched", next_launch_,
              buckets_.size());
@@ -515,7 +515,7 @@ void Reducer::write_back(const std::vector<size_t>& vars,
     const Location loc = location_[v];
     const at::Tensor& view = buckets_[loc.bucket].views[loc.slot];
     at::Tensor& grad = params_[v].mutable_grad();
-    if (options_.gradient_as_bucket_view) {
+    if (options_.ddp.gradient_as_bucket_view) {
       if (!same_memory(grad, view)) grad = view;
     } else if (grad.defined()) {
       grad.copy_(view);

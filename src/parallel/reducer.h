@@ -58,13 +58,15 @@ struct Node;
 
 namespace ddp::detail {
 
+// The wrapper's options, whole (a new DDPOptions field reaches the reducer without a copy to
+// update), and what the wrapper resolved from them.
 struct ReducerOptions {
-  int64_t first_bucket_bytes = 0;
-  int64_t bucket_bytes = 0;
-  bool find_unused_parameters = false;
-  bool gradient_as_bucket_view = false;
-  bool static_graph = false;
-  DebugLevel debug = DebugLevel::kOff;
+  DDPOptions ddp;
+  DebugLevel debug = DebugLevel::kOff;  // ddp.debug, else DDP_DEBUG
+
+  int64_t first_bucket_bytes() const { return megabytes(ddp.first_bucket_mb); }
+  int64_t bucket_bytes() const { return megabytes(ddp.bucket_cap_mb); }
+  static int64_t megabytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }
 };
 
 class Reducer {

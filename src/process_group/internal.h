@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "base/completion.h"
 #include "c10d/compat.h"
 #include "ddp/process_group.h"
 #include "process_group/shm/group.h"
@@ -46,8 +47,8 @@ struct ProcessGroup::Impl {
 // Note [Work completion]
 // A c10d work finishes its network part on a backend thread. Some of our operations need a
 // local step afterwards (divide for kAvg on Gloo, sum the received chunks of a reduce_scatter).
-// That step runs exactly once, in the first wait() that sees the c10d work complete, under
-// `mu`; later waits return at once or rethrow the stored error.
+// That step runs exactly once, in the first wait() (a Completion, src/base/completion.h); later
+// waits return at once or rethrow the stored error. ddp::Future is built on the same primitive.
 struct Work::State {
   // Constant after construction.
   std::string op;      // "all_reduce"
@@ -59,11 +60,9 @@ struct Work::State {
   c10::intrusive_ptr<::c10d::Work> work;  // a c10d backend's collective, or
   std::shared_ptr<shm::Group> shm_group;  // the shared-memory transport's
   std::shared_ptr<shm::Op> shm_op;
-  std::function<void()> then;  // local completion step; may be empty
+  std::function<void()> then;  // local completion step; may be empty; run by `done` only
 
-  std::mutex mu;
-  bool finished = false;       // guarded by mu
-  std::exception_ptr error;    // guarded by mu
+  Completion done;
 };
 
 }  // namespace ddp

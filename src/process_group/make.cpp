@@ -217,18 +217,8 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   DDP_CHECK(impl->timeout.count() > 0 && rdzv_timeout.count() > 0, ConfigError,
             "InitOptions: timeouts must be positive");
 
-  rendezvous::Config rc;
-  rc.rank = env.rank;
-  rc.world_size = env.world_size;
-  rc.master_addr = env.master_addr;
-  rc.master_port = env.master_port;
-  rc.use_agent_store = env.use_agent_store;
-  rc.agent_store_is_ddp = env.agent_store_is_ddp;
+  rendezvous::Config rc(env);
   rc.single_host = env.local_world_size == env.world_size;
-  rc.store_secret = env.store_secret;
-  rc.run_id = env.run_id;
-  rc.store_bind = env.store_bind;
-  rc.store_max_bytes = env.store_max_bytes.value_or(0);
   rc.key_prefix = fmt::format("ddp/{}/attempt_{}/{}/", env.run_id.empty() ? "none" : env.run_id,
                               env.restart_count, o.group_name);
   rc.timeout = rdzv_timeout;

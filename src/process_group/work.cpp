@@ -45,31 +45,35 @@ Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 void Work::wait() {
   if (!state_) throw Error("ddp::Work::wait() on an empty Work (it was never issued)");
   State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.finished) {
-    try {
-      if (s.shm_op) {
-        s.shm_group->wait(*s.shm_op);  // bounded inside, with errors that say who is behind
-      } else if (s.work) {
-        // Gloo enforces the timeout itself; the bound here covers backends that do not.
-        s.work->wait(s.timeout);
-      }
-      if (s.then) s.then();
-    } catch (const Error&) {
-      s.error = std::current_exception();  // already names rank, op and cause
-    } catch (const std::exception& e) {
-      s.error = classify(s, e.what());
-    }
-    s.finished = true;
-    s.then = nullptr;
-  }
-  if (s.error) std::rethrow_exception(s.error);
+  s.done.run(
+      [&s] {
+        if (s.shm_op) {
+          s.shm_group->wait(*s.shm_op);  // bounded inside, with errors that say who is behind
+        } else if (s.work) {
+          // Gloo enforces the timeout itself; the bound here covers backends that do not.
+          s.work->wait(s.timeout);
+        }
+        if (s.then) {
+          auto then = std::move(s.then);
+          then();
+        }
+      },
+      [&s](std::exception_ptr e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const Error&) {
+          return e;  // already names rank, op and cause
+        } catch (const std::exception& x) {
+          return classify(s, x.what());
+        } catch (...) {
+          return classify(s, "unknown exception");
+        }
+      });
 }
 
 bool Work::is_completed() const {
   if (!state_) return false;
-  std::lock_guard<std::mutex> lock(state_->mu);
-  if (state_->finished) return true;
+  if (state_->done.finished()) return true;
   if (state_->shm_op) return state_->shm_op->done.load();
   return !state_->work || state_->work->isCompleted();
 }

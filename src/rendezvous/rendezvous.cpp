@@ -88,7 +88,7 @@ std::shared_ptr<store::Server> host_store(const Config& c, const std::string& ke
   so.bind_addresses = plan.addresses;
   so.port = c.master_port;
   so.key = key;
-  if (c.store_max_bytes > 0) so.max_stored_bytes = c.store_max_bytes;
+  if (c.store_max_bytes) so.max_stored_bytes = *c.store_max_bytes;
   std::shared_ptr<store::Server> server;
   try {
     server = std::make_shared<store::Server>(so);

@@ -33,23 +33,17 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "ddp/env.h"
+
 namespace ddp::rendezvous {
 
-struct Config {
-  int rank = 0;
-  int world_size = 1;
-  std::string master_addr;
-  int master_port = 0;
-  bool use_agent_store = false;     // every rank is a client of the launcher's store
-  bool agent_store_is_ddp = false;  // ...which is a ddp-cpp store, not LibTorch's TCPStore
-  bool single_host = false;         // every rank runs on this host (where the store listens)
-  std::string key_prefix;           // e.g. "ddp/<run id>/attempt_0/default/"
+// Where this rank stands (the launch environment, whole: no field-by-field copy to forget one)
+// and what the process group decided on top of it.
+struct Config : DistEnv {
+  explicit Config(const DistEnv& env) : DistEnv(env) {}
+  bool single_host = false;  // every rank runs on this host (where the store listens)
+  std::string key_prefix;    // e.g. "ddp/<run id>/attempt_0/default/"
   std::chrono::milliseconds timeout{0};
-  // The store's job key comes from the secret, else from the run id (Note [Store protocol]).
-  std::string store_secret;
-  std::string run_id;
-  std::string store_bind;          // DDP_STORE_BIND (Note [Where the store listens])
-  uint64_t store_max_bytes = 0;    // 0: the default
 };
 
 // Returns a store shared by all ranks (prefixed with key_prefix) once all world_size ranks have

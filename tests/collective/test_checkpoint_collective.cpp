@@ -71,7 +71,7 @@ TEST(CheckpointCollective, RankZeroWritesAllRanksResumeFromTheSameFile) {
       for (int64_t s : {5, 7}) {
         const SavedCheckpoint saved =
             c.save({.model = me.net.get(), .optimizer = &opt, .sampler = &sampler},
-                   {.step = s, .epoch = 1}, &pg);
+                   {.step = s, .epoch = 1}, pg);
         // Whichever rank returns first, the file is already complete.
         EXPECT_EQ(saved.path, dir / ("epoch=1-step=" + std::to_string(s) + ".ckpt"));
         EXPECT_NO_THROW(verify_checkpoint(saved.path));
@@ -80,7 +80,7 @@ TEST(CheckpointCollective, RankZeroWritesAllRanksResumeFromTheSameFile) {
       EXPECT_EQ(m.world_size, pg.size());
       EXPECT_EQ(m.rng_states, pg.size());  // every rank's generator state
 
-      const ResumePoint rp = c.latest_valid(&pg);
+      const ResumePoint rp = c.latest_valid(pg);
       ASSERT_TRUE(rp.path.has_value());
       EXPECT_EQ(*rp.path, dir / "epoch=1-step=7.ckpt");
 
@@ -90,7 +90,7 @@ TEST(CheckpointCollective, RankZeroWritesAllRanksResumeFromTheSameFile) {
                                        {.num_replicas = pg.size(), .rank = pg.rank(), .seed = 5});
       const LoadedCheckpoint got = c.load(
           *rp.path, {.model = me.fresh.get(), .optimizer = &fresh_opt, .sampler = &fresh_sampler},
-          &pg);
+          pg);
       EXPECT_EQ(got.meta.step, 7);
       EXPECT_FALSE(got.world_size_changed);
       EXPECT_TRUE(got.rng_exact);
@@ -116,7 +116,7 @@ TEST(CheckpointCollective, RankZeroWriteFailureIsThrownOnEveryRank) {
                                     }
                                   }});
       try {
-        c.save({.model = ranks[pg.rank()].net.get()}, {.step = 1}, &pg);
+        c.save({.model = ranks[pg.rank()].net.get()}, {.step = 1}, pg);
       } catch (const CheckpointError& e) {
         errors[pg.rank()] = e.what();
       }
@@ -138,12 +138,12 @@ TEST(CheckpointCollective, OneRankFailingToLoadStopsEveryRank) {
   std::vector<std::string> errors(world);
   run_ranks(world, [&](ProcessGroup& pg) {
     Checkpointer c(dir.path(), {.model_label = "net"});
-    const auto saved = c.save({.model = ranks[pg.rank()].net.get()}, {.step = 2}, &pg);
+    const auto saved = c.save({.model = ranks[pg.rank()].net.get()}, {.step = 2}, pg);
     // Rank 1 was started with another model.
     torch::nn::Module* model = pg.rank() == 1 ? static_cast<torch::nn::Module*>(wide[0].fresh.get())
                                               : ranks[pg.rank()].fresh.get();
     try {
-      c.load(saved.path, {.model = model}, &pg);
+      c.load(saved.path, {.model = model}, pg);
     } catch (const CheckpointError& e) {
       errors[pg.rank()] = e.what();
     }
@@ -161,17 +161,17 @@ TEST(CheckpointCollective, ResumeAtAnotherWorldSizeIsReported) {
     DistributedSampler sampler(kDatasetSize, {.num_replicas = 2, .rank = pg.rank(), .seed = 5});
     sampler.advance(4);  // 8 of 30 consumed
     Checkpointer(dir.path()).save(
-        {.model = two[pg.rank()].net.get(), .sampler = &sampler}, {.step = 4}, &pg);
+        {.model = two[pg.rank()].net.get(), .sampler = &sampler}, {.step = 4}, pg);
   });
   auto three = make_ranks(3);
   std::vector<std::vector<int64_t>> rest(3);
   run_ranks(3, [&](ProcessGroup& pg) {
     Checkpointer c(dir.path());
     DistributedSampler sampler(kDatasetSize, {.num_replicas = 3, .rank = pg.rank(), .seed = 5});
-    const auto rp = c.latest_valid(&pg);
+    const auto rp = c.latest_valid(pg);
     ASSERT_TRUE(rp.path.has_value());
     const auto got =
-        c.load(*rp.path, {.model = three[pg.rank()].fresh.get(), .sampler = &sampler}, &pg);
+        c.load(*rp.path, {.model = three[pg.rank()].fresh.get(), .sampler = &sampler}, pg);
     EXPECT_TRUE(got.world_size_changed);
     EXPECT_EQ(got.meta.world_size, 2);
     EXPECT_FALSE(got.rng_exact);

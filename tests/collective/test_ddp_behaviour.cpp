@@ -156,6 +156,37 @@ TEST_F(Behaviour, CustomHookSeesUndividedBucketsAndDecidesTheResult) {
   expect_no_errors(errors);
 }
 
+// A Future's transform runs once; when it throws, the error is sticky: a second wait() does not
+// hand out the untransformed value.
+TEST_F(Behaviour, FutureWhoseTransformThrowsStaysFailed) {
+  auto errors = on_ranks(2, [&](int r, std::shared_ptr<ProcessGroup> pg) {
+    int calls = 0;
+    auto t = torch::full({4}, static_cast<float>(r + 1));
+    Future f(pg->all_reduce(t), t, [&calls](at::Tensor v) -> at::Tensor {
+      ++calls;
+      throw std::runtime_error("transform failed");
+    });
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        f.wait();
+        ADD_FAILURE() << "attempt " << attempt << ": wait() returned a value";
+      } catch (const std::runtime_error& e) {
+        EXPECT_STREQ(e.what(), "transform failed");
+      }
+    }
+    EXPECT_EQ(calls, 1);
+    EXPECT_TRUE(f.is_completed());
+
+    // And a transform that succeeds is applied exactly once, however often one waits.
+    auto u = torch::ones({2});
+    Future g(pg->all_reduce(u), u, [&calls](at::Tensor v) { ++calls; return v * 10; });
+    EXPECT_TRUE(torch::equal(g.wait(), torch::full({2}, 20.0f)));
+    EXPECT_TRUE(torch::equal(g.wait(), torch::full({2}, 20.0f)));
+    EXPECT_EQ(calls, 2);
+  });
+  expect_no_errors(errors);
+}
+
 // Over shm, DDP's buckets are comm buffers: peers reduce them in place, nothing is staged.
 TEST_F(Behaviour, BucketsLiveInTheTransportsMemory) {
   std::vector<int> in_place(2, -1);

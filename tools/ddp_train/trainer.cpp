@@ -254,7 +254,7 @@ Run::Run(const TrainConfig& c) : c_(c) {
 void Run::resume() {
   std::optional<fs::path> from;
   if (c_.resume == "auto") {
-    ResumePoint found = checkpoints_->latest_valid(pg_.get());
+    ResumePoint found = checkpoints_->latest_valid(*pg_);
     for (const auto& s : found.skipped) {
       progress_->line(fmt::format("resume: skipped {}: {}", s.path.string(), s.reason));
     }
@@ -263,7 +263,7 @@ void Run::resume() {
     from = fs::path(c_.resume);
   }
   if (!from) return;
-  LoadedCheckpoint got = checkpoints_->load(*from, refs_, pg_.get());
+  LoadedCheckpoint got = checkpoints_->load(*from, refs_, *pg_);
   step_ = got.meta.step;
   start_epoch_ = got.meta.epoch;
   // The buckets the saved run had rebuilt, so summation order matches from the first step.
@@ -286,7 +286,7 @@ void Run::save_checkpoint(int64_t epoch) {
   checkpoints_->save(refs_,
                      {.step = step_, .epoch = epoch, .hparams_json = c_.to_json().dump(),
                       .blob = blob.dump()},
-                     pg_.get());
+                     *pg_);
 }
 
 double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
