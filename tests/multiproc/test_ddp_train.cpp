@@ -1,79 +1,37 @@
 // ddp-train end to end, as real processes under ddprun: a short run learns and writes its
-// files; a run killed mid-epoch and resumed ends bit for bit where an uninterrupted run does;
-// corrupt checkpoints are skipped with a reason; another model's checkpoint is refused;
-// Debian's python3-torch reproduces the reported accuracy from the saved weights.
+// files and Debian's python3-torch reproduces the reported accuracy from the saved weights;
+// a run resumed at another world size keeps its schedule; a finished run resumed says so;
+// flags and a missing dataset get short errors. Faults (kills, corrupt checkpoints,
+// preemption) are in test_ddp_train_faults.cpp.
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <regex>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "support/saved_state.h"
-#include "support/subprocess.h"
+#include "train_test_support.h"
 
 namespace ddp {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::column;
 using testing::Command;
+using testing::kData;
+using testing::kDdprun;
+using testing::kTrain;
+using testing::reported_accuracy;
 using testing::Result;
+using testing::rows;
 using testing::run_command;
+using testing::TrainTest;
 
-const std::string kDdprun = testing::env_or_die("DDPRUN");
-const std::string kTrain = testing::env_or_die("DDP_TRAIN");
 const std::string kEvalScript = testing::env_or_die("EVAL_SCRIPT");
-const std::string kData = "/usr/share/datasets/fashion-mnist";
-
-class TrainTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ddp_train_test_XXXXXX";
-    dir_ = mkdtemp(tmpl);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // ddprun --standalone --nproc-per-node 2 ddp-train <small, fast settings> <extra>
-  Command train(const std::string& out, std::vector<std::string> extra, int ranks = 2) {
-    std::vector<std::string> argv = {kDdprun, "--standalone", "--nproc-per-node",
-                                     std::to_string(ranks), kTrain,
-                                     "--train-subset", "1536", "--test-subset", "1000",
-                                     "--batch-size", "32", "--output-dir", (dir_ / out).string(),
-                                     "--log-every", "4", "--workers", "1"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return {.argv = argv, .timeout_s = 240};
-  }
-
-  fs::path dir_;
-};
-
-// "test accuracy 81.20% (812/1000)" from the last "done:" line.
-std::pair<int, int> reported_accuracy(const std::string& out) {
-  std::smatch m;
-  std::regex re(R"(done: test accuracy [0-9.]+% \((\d+)/(\d+)\))");
-  EXPECT_TRUE(std::regex_search(out, m, re)) << out;
-  return m.empty() ? std::pair{-1, -1} : std::pair{std::stoi(m[1]), std::stoi(m[2])};
-}
-
-std::vector<double> column(const fs::path& csv, const std::string& split, int col) {
-  std::ifstream in(csv);
-  std::string line;
-  std::vector<double> values;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    std::vector<std::string> cells;
-    std::stringstream ss(line);
-    for (std::string cell; std::getline(ss, cell, ',');) cells.push_back(cell);
-    if (cells.size() > static_cast<size_t>(col) && cells[2] == split) {
-      values.push_back(std::stod(cells[col]));
-    }
-  }
-  return values;
-}
 
 TEST_F(TrainTest, ShortRunLearnsAndWritesItsFilesAndPythonAgrees) {
   Result r = run_command(train("run", {"--model", "mlp", "--epochs", "2"}));
@@ -103,63 +61,6 @@ TEST_F(TrainTest, ShortRunLearnsAndWritesItsFilesAndPythonAgrees) {
       << py.out << " vs ddp-train's " << correct;
 }
 
-TEST_F(TrainTest, KilledMidEpochAndResumedEndsBitwiseIdentical) {
-  // The CNN has dropout (RNG) and BatchNorm (buffers): the hard case for exact resume.
-  const std::vector<std::string> common = {"--model", "cnn", "--epochs", "2",
-                                           "--checkpoint-every", "5", "--no-plots"};
-  Result whole = run_command(train("whole", common));
-  ASSERT_TRUE(whole.exited(0)) << whole.describe();
-
-  auto first = testing::Subprocess::start(train("killed", common));
-  // Kill once a mid-epoch checkpoint exists (24 steps per epoch here; 10 is mid-epoch 1).
-  const fs::path ckpt = dir_ / "killed" / "checkpoints" / "epoch=0-step=10.ckpt";
-  ASSERT_TRUE(testing::wait_until([&] { return fs::exists(ckpt); }, 200))
-      << first.err_so_far();
-  ::kill(first.pid(), SIGKILL);  // ddprun dies; its workers die with it (PR_SET_PDEATHSIG)
-  first.wait();
-
-  std::vector<std::string> resume = common;
-  resume.insert(resume.end(), {"--resume", "auto"});
-  Result resumed = run_command(train("killed", resume));
-  ASSERT_TRUE(resumed.exited(0)) << resumed.describe();
-  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
-
-  auto a = testing::load_state(dir_ / "whole" / "model_state.pt");
-  auto b = testing::load_state(dir_ / "killed" / "model_state.pt");
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, tensor] : a) {
-    EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name << " differs after resume";
-  }
-}
-
-TEST_F(TrainTest, CorruptNewestCheckpointIsSkippedAndOtherModelsAreRefused) {
-  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1",
-                                           "--checkpoint-every", "6", "--no-plots",
-                                           "--max-steps", "18"};
-  Result r = run_command(train("run", common));
-  ASSERT_TRUE(r.exited(0)) << r.describe();
-  const fs::path ckpts = dir_ / "run" / "checkpoints";
-  const fs::path newest = ckpts / "epoch=0-step=18.ckpt";
-  ASSERT_TRUE(fs::exists(newest)) << r.describe();
-  fs::resize_file(newest, fs::file_size(newest) / 2);  // also truncates last.ckpt (hard link)
-
-  std::vector<std::string> resume = common;
-  resume.insert(resume.end(), {"--resume", "auto", "--max-steps", "24"});
-  Result again = run_command(train("run", resume));
-  ASSERT_TRUE(again.exited(0)) << again.describe();
-  EXPECT_NE(again.out.find("skipped"), std::string::npos) << again.out;
-  EXPECT_NE(again.out.find("truncated"), std::string::npos) << again.out;
-  EXPECT_NE(again.out.find("epoch=0-step=12.ckpt at epoch 0, step 12"), std::string::npos)
-      << again.out;
-
-  // A CNN run pointed at the MLP's checkpoints is refused, with the reason.
-  std::vector<std::string> other = {"--model", "cnn", "--epochs", "1", "--no-plots",
-                                    "--resume", (ckpts / "epoch=0-step=12.ckpt").string()};
-  Result refused = run_command(train("run", other));
-  EXPECT_EQ(refused.exit_code, 1) << refused.describe();
-  EXPECT_NE(refused.err.find("--model mlp"), std::string::npos) << refused.err;
-}
-
 TEST_F(TrainTest, SyncBatchNormGradAccumulationAndBf16Run) {
   Result r = run_command(train("run", {"--model", "resnet", "--sync-bn", "--grad-accum", "2",
                                        "--precision", "bf16", "--epochs", "1", "--max-steps",
@@ -187,6 +88,102 @@ TEST_F(TrainTest, HelpAndBadFlags) {
                              .timeout_s = 60});
   EXPECT_EQ(fp16.exit_code, 2) << fp16.describe();
   EXPECT_NE(fp16.err.find("needs CUDA"), std::string::npos) << fp16.err;
+  // Numbers: one short line naming the flag, not CLI11's range of doubles.
+  Result epochs = run_command({.argv = {kTrain, "--epochs", "-1"}, .timeout_s = 30});
+  EXPECT_EQ(epochs.exit_code, 2) << epochs.describe();
+  EXPECT_EQ(epochs.err,
+            "ddp-train: --epochs: must be a positive integer, got -1 (see ddp-train --help)\n");
+}
+
+TEST_F(TrainTest, MissingDatasetNamesTheFlagAndThePackageWithOneRankPrefix) {
+  Result r = run_command(train("run", {"--data-dir", (dir_ / "nowhere").string()}));
+  EXPECT_EQ(r.exit_code, 1) << r.describe();  // ddprun: the group failed
+  const std::string want = fmt::format("[rank 0]: ddp-train: Fashion-MNIST not found: {} has no "
+                                       "train-images-idx3-ubyte.gz", (dir_ / "nowhere").string());
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Check --data-dir"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("dataset-fashion-mnist"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("FashionMnistOptions"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("]: [rank"), std::string::npos) << r.err;
+}
+
+// Resumes at `to` ranks a 2-rank run stopped at step 10 and checks the rule of Note [Progress]
+// (trainer.h): the rest of the schedule is exactly the end of an uninterrupted run at `to`
+// ranks (so the rate neither jumps nor ends early), steps go on counting, both epochs end.
+void resume_at_another_world_size(TrainTest& t, const fs::path& dir, int to) {
+  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "2", "--log-every",
+                                           "1", "--no-plots"};
+  const std::string whole = fmt::format("whole{}", to), moved = fmt::format("moved{}", to);
+  Result uninterrupted = run_command(t.train(whole, common, to));
+  ASSERT_TRUE(uninterrupted.exited(0)) << uninterrupted.describe();
+  std::vector<std::string> first = common;
+  first.insert(first.end(), {"--max-steps", "10"});
+  Result r1 = run_command(t.train(moved, first, 2));
+  ASSERT_TRUE(r1.exited(0)) << r1.describe();
+  std::vector<std::string> rest = common;
+  rest.insert(rest.end(), {"--resume", "auto"});
+  Result r2 = run_command(t.train(moved, rest, to));
+  ASSERT_TRUE(r2.exited(0)) << r2.describe();
+  EXPECT_NE(r2.out.find(fmt::format("written at world size 2, now {}", to)), std::string::npos)
+      << r2.out;
+
+  const auto steps = column(dir / moved / "metrics.csv", "train", 0);
+  const auto lr = column(dir / moved / "metrics.csv", "train", 5);
+  const auto whole_lr = column(dir / whole / "metrics.csv", "train", 5);
+  ASSERT_GT(steps.size(), 10u);
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], i + 1.0) << "row " << i;
+  // After the resume: the tail of the uninterrupted run's rates, to the last one.
+  const std::vector<double> after(lr.begin() + 10, lr.end());
+  ASSERT_LE(after.size(), whole_lr.size());
+  EXPECT_EQ(after, std::vector<double>(whole_lr.end() - after.size(), whole_lr.end()));
+  EXPECT_EQ(lr.back(), whole_lr.back());
+  for (double x : lr) EXPECT_GT(x, 0.0);
+  // No jump at the resume larger than one step of the uninterrupted run's schedule.
+  double largest = 0;
+  for (size_t i = 1; i < whole_lr.size(); ++i) {
+    largest = std::max(largest, std::abs(whole_lr[i] - whole_lr[i - 1]));
+  }
+  EXPECT_LE(std::abs(lr[10] - lr[9]), largest) << lr[9] << " then " << lr[10];
+  // Both epochs ran to their end: an evaluation of epoch 2 (index 1), and "done".
+  const auto tests = rows(dir / moved / "metrics.csv", "test");
+  ASSERT_FALSE(tests.empty());
+  EXPECT_EQ(tests.back()[1], "1");
+  EXPECT_NE(r2.out.find("done: test accuracy"), std::string::npos) << r2.out;
+}
+
+TEST_F(TrainTest, ResumedAtFewerRanksKeepsTheSchedule) {
+  resume_at_another_world_size(*this, dir_, 1);
+}
+
+TEST_F(TrainTest, ResumedAtMoreRanksKeepsTheSchedule) {
+  resume_at_another_world_size(*this, dir_, 3);
+}
+
+TEST_F(TrainTest, ResumingAFinishedRunReportsItAndTrainsNothing) {
+  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1", "--no-plots"};
+  Result done = run_command(train("run", common));
+  ASSERT_TRUE(done.exited(0)) << done.describe();
+  const auto [correct, total] = reported_accuracy(done.out);
+  std::vector<std::string> again = common;
+  again.insert(again.end(), {"--resume", "auto"});
+  Result r = run_command(train("run", again));
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  EXPECT_NE(r.out.find("run already finished at step 24 (epoch 1/1); nothing to do"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("({}/{})", correct, total)), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("(0/0)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("epoch 1/1:"), std::string::npos) << "trained again:\n" << r.out;
+
+  // Stopped by --max-steps mid-epoch: the same, and how to go on.
+  std::vector<std::string> part = common;
+  part.insert(part.end(), {"--max-steps", "6", "--resume", "auto"});
+  ASSERT_TRUE(run_command(train("part", part)).exited(0));
+  Result r2 = run_command(train("part", part));
+  ASSERT_TRUE(r2.exited(0)) << r2.describe();
+  EXPECT_NE(r2.out.find("run already finished at step 6 (--max-steps 6, in epoch 1/1; raise "
+                        "--max-steps to train on); nothing to do"),
+            std::string::npos) << r2.out;
+  EXPECT_EQ(r2.out.find("(0/0)"), std::string::npos) << r2.out;
 }
 
 }  // namespace

@@ -3,3 +3,10 @@ ddp_add_test(NAME test_ddp_train SOURCES test_ddp_train.cpp LABEL multiproc LIBS
              ENV DDPRUN=$<TARGET_FILE:ddprun> DDP_TRAIN=$<TARGET_FILE:ddp-train>
                  EVAL_SCRIPT=${CMAKE_CURRENT_SOURCE_DIR}/eval_fashion_mnist.py)
 add_dependencies(test_ddp_train ddprun ddp-train)
+# ddp-train under faults: preemption (SIGTERM), a second SIGTERM, the grace period's end, a
+# killed worker restarted by ddprun --max-restarts.
+ddp_add_test(NAME test_ddp_train_faults SOURCES test_ddp_train_faults.cpp LABEL multiproc
+             LIBS ddp TIMEOUT 600
+             ENV DDPRUN=$<TARGET_FILE:ddprun> DDP_TRAIN=$<TARGET_FILE:ddp-train>)
+add_dependencies(test_ddp_train_faults ddprun ddp-train)
+set_property(TEST test_ddp_train_faults APPEND PROPERTY LABELS fault)

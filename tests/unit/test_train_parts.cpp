@@ -1,5 +1,8 @@
-// ddp-train's pure parts: the learning-rate schedule, the gradient scaler, the flags.
+// ddp-train's pure parts: the learning-rate schedule, the gradient scaler, the flags, the
+// wording of errors, metrics.csv on resume.
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -8,6 +11,8 @@
 #include "ddp/error.h"
 #include "ddp/process_group.h"
 #include "grad_scaler.h"
+#include "messages.h"
+#include "run_log.h"
 #include "schedule.h"
 #include "support/ranks.h"
 
@@ -84,6 +89,82 @@ TEST(TrainFlags, BadFlagsAndValuesAreClearErrors) {
       EXPECT_NE(std::string(e.what()).find("--help"), std::string::npos) << e.what();
     }
   }
+}
+
+std::string parse_error(std::vector<std::string> args) {
+  TrainConfig c;
+  try {
+    parse(std::move(args), c);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(TrainFlags, NumberErrorsAreShortAndNameTheFlag) {
+  EXPECT_EQ(parse_error({"--epochs", "-1"}),
+            "--epochs: must be a positive integer, got -1 (see ddp-train --help)");
+  EXPECT_EQ(parse_error({"--lr", "abc"}),
+            "--lr: must be a positive number, got abc (see ddp-train --help)");
+  EXPECT_EQ(parse_error({"--batch-size", "0"}),
+            "--batch-size: must be a positive integer, got 0 (see ddp-train --help)");
+  EXPECT_EQ(parse_error({"--max-steps", "-5"}),
+            "--max-steps: must be a non-negative integer, got -5 (see ddp-train --help)");
+  EXPECT_EQ(parse_error({"--momentum", "1.5"}),
+            "--momentum: must be a number in [0, 1], got 1.5 (see ddp-train --help)");
+  EXPECT_EQ(parse_error({"--grad-accum", "99999999999"}),
+            "--grad-accum: must be a positive integer no larger than 2147483647, got "
+            "99999999999 (see ddp-train --help)");
+  EXPECT_EQ(parse_error({"--lr", "nan"}),
+            "--lr: must be a positive number, got nan (see ddp-train --help)");
+  EXPECT_EQ(parse_error({"--epochs", "2.5"}),
+            "--epochs: must be a positive integer, got 2.5 (see ddp-train --help)");
+  TrainConfig c;
+  ASSERT_TRUE(parse({"--momentum", "0", "--weight-decay", "0", "--max-steps", "0", "--lr",
+                     "1e-4", "--seed", "7"},
+                    c));
+  EXPECT_DOUBLE_EQ(c.lr, 1e-4);
+  EXPECT_EQ(c.seed, 7u);
+}
+
+TEST(TrainMessages, OnlyThisRanksOwnPrefixIsDropped) {
+  EXPECT_EQ(error_text("[rank 1] checkpoint save: rank 0 failed", 1),
+            "checkpoint save: rank 0 failed");
+  // Relayed from another rank: the origin stays.
+  EXPECT_EQ(error_text("[rank 0] DistributedDataParallel: x", 1),
+            "[rank 0] DistributedDataParallel: x");
+  EXPECT_EQ(error_text("Fashion-MNIST not found", 0), "Fashion-MNIST not found");
+  EXPECT_EQ(error_text("[rank 12] x", 1), "[rank 12] x");
+}
+
+TEST(RunLog, DropAfterKeepsTheRowsUpToTheStepThenAppends) {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/run_log_test_XXXXXX";
+  const fs::path dir = mkdtemp(tmpl);
+  {
+    RunLog log(dir);
+    for (int64_t s = 1; s <= 6; ++s) log.append({.step = s, .split = "train", .loss = 1});
+    log.append({.step = 4, .split = "test", .loss = 1, .accuracy = 0.5});
+  }
+  {
+    std::ofstream(dir / "metrics.csv", std::ios::app) << "3,0,tra";  // cut off by a kill
+  }
+  RunLog log(dir);  // as a resumed run opens it
+  EXPECT_EQ(log.drop_after(4), 3);  // steps 5, 6 and the half row
+  log.append({.step = 5, .split = "train", .loss = 2});
+  // "step,split" of each row.
+  std::ifstream in(dir / "metrics.csv");
+  std::vector<std::string> rows;
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line.rfind("step,epoch,split", 0), 0u) << line;
+  while (std::getline(in, line)) {
+    const size_t a = line.find(','), b = line.find(',', a + 1), c = line.find(',', b + 1);
+    rows.push_back(line.substr(0, a) + line.substr(b, c - b));
+  }
+  EXPECT_EQ(rows, (std::vector<std::string>{"1,train", "2,train", "3,train", "4,train",
+                                            "4,test", "5,train"}));
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,12 +1,61 @@
 // ddp-train's command line (see config.h).
 #include "config.h"
 
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "ddp/error.h"
 
 namespace ddp::train {
+namespace {
+
+// Number checks with short messages ("must be a positive integer, got -1"; CLI11 prefixes the
+// flag). They run on the text before CLI11 converts it, so "abc" gets the same message. The
+// description is what --help shows after the type (INT:POSITIVE).
+template <typename Int>
+CLI::Validator integer_at_least(Int min) {
+  const char* what = min > 0 ? "a positive integer" : "a non-negative integer";
+  return CLI::Validator(
+      [min, what](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        const bool whole = !text.empty() && end == text.c_str() + text.size() && errno == 0;
+        if (whole && v >= min && v <= std::numeric_limits<Int>::max()) return "";
+        if (whole && v > std::numeric_limits<Int>::max()) {
+          return fmt::format("must be {} no larger than {}, got {}", what,
+                             std::numeric_limits<Int>::max(), text);
+        }
+        return fmt::format("must be {}, got {}", what, text);
+      },
+      min > 0 ? "POSITIVE" : "NONNEGATIVE");
+}
+
+// A finite number in [min, max]; `min_open`: min itself is excluded ("positive").
+CLI::Validator number_in(double min, bool min_open, double max = HUGE_VAL) {
+  std::string what = min == 0 && min_open ? "a positive number"
+                     : min == 0 && std::isinf(max) ? "a non-negative number"
+                                                   : fmt::format("a number in [{}, {}]", min, max);
+  std::string desc = min == 0 && min_open ? "POSITIVE"
+                     : min == 0 && std::isinf(max) ? "NONNEGATIVE"
+                                                   : fmt::format("[{}, {}]", min, max);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        const bool whole = !text.empty() && end == text.c_str() + text.size();
+        if (whole && std::isfinite(v) && (min_open ? v > min : v >= min) && v <= max) return "";
+        return fmt::format("must be {}, got {}", what, text);
+      },
+      desc);
+}
+
+}  // namespace
 
 nlohmann::json TrainConfig::to_json() const {
   return {{"model", model},           {"data_dir", data_dir},
@@ -41,37 +90,39 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   app.add_option("--data-dir", c.data_dir,
                  "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
   app.add_option("--train-subset", c.train_subset, "use the first N training images (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least<int64_t>(0));
   app.add_option("--test-subset", c.test_subset, "evaluate on the first N test images (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--epochs", c.epochs, "passes over the training set")->check(CLI::PositiveNumber);
+      ->check(integer_at_least<int64_t>(0));
+  app.add_option("--epochs", c.epochs, "passes over the training set")
+      ->check(integer_at_least<int64_t>(1));
   app.add_option("--batch-size", c.batch_size, "samples per rank per micro-batch")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least<int64_t>(1));
   app.add_option("--grad-accum", c.grad_accum, "micro-batches per optimizer step (no_sync between)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least<int>(1));
   app.add_option("--optimizer", c.optimizer, "adamw | sgd (with momentum)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
-  app.add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--lr", c.lr, "peak learning rate")->check(number_in(0, true));
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0, false, 1));
   app.add_option("--weight-decay", c.weight_decay, "L2 (sgd) / decoupled (adamw) weight decay")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0, false));
   app.add_option("--warmup-epochs", c.warmup_epochs, "linear warmup length, then cosine decay")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_in(0, false));
   app.add_flag("--scale-lr", c.scale_lr, "multiply the learning rate by the world size");
   app.add_option("--precision", c.precision,
                  "fp32 | bf16 (autocast; CPU or CUDA) | fp16 (CUDA only, with a gradient scaler)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_flag("--sync-bn", c.sync_bn, "BatchNorm statistics over all ranks (ddp::SyncBatchNorm)");
-  app.add_option("--seed", c.seed, "seed for initialisation, shuffling and dropout");
+  app.add_option("--seed", c.seed, "seed for initialisation, shuffling and dropout")
+      ->check(integer_at_least<int64_t>(0));
   app.add_option("--max-steps", c.max_steps, "stop after N optimizer steps (0: all epochs)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least<int64_t>(0));
   app.add_option("--device", c.device, "auto (cuda:LOCAL_RANK if CUDA is available) | cpu | cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--threads", c.threads,
                  "intra-op threads per rank (0: OMP_NUM_THREADS, else cores / local ranks)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least<int>(0));
   app.add_option("--workers", c.workers, "data loader threads per rank")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least<int>(0));
   app.add_option("--comm-hook", c.comm_hook,
                  "none | fp16 | bf16: all-reduce gradients in half precision (half the bytes)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
@@ -82,11 +133,11 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
                  "auto (newest valid checkpoint of the run folder, if any) | a checkpoint path");
   app.add_option("--checkpoint-every", c.checkpoint_every,
                  "optimizer steps between checkpoints (0: at the end of each epoch only)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least<int64_t>(0));
   app.add_option("--keep", c.keep, "step checkpoints kept besides last.ckpt")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least<int>(1));
   app.add_option("--log-every", c.log_every, "optimizer steps between progress lines")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least<int64_t>(1));
   bool no_plots = false;
   app.add_flag("--no-plots", no_plots, "skip the PNG plots at the end");
 

@@ -7,13 +7,17 @@
 //   ...
 //   [rank 0]: done: test accuracy 91.xx% ...; model in runs/ddp-train/version_0/model_state.pt
 //
-// Only this function turns errors into exit codes: 0 done, 1 failed, 2 bad command line or
-// configuration. Every error is printed with the rank and recorded for the launcher.
+// Only this function turns errors into exit codes: 0 done (or nothing left to do), 1 failed,
+// 2 bad command line or configuration, 75 preempted (kExitPreempted, trainer.h). Every error is
+// printed once, without a rank prefix of its own (Note [One rank prefix], messages.h), and
+// recorded for the launcher.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "config.h"
 #include "ddp/ddp.h"
+#include "messages.h"
 #include "trainer.h"
 
 namespace {
@@ -28,8 +32,9 @@ int rank_for_messages() {
 }
 
 int fail(const std::exception& e, int code) {
-  std::fprintf(stderr, "[rank %d] ddp-train: %s\n", rank_for_messages(), e.what());
-  ddp::record_error(e.what());
+  const std::string text = ddp::train::error_text(e.what(), rank_for_messages());
+  std::fprintf(stderr, "ddp-train: %s\n", text.c_str());
+  ddp::record_error(text);
   return code;
 }
 

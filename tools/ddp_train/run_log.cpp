@@ -1,5 +1,8 @@
 #include "run_log.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "ddp/error.h"
@@ -29,6 +32,36 @@ void RunLog::append(const MetricsRow& r) {
                       r.loss, r.accuracy < 0 ? "" : fmt::format("{:.6f}", r.accuracy), r.lr,
                       r.samples_per_s, r.wall_s)
        << std::flush;
+}
+
+int64_t RunLog::drop_after(int64_t step) {
+  const fs::path path = dir_ / "metrics.csv", tmp = dir_ / "metrics.csv.tmp";
+  csv_.close();
+  int64_t dropped = 0;
+  {
+    std::ifstream in(path);
+    std::ofstream out(tmp, std::ios::trunc);
+    std::string line;
+    if (std::getline(in, line)) out << line << "\n";  // the header
+    const auto cells = std::count(line.begin(), line.end(), ',');
+    while (std::getline(in, line)) {
+      // The first cell is the step; a row cut short by a kill goes too.
+      char* end = nullptr;
+      const long long row_step = std::strtoll(line.c_str(), &end, 10);
+      if (end != line.c_str() && *end == ',' && row_step <= step &&
+          std::count(line.begin(), line.end(), ',') == cells) {
+        out << line << "\n";
+      } else {
+        ++dropped;
+      }
+    }
+    out.flush();
+    if (!out) throw Error(fmt::format("cannot write {}", tmp.string()));
+  }
+  fs::rename(tmp, path);
+  csv_.open(path, std::ios::app);
+  if (!csv_) throw Error(fmt::format("cannot write {}", path.string()));
+  return dropped;
 }
 
 std::string RunLog::plot() const {

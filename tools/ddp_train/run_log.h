@@ -1,6 +1,7 @@
 // A run's files, written by rank 0 in the run folder:
 //   metrics.csv    one row per progress interval (split=train) and per evaluation (split=test):
-//                  step,epoch,split,loss,accuracy,lr,samples_per_s,wall_s  (appended on resume)
+//                  step,epoch,split,loss,accuracy,lr,samples_per_s,wall_s; a resumed run
+//                  first drops the rows after its checkpoint's step (drop_after), then appends
 //   hparams.json   the configuration, world size and versions
 //   loss.png, accuracy.png   curves drawn by gnuplot at the end (skipped, with a note, if
 //                  gnuplot is missing)
@@ -31,6 +32,9 @@ class RunLog {
   explicit RunLog(std::filesystem::path dir);
   void write_hparams(const nlohmann::json& hparams) const;
   void append(const MetricsRow& row);
+  // Removes the rows whose step is after `step` (written by an attempt that did not reach a
+  // later checkpoint), so steps never repeat; rewrites the file atomically. Returns how many.
+  int64_t drop_after(int64_t step);
   // Draws loss.png and accuracy.png from metrics.csv. Returns a note for the log.
   std::string plot() const;
   const std::filesystem::path& dir() const { return dir_; }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "ddp/ddp.h"
 #include "grad_scaler.h"
 #include "models.h"
+#include "preemption.h"
 #include "progress.h"
 #include "run_log.h"
 #include "schedule.h"
@@ -54,6 +56,40 @@ fs::path run_dir(const TrainConfig& c, ProcessGroup& pg) {
   }
   pg.broadcast(version, 0).wait();
   return base / fmt::format("version_{}", version.item<int64_t>());
+}
+
+// The four Fashion-MNIST files (gzipped or not), else an error that speaks in ddp-train's flags.
+void require_fashion_mnist(const TrainConfig& c) {
+  const fs::path dir = c.data_dir.empty() ? std::string(kFashionMnistDefaultDir) : c.data_dir;
+  for (const std::string name : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    std::error_code ec;
+    if (fs::is_regular_file(dir / (name + ".gz"), ec) || fs::is_regular_file(dir / name, ec)) {
+      continue;
+    }
+    throw ConfigError(fmt::format(
+        "Fashion-MNIST not found: {} has no {}.gz (nor {}). {}", dir.string(), name, name,
+        c.data_dir.empty()
+            ? fmt::format("Install Debian's package dataset-fashion-mnist (apt-get install "
+                          "dataset-fashion-mnist puts it in {}), or pass --data-dir FOLDER "
+                          "holding {{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte[.gz]",
+                          kFashionMnistDefaultDir)
+            : fmt::format("Check --data-dir {}: it must hold "
+                          "{{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte[.gz]; or install "
+                          "Debian's package dataset-fashion-mnist and leave --data-dir out (it "
+                          "defaults to {})",
+                          c.data_dir, kFashionMnistDefaultDir)));
+  }
+}
+
+// Rank 0's text on every rank (a length, then the bytes).
+std::string broadcast_text(ProcessGroup& pg, std::string text) {
+  at::Tensor n = at::full({1}, static_cast<int64_t>(text.size()), at::kLong);
+  pg.broadcast(n, 0).wait();
+  at::Tensor bytes = at::zeros({n.item<int64_t>()}, at::kByte);
+  if (pg.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  pg.broadcast(bytes, 0).wait();
+  return {static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())};
 }
 
 std::shared_ptr<Dataset> load_split(Split split, const TrainConfig& c, int64_t subset) {
@@ -144,6 +180,9 @@ void save_final_model(ModelImpl& model, const fs::path& dir) {
   if (!out) throw Error(fmt::format("cannot write {}", (dir / "model_state.pt").string()));
 }
 
+// How train_epoch() ended.
+enum class EpochEnd { kDone, kMaxSteps, kPreempted };
+
 // One training run's state, by lifetime: constant after setup, then what the loop advances.
 class Run {
  public:
@@ -152,16 +191,25 @@ class Run {
 
  private:
   void resume();
+  // Optimizer steps left in the current epoch at this world size: what the sampler has left
+  // of the epoch, in batches of batch_size, in steps of grad_accum.
+  int64_t steps_left_in_epoch() const;
+  // Resumed from a checkpoint at or past the end (--epochs, --max-steps): nothing to train.
+  bool finished() const;
+  int report_finished();
   // One micro-batch's forward and backward; returns its (scaled) loss. A synchronising one
   // adds its exposed communication to comm_s_.
   double micro_step(const Batch& batch, bool sync, int64_t micro_batches);
-  void optimizer_step();
-  // Trains what is left of `epoch`; returns false when --max-steps stopped it.
-  bool train_epoch(int64_t epoch);
+  // `schedule_step`: the step's position on this world size's schedule (Note [Progress]).
+  void optimizer_step(int64_t schedule_step);
+  // Collective, after every optimizer step: did any rank get SIGTERM (Note [Preemption])?
+  bool stop_requested();
+  EpochEnd train_epoch(int64_t epoch);
   void log_interval(int64_t epoch);
   void end_epoch(int64_t epoch, bool stopped, double samples_per_s,
                  std::chrono::steady_clock::time_point started);
   void save_checkpoint(int64_t epoch);
+  int preempted(int64_t epoch);
   void finish();
 
   // Constant after construction.
@@ -186,8 +234,12 @@ class Run {
   CheckpointRefs refs_;
 
   // Advanced by the loop.
-  int64_t step_ = 0;           // optimizer steps done
+  int64_t step_ = 0;           // optimizer steps done (by every attempt: Note [Progress])
   int64_t start_epoch_ = 0;
+  double lr_ = 0;              // the rate of the last optimizer step
+  int64_t saved_step_ = -1;    // the step of the last checkpoint this process wrote, and its file
+  fs::path saved_path_;
+  std::optional<PreemptionWatch> preemption_;  // while the training loop runs
   double interval_loss_ = 0;   // sum of step losses since the last log line
   int64_t interval_steps_ = 0;
   // This epoch, on this rank: seconds of communication left after backward's compute (DDP's
@@ -195,6 +247,7 @@ class Run {
   double comm_s_ = 0;
   double step_s_ = 0;
   EvalStats last_eval_;
+  int64_t eval_step_ = -1;     // the step last_eval_ measured
 };
 
 Run::Run(const TrainConfig& c) : c_(c) {
@@ -212,6 +265,7 @@ Run::Run(const TrainConfig& c) : c_(c) {
   }
 
   // Data: every rank reads the files; the sampler gives it its shard.
+  require_fashion_mnist(c_);
   train_set_ = load_split(Split::kTrain, c_, c_.train_subset);
   test_set_ = load_split(Split::kTest, c_, c_.test_subset);
   sampler_ = DistributedSampler(train_set_->size(), {.shuffle = true, .seed = c_.seed});
@@ -258,35 +312,108 @@ void Run::resume() {
     for (const auto& s : found.skipped) {
       progress_->line(fmt::format("resume: skipped {}: {}", s.path.string(), s.reason));
     }
+    // Every checkpoint damaged: starting over would silently discard the run's progress, so
+    // refuse, on every rank, with rank 0's list of files and reasons.
+    std::string refusal;
+    if (pg_->rank() == 0 && !found.path && !found.skipped.empty()) {
+      std::vector<std::string> why;
+      for (const auto& s : found.skipped) {
+        why.push_back(fmt::format("{}: {}", s.path.filename().string(), s.reason));
+      }
+      refusal = fmt::format(
+          "--resume auto: none of the {} checkpoint(s) in {} is valid ({}); not starting over "
+          "from step 0, which would discard the run's progress. To start over, move or delete "
+          "that folder; to resume from a particular file, pass --resume PATH",
+          found.skipped.size(), checkpoints_->dir().string(), fmt::join(why, "; "));
+    }
+    refusal = broadcast_text(*pg_, refusal);
+    if (!refusal.empty()) throw ConfigError(refusal);
+    if (!found.path) {
+      progress_->line(fmt::format("resume: no checkpoint in {} yet; starting from step 0",
+                                  checkpoints_->dir().string()));
+    }
     from = found.path;
   } else if (!c_.resume.empty()) {
     from = fs::path(c_.resume);
   }
-  if (!from) return;
-  LoadedCheckpoint got = checkpoints_->load(*from, refs_, *pg_);
-  step_ = got.meta.step;
-  start_epoch_ = got.meta.epoch;
-  // The buckets the saved run had rebuilt, so summation order matches from the first step.
-  if (!got.meta.blob.empty()) {
-    const auto blob = nlohmann::json::parse(got.meta.blob);
+  if (from) {
+    LoadedCheckpoint got = checkpoints_->load(*from, refs_, *pg_);
+    step_ = got.meta.step;
+    saved_step_ = step_;
+    saved_path_ = *from;
+    start_epoch_ = got.meta.epoch;
+    nlohmann::json blob;
+    if (!got.meta.blob.empty()) blob = nlohmann::json::parse(got.meta.blob);
+    // The buckets the saved run had rebuilt, so summation order matches from the first step.
     if (blob.contains("bucket_order")) {
       model_->restore_bucket_order(blob["bucket_order"].get<std::vector<int64_t>>());
     }
+    if (blob.contains("test")) {
+      last_eval_ = {.loss_sum = blob["test"]["loss_sum"], .correct = blob["test"]["correct"],
+                    .count = blob["test"]["count"]};
+      eval_step_ = step_;
+    }
+    std::string where;
+    if (got.world_size_changed && !finished()) {
+      where = fmt::format(
+          " (written at world size {}, now {}: the epoch continues from the same sample, "
+          "{} steps of {} left in it at this world size)",
+          got.meta.world_size, pg_->size(), steps_left_in_epoch(), steps_per_epoch_);
+    }
+    progress_->line(fmt::format("resumed from {} at epoch {}, step {}{}", from->string(),
+                                start_epoch_, step_, where));
   }
-  progress_->line(fmt::format("resumed from {} at epoch {}, step {}{}", from->string(),
-                              start_epoch_, step_,
-                              got.world_size_changed
-                                  ? fmt::format(" (written at world size {}, now {})",
-                                                got.meta.world_size, pg_->size())
-                                  : ""));
+  // The rows an interrupted attempt wrote after this checkpoint would repeat steps.
+  if (log_ && !c_.resume.empty()) {
+    if (const int64_t dropped = log_->drop_after(step_); dropped > 0) {
+      progress_->line(fmt::format("metrics.csv: dropped {} row(s) after step {} (written after "
+                                  "that checkpoint by the interrupted run)",
+                                  dropped, step_));
+    }
+  }
+}
+
+int64_t Run::steps_left_in_epoch() const {
+  const int64_t batches =
+      (static_cast<int64_t>(sampler_.remaining().size()) + c_.batch_size - 1) / c_.batch_size;
+  return (batches + c_.grad_accum - 1) / c_.grad_accum;
+}
+
+bool Run::finished() const {
+  return start_epoch_ >= c_.epochs || (c_.max_steps > 0 && step_ >= c_.max_steps);
+}
+
+// A finished run's summary: the final evaluation stored in its checkpoint, or (checkpoints
+// without one: those written mid-epoch) a fresh one of the restored model.
+int Run::report_finished() {
+  if (eval_step_ != step_) last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
+  const std::string where =
+      start_epoch_ >= c_.epochs
+          ? fmt::format("epoch {}/{}", c_.epochs, c_.epochs)
+          : fmt::format("--max-steps {}, in epoch {}/{}; raise --max-steps to train on",
+                        c_.max_steps, start_epoch_ + 1, c_.epochs);
+  progress_->line(fmt::format(
+      "run already finished at step {} ({}); nothing to do. Test accuracy {:.2f}% ({}/{}), "
+      "test loss {:.4f}; model in {}",
+      step_, where, 100 * last_eval_.accuracy(), last_eval_.correct, last_eval_.count,
+      last_eval_.mean_loss(), (dir_ / "model_state.pt").string()));
+  barrier();
+  destroy_process_group();
+  return 0;
 }
 
 void Run::save_checkpoint(int64_t epoch) {
-  const nlohmann::json blob = {{"bucket_order", model_->bucket_order()}};
-  checkpoints_->save(refs_,
-                     {.step = step_, .epoch = epoch, .hparams_json = c_.to_json().dump(),
-                      .blob = blob.dump()},
-                     *pg_);
+  nlohmann::json blob = {{"bucket_order", model_->bucket_order()}};
+  if (eval_step_ == step_) {  // the evaluation of exactly this state
+    blob["test"] = {{"loss_sum", last_eval_.loss_sum}, {"correct", last_eval_.correct},
+                    {"count", last_eval_.count}};
+  }
+  saved_path_ = checkpoints_->save(refs_,
+                                   {.step = step_, .epoch = epoch,
+                                    .hparams_json = c_.to_json().dump(), .blob = blob.dump()},
+                                   *pg_)
+                    .path;
+  saved_step_ = step_;
 }
 
 double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
@@ -305,8 +432,9 @@ double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
   return loss.item<double>();
 }
 
-void Run::optimizer_step() {
-  set_lr(*opt_, schedule_.at(step_));
+void Run::optimizer_step(int64_t schedule_step) {
+  lr_ = schedule_.at(schedule_step);
+  set_lr(*opt_, lr_);
   if (scaler_) {
     const bool finite = scaler_->unscale_and_check(model_->parameters(), *pg_);
     if (finite) opt_->step();
@@ -318,25 +446,32 @@ void Run::optimizer_step() {
   ++step_;
 }
 
+bool Run::stop_requested() {
+  if (pg_->size() == 1) return preemption_->requested();
+  at::Tensor flag = at::full({1}, preemption_->requested() ? 1 : 0, at::kInt);
+  pg_->all_reduce(flag, ReduceOp::kMax).wait();
+  return flag.item<int>() != 0;
+}
+
 // Every rank knows the step, so every rank joins this all-reduce of the interval's loss.
 void Run::log_interval(int64_t epoch) {
   at::Tensor l = at::full({1}, interval_loss_ / interval_steps_, at::kDouble);
   pg_->all_reduce(l, ReduceOp::kAvg).wait();
   if (log_) {
     log_->append({.step = step_, .epoch = epoch, .split = "train", .loss = l.item<double>(),
-                  .lr = schedule_.at(step_ - 1), .samples_per_s = progress_->samples_per_s(),
+                  .lr = lr_, .samples_per_s = progress_->samples_per_s(),
                   .wall_s = seconds_since(wall_start_)});
   }
   interval_loss_ = 0;
   interval_steps_ = 0;
 }
 
-bool Run::train_epoch(int64_t epoch) {
+EpochEnd Run::train_epoch(int64_t epoch) {
   // What is left of the epoch (all of it, unless resumed mid-epoch): `batches` micro-batches
   // in optimizer steps of grad_accum (the last step of an epoch may have fewer).
   const int64_t batches =
       (static_cast<int64_t>(sampler_.remaining().size()) + c_.batch_size - 1) / c_.batch_size;
-  int64_t step_in_epoch = steps_per_epoch_ - (batches + c_.grad_accum - 1) / c_.grad_accum;
+  int64_t step_in_epoch = steps_per_epoch_ - steps_left_in_epoch();
   progress_->start_epoch(epoch, c_.epochs, steps_per_epoch_, step_in_epoch);
   int64_t b = 0, micro = 0, step_samples = 0;
   double step_loss = 0;
@@ -353,7 +488,7 @@ bool Run::train_epoch(int64_t epoch) {
       continue;
     }
     micro = 0;
-    optimizer_step();
+    optimizer_step(epoch * steps_per_epoch_ + step_in_epoch);
     step_s_ += seconds_since(step_start);
     interval_loss_ += step_loss;
     ++interval_steps_;
@@ -362,17 +497,19 @@ bool Run::train_epoch(int64_t epoch) {
     step_samples = 0;
     if (step_ % c_.log_every == 0) log_interval(epoch);
     if (c_.checkpoint_every > 0 && step_ % c_.checkpoint_every == 0) save_checkpoint(epoch);
-    if (c_.max_steps > 0 && step_ >= c_.max_steps) return false;
+    if (stop_requested()) return EpochEnd::kPreempted;
+    if (c_.max_steps > 0 && step_ >= c_.max_steps) return EpochEnd::kMaxSteps;
     step_start = Clock::now();  // logging and checkpoints are not part of a step
   }
-  return true;
+  return EpochEnd::kDone;
 }
 
 void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::time_point started) {
-  if (stopped && !(c_.checkpoint_every > 0 && step_ % c_.checkpoint_every == 0)) {
+  last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
+  eval_step_ = step_;
+  if (stopped && saved_step_ != step_) {
     save_checkpoint(epoch);  // stopped mid-epoch (--max-steps) between two checkpoints
   }
-  last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
   // Rank 0's share of the step spent waiting for gradients after backward's compute.
   const double comm_share = step_s_ > 0 ? comm_s_ / step_s_ : 0;
   progress_->line(fmt::format(
@@ -388,14 +525,26 @@ void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::ti
   }
   if (log_) {
     log_->append({.step = step_, .epoch = epoch, .split = "test", .loss = last_eval_.mean_loss(),
-                  .accuracy = last_eval_.accuracy(),
-                  .lr = schedule_.at(std::max<int64_t>(step_ - 1, 0)),
+                  .accuracy = last_eval_.accuracy(), .lr = lr_,
                   .samples_per_s = samples_per_s, .wall_s = seconds_since(wall_start_)});
   }
   if (!stopped) {
     sampler_.set_epoch(epoch + 1);  // the checkpoint resumes at the next epoch's start
     save_checkpoint(epoch + 1);
   }
+}
+
+// Every rank agreed to stop after this step: a checkpoint of it (unless one was just
+// written), then out with kExitPreempted. No evaluation: the grace period is short.
+int Run::preempted(int64_t epoch) {
+  if (saved_step_ != step_) save_checkpoint(epoch);
+  progress_->line(fmt::format(
+      "preempted at step {} (epoch {}/{}); checkpoint {}; resume with --resume auto", step_,
+      epoch + 1, c_.epochs, saved_path_.string()));
+  preemption_.reset();
+  barrier();
+  destroy_process_group();
+  return kExitPreempted;
 }
 
 void Run::finish() {
@@ -414,6 +563,7 @@ void Run::finish() {
 
 int Run::execute() {
   resume();
+  if (finished()) return report_finished();
   progress_->line(fmt::format(
       "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} ranks x {} threads over "
       "{}, batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; "
@@ -423,14 +573,18 @@ int Run::execute() {
       c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs, c_.optimizer, schedule_.peak,
       c_.precision, dir_.string()));
   progress_->line(inspect_blas().summary());
-  bool stopped = c_.max_steps > 0 && step_ >= c_.max_steps;
+  preemption_.emplace();
+  bool stopped = false;
   for (int64_t epoch = start_epoch_; epoch < c_.epochs && !stopped; ++epoch) {
     sampler_.set_epoch(epoch);  // a restored sampler keeps its position within this epoch
     const auto started = Clock::now();
-    stopped = !train_epoch(epoch);
+    const EpochEnd end = train_epoch(epoch);
     progress_->end_epoch();
+    if (end == EpochEnd::kPreempted) return preempted(epoch);
+    stopped = end == EpochEnd::kMaxSteps;
     end_epoch(epoch, stopped, progress_->samples_per_s(), started);
   }
+  preemption_.reset();  // from here on SIGTERM ends the process at once
   finish();
   return 0;
 }
