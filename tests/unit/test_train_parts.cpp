@@ -66,7 +66,24 @@ TEST(TrainFlags, DefaultsAndValues) {
                      "--resume", "auto", "--no-plots"},
                     c));
   EXPECT_EQ(c.model, "resnet");
-  EXPECT_EQ(c.optimizer, "adamw");
+  EXPECT_EQ(c.optimizer, Optimizer::kAdamW);
+  EXPECT_EQ(c.precision, Precision::kBf16);
+  EXPECT_EQ(c.to_json()["precision"], "bf16");
+  TrainConfig d;
+  ASSERT_TRUE(parse({"--optimizer", "sgd", "--device", "cpu", "--comm-hook", "fp16"}, d));
+  EXPECT_EQ(d.optimizer, Optimizer::kSgd);
+  EXPECT_EQ(d.device, Device::kCpu);
+  EXPECT_EQ(d.comm_hook, CommHook::kFp16);
+  EXPECT_EQ(d.precision, Precision::kFp32);  // the default
+  EXPECT_EQ(d.to_json()["comm_hook"], "fp16");
+  TrainConfig e;
+  try {
+    parse({"--optimizer", "adam"}, e);
+    ADD_FAILURE() << "--optimizer adam accepted";
+  } catch (const ConfigError& x) {
+    EXPECT_NE(std::string(x.what()).find("--optimizer"), std::string::npos) << x.what();
+    EXPECT_NE(std::string(x.what()).find("adam"), std::string::npos) << x.what();
+  }
   EXPECT_DOUBLE_EQ(c.lr, 0.001);
   EXPECT_EQ(c.grad_accum, 4);
   EXPECT_TRUE(c.sync_bn);

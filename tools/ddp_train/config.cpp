@@ -55,20 +55,55 @@ CLI::Validator number_in(double min, bool min_open, double max = HUGE_VAL) {
       desc);
 }
 
+template <typename E, size_t N>
+std::string_view name_of(const std::array<std::pair<std::string_view, E>, N>& names, E v) {
+  for (const auto& [name, value] : names) {
+    if (value == v) return name;
+  }
+  return "?";
+}
+
+// A flag whose value is one of `names`: parsed as text (CLI11's message lists the names), then
+// turned into the enum once parsing is done.
+template <typename E, size_t N>
+struct Choice {
+  const std::array<std::pair<std::string_view, E>, N>& names;
+  E& target;
+  std::string text;
+
+  Choice(const std::array<std::pair<std::string_view, E>, N>& n, E& t)
+      : names(n), target(t), text(name_of(n, t)) {}
+  std::vector<std::string> allowed() const {
+    std::vector<std::string> out;
+    for (const auto& [name, value] : names) out.emplace_back(name);
+    return out;
+  }
+  void apply() const {
+    for (const auto& [name, value] : names) {
+      if (name == text) target = value;
+    }
+  }
+};
+
 }  // namespace
+
+std::string_view to_string(Optimizer v) { return name_of(kOptimizerNames, v); }
+std::string_view to_string(Precision v) { return name_of(kPrecisionNames, v); }
+std::string_view to_string(Device v) { return name_of(kDeviceNames, v); }
+std::string_view to_string(CommHook v) { return name_of(kCommHookNames, v); }
 
 nlohmann::json TrainConfig::to_json() const {
   return {{"model", model},           {"data_dir", data_dir},
           {"train_subset", train_subset}, {"test_subset", test_subset},
           {"epochs", epochs},         {"batch_size", batch_size},
-          {"grad_accum", grad_accum}, {"optimizer", optimizer},
+          {"grad_accum", grad_accum}, {"optimizer", to_string(optimizer)},
           {"lr", lr},                 {"momentum", momentum},
           {"weight_decay", weight_decay}, {"warmup_epochs", warmup_epochs},
-          {"scale_lr", scale_lr},     {"precision", precision},
+          {"scale_lr", scale_lr},     {"precision", to_string(precision)},
           {"sync_bn", sync_bn},       {"seed", seed},
-          {"max_steps", max_steps},   {"device", device},
+          {"max_steps", max_steps},   {"device", to_string(device)},
           {"threads", threads},       {"workers", workers},
-          {"comm_hook", comm_hook},
+          {"comm_hook", to_string(comm_hook)},
           {"output_dir", output_dir}, {"name", name},
           {"resume", resume},         {"checkpoint_every", checkpoint_every},
           {"keep", keep},             {"log_every", log_every},
@@ -99,8 +134,12 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
       ->check(integer_at_least<int64_t>(1));
   app.add_option("--grad-accum", c.grad_accum, "micro-batches per optimizer step (no_sync between)")
       ->check(integer_at_least<int>(1));
-  app.add_option("--optimizer", c.optimizer, "adamw | sgd (with momentum)")
-      ->check(CLI::IsMember({"sgd", "adamw"}));
+  Choice optimizer(kOptimizerNames, c.optimizer);
+  Choice precision(kPrecisionNames, c.precision);
+  Choice device(kDeviceNames, c.device);
+  Choice comm_hook(kCommHookNames, c.comm_hook);
+  app.add_option("--optimizer", optimizer.text, "adamw | sgd (with momentum)")
+      ->check(CLI::IsMember(optimizer.allowed()));
   app.add_option("--lr", c.lr, "peak learning rate")->check(number_in(0, true));
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(number_in(0, false, 1));
   app.add_option("--weight-decay", c.weight_decay, "L2 (sgd) / decoupled (adamw) weight decay")
@@ -108,24 +147,24 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   app.add_option("--warmup-epochs", c.warmup_epochs, "linear warmup length, then cosine decay")
       ->check(number_in(0, false));
   app.add_flag("--scale-lr", c.scale_lr, "multiply the learning rate by the world size");
-  app.add_option("--precision", c.precision,
+  app.add_option("--precision", precision.text,
                  "fp32 | bf16 (autocast; CPU or CUDA) | fp16 (CUDA only, with a gradient scaler)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+      ->check(CLI::IsMember(precision.allowed()));
   app.add_flag("--sync-bn", c.sync_bn, "BatchNorm statistics over all ranks (ddp::SyncBatchNorm)");
   app.add_option("--seed", c.seed, "seed for initialisation, shuffling and dropout")
       ->check(integer_at_least<int64_t>(0));
   app.add_option("--max-steps", c.max_steps, "stop after N optimizer steps (0: all epochs)")
       ->check(integer_at_least<int64_t>(0));
-  app.add_option("--device", c.device, "auto (cuda:LOCAL_RANK if CUDA is available) | cpu | cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--device", device.text, "auto (cuda:LOCAL_RANK if CUDA is available) | cpu | cuda")
+      ->check(CLI::IsMember(device.allowed()));
   app.add_option("--threads", c.threads,
                  "intra-op threads per rank (0: OMP_NUM_THREADS, else cores / local ranks)")
       ->check(integer_at_least<int>(0));
   app.add_option("--workers", c.workers, "data loader threads per rank")
       ->check(integer_at_least<int>(0));
-  app.add_option("--comm-hook", c.comm_hook,
+  app.add_option("--comm-hook", comm_hook.text,
                  "none | fp16 | bf16: all-reduce gradients in half precision (half the bytes)")
-      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+      ->check(CLI::IsMember(comm_hook.allowed()));
   app.add_option("--output-dir", c.output_dir,
                  "run folder (default: runs/<name>/version_N, the next free N)");
   app.add_option("--name", c.name, "run name under runs/");
@@ -150,6 +189,10 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
     throw ConfigError(fmt::format("{} (see ddp-train --help)", e.what()));
   }
   c.plots = !no_plots;
+  optimizer.apply();
+  precision.apply();
+  device.apply();
+  comm_hook.apply();
   return true;
 }
 

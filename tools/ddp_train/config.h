@@ -1,19 +1,44 @@
 // ddp-train's configuration: every flag, its default and its meaning, in one struct.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace ddp::train {
 
+// The closed choices of a flag, each with its name on the command line and in hparams.
+enum class Optimizer { kAdamW, kSgd };
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class Device { kAuto, kCpu, kCuda };
+enum class CommHook { kNone, kFp16, kBf16 };
+
+template <typename E>
+using Names = std::array<std::pair<std::string_view, E>, 3>;
+inline constexpr std::array<std::pair<std::string_view, Optimizer>, 2> kOptimizerNames = {
+    {{"adamw", Optimizer::kAdamW}, {"sgd", Optimizer::kSgd}}};
+inline constexpr Names<Precision> kPrecisionNames = {
+    {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}}};
+inline constexpr Names<Device> kDeviceNames = {
+    {{"auto", Device::kAuto}, {"cpu", Device::kCpu}, {"cuda", Device::kCuda}}};
+inline constexpr Names<CommHook> kCommHookNames = {
+    {{"none", CommHook::kNone}, {"fp16", CommHook::kFp16}, {"bf16", CommHook::kBf16}}};
+
+std::string_view to_string(Optimizer v);
+std::string_view to_string(Precision v);
+std::string_view to_string(Device v);
+std::string_view to_string(CommHook v);
+
 // Defaults chosen so that `ddprun --standalone --nproc-per-node 2 ddp-train` clears 90% test
 // accuracy on Fashion-MNIST in a few minutes on a 2-core machine (see the README).
 struct TrainConfig {
   // Model and data.
-  std::string model = "cnn";   // mlp | cnn | resnet
+  std::string model = "cnn";   // a name of tools/common's model registry: mlp | cnn | resnet
   std::string data_dir;        // Fashion-MNIST folder; empty: Debian's dataset-fashion-mnist
   int64_t train_subset = 0;    // use the first N training images (0: all 60000)
   int64_t test_subset = 0;     // evaluate on the first N test images (0: all 10000)
@@ -21,21 +46,21 @@ struct TrainConfig {
   int64_t epochs = 3;
   int64_t batch_size = 64;     // per rank and per micro-batch
   int grad_accum = 1;          // micro-batches per optimizer step (no_sync in between)
-  std::string optimizer = "adamw";  // adamw | sgd (with momentum)
+  Optimizer optimizer = Optimizer::kAdamW;  // sgd: with momentum
   double lr = 1e-3;            // measured: 90.9% after 3 epochs at 2 ranks (SGD 0.05: 90.1%)
   double momentum = 0.9;       // SGD only
   double weight_decay = 0.01;  // decoupled (AdamW) / L2 (SGD)
   double warmup_epochs = 0.3;  // linear warmup, then cosine decay to 0
   bool scale_lr = false;       // lr *= world size (linear scaling rule)
-  std::string precision = "fp32";  // fp32 | bf16 (CPU autocast) | fp16 (CUDA, grad scaler)
+  Precision precision = Precision::kFp32;  // bf16: autocast; fp16: CUDA, grad scaler
   bool sync_bn = false;        // BatchNorm statistics over all ranks
   uint64_t seed = 0;
   int64_t max_steps = 0;       // stop after this many optimizer steps (0: run all epochs)
   // Execution.
-  std::string device = "auto";  // auto | cpu | cuda
+  Device device = Device::kAuto;  // auto: cuda:LOCAL_RANK when CUDA is available
   int threads = 0;             // intra-op threads per rank (0: OMP_NUM_THREADS or cores/ranks)
   int workers = 1;             // loader threads per rank
-  std::string comm_hook = "none";  // none | fp16 | bf16: gradients all-reduced compressed
+  CommHook comm_hook = CommHook::kNone;  // fp16 / bf16: gradients all-reduced compressed
   // Output.
   std::string output_dir;      // empty: runs/<name>/version_N (the next free N; with --resume
                                // auto, the newest existing one)

@@ -102,7 +102,7 @@ std::shared_ptr<Dataset> load_split(Split split, const TrainConfig& c, int64_t s
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c,
                                                         std::vector<torch::Tensor> params) {
-  if (c.optimizer == "adamw") {
+  if (c.optimizer == Optimizer::kAdamW) {
     return std::make_unique<torch::optim::AdamW>(
         params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   }
@@ -141,7 +141,7 @@ class Autocast {
 // workers), else the cores shared among this node's ranks.
 int choose_threads(const TrainConfig& c, const ProcessGroup& pg) {
   if (c.threads > 0) return c.threads;
-  if (const char* omp = std::getenv("OMP_NUM_THREADS")) return std::max(1, std::atoi(omp));
+  if (auto omp = env_knob("OMP_NUM_THREADS")) return std::max(1, std::atoi(omp->c_str()));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, pg.local_size()));
 }
@@ -254,12 +254,12 @@ Run::Run(const TrainConfig& c) : c_(c) {
   pg_ = init_process_group();
   torch::set_num_threads(choose_threads(c_, *pg_));
   const bool cuda_available = torch::cuda::is_available();
-  if (c_.device == "cuda" && !cuda_available) {
+  if (c_.device == Device::kCuda && !cuda_available) {
     throw ConfigError("--device cuda: no CUDA device is available to this process");
   }
-  cuda_ = c_.device == "cuda" || (c_.device == "auto" && cuda_available);
+  cuda_ = c_.device == Device::kCuda || (c_.device == Device::kAuto && cuda_available);
   device_ = cuda_ ? c10::Device(c10::kCUDA, pg_->local_rank()) : c10::Device(c10::kCPU);
-  if (c_.precision == "fp16" && !cuda_) {
+  if (c_.precision == Precision::kFp16 && !cuda_) {
     throw ConfigError("--precision fp16 needs CUDA (fp16 autocast with a gradient scaler); on "
                       "the CPU use --precision bf16");
   }
@@ -278,10 +278,10 @@ Run::Run(const TrainConfig& c) : c_(c) {
   net_ = make_model(c_.model, c_.sync_bn);
   net_->to(device_);
   model_ = std::make_unique<DistributedDataParallel<ModelImpl>>(net_, DDPOptions{});
-  if (c_.comm_hook == "fp16") model_->register_comm_hook(comm_hooks::fp16_compress());
-  if (c_.comm_hook == "bf16") model_->register_comm_hook(comm_hooks::bf16_compress());
+  if (c_.comm_hook == CommHook::kFp16) model_->register_comm_hook(comm_hooks::fp16_compress());
+  if (c_.comm_hook == CommHook::kBf16) model_->register_comm_hook(comm_hooks::bf16_compress());
   opt_ = make_optimizer(c_, model_->parameters());
-  if (c_.precision == "fp16") scaler_.emplace();
+  if (c_.precision == Precision::kFp16) scaler_.emplace();
 
   const int64_t batches_per_epoch = (sampler_.num_samples() + c_.batch_size - 1) / c_.batch_size;
   steps_per_epoch_ = (batches_per_epoch + c_.grad_accum - 1) / c_.grad_accum;
@@ -420,7 +420,7 @@ double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
   const NoSyncGuard no_sync = model_->no_sync(/*enabled=*/!sync);
   torch::Tensor loss;
   {
-    Autocast autocast(c_.precision != "fp32", cuda_);
+    Autocast autocast(c_.precision != Precision::kFp32, cuda_);
     loss = torch::cross_entropy_loss((*model_)(batch.data).to(torch::kFloat), batch.target) /
            static_cast<double>(micro_batches);
   }
@@ -570,8 +570,8 @@ int Run::execute() {
       "run folder {}",
       c_.model, train_set_->size(), test_set_->size(), pg_->size(), torch::get_num_threads(),
       pg_->backend(),
-      c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs, c_.optimizer, schedule_.peak,
-      c_.precision, dir_.string()));
+      c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs, to_string(c_.optimizer), schedule_.peak,
+      to_string(c_.precision), dir_.string()));
   progress_->line(inspect_blas().summary());
   preemption_.emplace();
   bool stopped = false;
