@@ -11,20 +11,19 @@
 // Under 2-4, MASTER_ADDR/MASTER_PORT may still be given; when absent, a single-node job uses
 // 127.0.0.1 and a port derived from the launcher's job id (so all ranks agree without talking).
 //
-// Also read: DDP_RDZV_TIMEOUT and DDP_COLLECTIVE_TIMEOUT (seconds, may be fractional), and the
-// rendezvous store's knobs (README, "The rendezvous store"): DDP_STORE_SECRET (the job's
-// secret; ddprun generates one for single-node jobs), DDP_STORE_BIND, DDP_STORE_MAX_BYTES,
-// DDP_AGENT_STORE ("tcpstore", torchrun's agent, or "ddp": the agent's store is a ddp-cpp one).
+// Every other variable ddp-cpp reads is a knob of kEnvKnobs below (Note [Environment knobs]).
 //
 // Every malformed or inconsistent value is a ddp::ConfigError naming the variable and the fix,
 // raised before any socket opens. Pure functions: tests pass an EnvMap instead of the real env.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
-#include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace ddp {
 
@@ -64,8 +63,8 @@ struct DistEnv {
   std::optional<uint64_t> store_max_bytes;  // DDP_STORE_MAX_BYTES: cap on the stored bytes
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: which attempt of the group this is
   std::string run_id;     // TORCHELASTIC_RUN_ID or the launcher's job id; may be empty
-  std::optional<double> rdzv_timeout_s;        // DDP_RDZV_TIMEOUT
-  std::optional<double> collective_timeout_s;  // DDP_COLLECTIVE_TIMEOUT
+  std::optional<std::chrono::milliseconds> rdzv_timeout;        // DDP_RDZV_TIMEOUT
+  std::optional<std::chrono::milliseconds> collective_timeout;  // DDP_COLLECTIVE_TIMEOUT
 
   // One line for logs: "rank 1/4 (local 1/2, node 0) via torchrun; store 127.0.0.1:29500".
   std::string describe() const;
@@ -78,6 +77,44 @@ DistEnv parse_dist_env(const EnvMap& env);
 EnvMap current_environment();
 
 // Positive number of seconds, e.g. "30" or "2.5"; `name` is used in the error message.
-double parse_seconds(const std::string& name, const std::string& value);
+std::chrono::milliseconds parse_seconds(const std::string& name, const std::string& value);
+
+// Note [Environment knobs]
+// Besides the launch contract above, these variables tune ddp-cpp. This table is the one list:
+// env_knob() reads no other name, the README's "Environment knobs" table shows the same rows
+// (tests/unit/check_env_knobs.sh checks both, and that nothing outside src/base reads the
+// environment directly). Options in code (InitOptions, DDPOptions, flags) win over knobs.
+struct EnvKnob {
+  std::string_view name;
+  std::string_view default_value;
+  std::string_view meaning;
+};
+inline constexpr EnvKnob kEnvKnobs[] = {
+    {"DDP_RDZV_TIMEOUT", "300", "seconds every rank waits for the others to join (fractions ok)"},
+    {"DDP_COLLECTIVE_TIMEOUT", "600", "seconds one collective may take before it fails, named"},
+    {"DDP_BACKEND", "auto", "transport: auto (shm on one host, shm+gloo across hosts), shm, gloo, nccl"},
+    {"DDP_DEBUG", "off", "off, info (bucket layout, chosen transport), detail (also per-iteration checks)"},
+    {"TORCH_DISTRIBUTED_DEBUG", "off", "PyTorch's name for DDP_DEBUG, read when DDP_DEBUG is unset"},
+    {"DDP_SHM_CHUNK_BYTES", "262144", "shm staging chunk, a multiple of 64 (tests and tuning)"},
+    {"DDP_STORE_SECRET", "(none)", "the job's rendezvous-store secret; ddprun generates one"},
+    {"DDP_STORE_BIND", "(the job's address)", "addresses the store listens on, or any"},
+    {"DDP_STORE_MAX_BYTES", "268435456", "cap on the bytes the rendezvous store holds"},
+    {"DDP_AGENT_STORE", "tcpstore", "what the launcher's agent store is: tcpstore (torchrun) or ddp"},
+    {"GLOO_SOCKET_IFNAME", "(routes to MASTER_ADDR)", "network interface Gloo uses"},
+    {"TORCHELASTIC_ERROR_FILE", "(set by ddprun)", "where a failing process records its error"},
+    {"OMP_NUM_THREADS", "1 per rank under ddprun", "intra-op threads of ddp-train and ddp-bench"},
+    {"USE_LIBUV", "1", "LibTorch 2.x TCPStore: libuv or classic (falls back when libuv is absent)"},
+    {"OPENBLAS_CORETYPE", "(CPU's best)", "OpenBLAS kernel; ddp::ensure_fast_blas sets it when unset"},
+    {"TMPDIR", "/tmp", "where ddprun makes a log folder for --redirects/--tee without --log-dir"},
+};
+
+// The value of knob `name` (which must be a row of kEnvKnobs: a ddp::Error otherwise), or
+// nullopt when it is unset or empty.
+std::optional<std::string> env_knob(std::string_view name);
+
+// What DDP logs: DDP_DEBUG, else TORCH_DISTRIBUTED_DEBUG, else kOff. ConfigError for any value
+// but off, info, detail (either case).
+enum class DebugLevel { kOff, kInfo, kDetail };
+DebugLevel debug_level_from_env();
 
 }  // namespace ddp

@@ -1,6 +1,8 @@
 // BLAS inspection and OpenBLAS core selection (see include/ddp/blas.h).
 #include "ddp/blas.h"
 
+#include "ddp/env.h"
+
 #include <dlfcn.h>   // dlsym, dladdr, dlopen
 #include <unistd.h>  // execv
 
@@ -103,7 +105,7 @@ std::string BlasReport::summary() const {
 
 BlasReport inspect_blas() {
   BlasReport r;
-  if (const char* v = std::getenv("OPENBLAS_CORETYPE")) r.user_coretype = v;
+  if (auto v = env_knob("OPENBLAS_CORETYPE")) r.user_coretype = *v;
   r.reexecuted = std::getenv(kReexecMarker) != nullptr;
   r.cpu_best_core = best_openblas_core();
 

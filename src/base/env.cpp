@@ -1,6 +1,7 @@
 // Parsing of the launch environment contract (see include/ddp/env.h).
 #include "ddp/env.h"
 
+#include <algorithm>
 #include <charconv>  // std::from_chars
 #include <cmath>     // std::isfinite
 #include <cstdlib>   // strtod
@@ -238,11 +239,35 @@ const char* to_string(LaunchContract contract) {
   return "?";
 }
 
-double parse_seconds(const std::string& name, const std::string& value) {
+std::chrono::milliseconds parse_seconds(const std::string& name, const std::string& value) {
   const std::optional<double> s = parse::seconds(value);
   DDP_CHECK(s.has_value(), ConfigError,
             "invalid value: {}='{}' is not a positive number of seconds", name, value);
-  return *s;
+  // At least 1 ms: a positive timeout never rounds down to "no time at all".
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(*s * 1000.0)));
+}
+
+std::optional<std::string> env_knob(std::string_view name) {
+  bool known = false;
+  for (const EnvKnob& k : kEnvKnobs) known = known || k.name == name;
+  DDP_CHECK(known, Error, "env_knob({}): not a row of kEnvKnobs (include/ddp/env.h)", name);
+  const char* v = std::getenv(std::string(name).c_str());
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+DebugLevel debug_level_from_env() {
+  const char* name = "DDP_DEBUG";
+  std::optional<std::string> v = env_knob(name);
+  if (!v) {
+    name = "TORCH_DISTRIBUTED_DEBUG";
+    v = env_knob(name);
+  }
+  if (!v || *v == "off" || *v == "OFF") return DebugLevel::kOff;
+  if (*v == "info" || *v == "INFO") return DebugLevel::kInfo;
+  if (*v == "detail" || *v == "DETAIL") return DebugLevel::kDetail;
+  throw ConfigError(
+      fmt::format("invalid value: {}='{}': use off, info or detail", name, *v));
 }
 
 DistEnv parse_dist_env(const EnvMap& env) {
@@ -260,10 +285,10 @@ DistEnv parse_dist_env(const EnvMap& env) {
     out.master_addr = *addr;  // harmless for a single process; kept for describe()
   }
   if (const std::string* v = find(env, "DDP_RDZV_TIMEOUT")) {
-    out.rdzv_timeout_s = parse_seconds("DDP_RDZV_TIMEOUT", *v);
+    out.rdzv_timeout = parse_seconds("DDP_RDZV_TIMEOUT", *v);
   }
   if (const std::string* v = find(env, "DDP_COLLECTIVE_TIMEOUT")) {
-    out.collective_timeout_s = parse_seconds("DDP_COLLECTIVE_TIMEOUT", *v);
+    out.collective_timeout = parse_seconds("DDP_COLLECTIVE_TIMEOUT", *v);
   }
   parse_store_knobs(env, out);
   return out;

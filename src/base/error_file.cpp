@@ -6,13 +6,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ddp/env.h"
 #include "ddp/error.h"
 
 namespace ddp {
 
 void record_error(std::string_view message) {
-  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
-  if (path == nullptr || *path == '\0') return;
+  const std::optional<std::string> file = env_knob("TORCHELASTIC_ERROR_FILE");
+  if (!file) return;
+  const char* path = file->c_str();
   try {
     using namespace std::chrono;
     const auto now = system_clock::now().time_since_epoch();

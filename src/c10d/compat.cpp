@@ -1,6 +1,8 @@
 // Version-specific construction of c10d backends (see compat.h).
 #include "c10d/compat.h"
 
+#include "ddp/env.h"
+
 #include <cstdlib>  // std::getenv
 
 #include <c10/util/string_utils.h>  // c10::guts::to_string (1.13)
@@ -36,8 +38,7 @@ bool set_use_libuv(Options& options, bool on) {
 // USE_LIBUV=0.)
 c10::intrusive_ptr<::c10d::TCPStore> make_tcp_store(const std::string& host,
                                                     ::c10d::TCPStoreOptions options) {
-  const char* env = std::getenv("USE_LIBUV");
-  if (set_use_libuv(options, env == nullptr || std::string(env) == "1")) {
+  if (set_use_libuv(options, env_knob("USE_LIBUV").value_or("1") == "1")) {
     try {
       return c10::make_intrusive<::c10d::TCPStore>(host, options);
     } catch (const std::exception& e) {

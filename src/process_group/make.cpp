@@ -28,7 +28,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-milliseconds from_seconds(double s) { return milliseconds(static_cast<int64_t>(s * 1000.0)); }
 
 // The launch environment, with explicit options applied on top: options become variables and
 // go through the same validation as a launcher's.
@@ -86,8 +85,8 @@ c10d_compat::GlooDeviceSpec gloo_device(const InitOptions& o, const DistEnv& env
   c10d_compat::GlooDeviceSpec spec;
   if (o.gloo_interface) {
     spec.interface = *o.gloo_interface;
-  } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    spec.interface = ifname;
+  } else if (auto ifname = env_knob("GLOO_SOCKET_IFNAME")) {
+    spec.interface = *ifname;
   } else if (env.local_world_size == env.world_size || is_loopback(env.master_addr)) {
     spec.hostname = "127.0.0.1";  // every rank is on this host
   } else {
@@ -103,8 +102,7 @@ c10d_compat::GlooDeviceSpec gloo_device(const InitOptions& o, const DistEnv& env
 // InitOptions::backend, else DDP_BACKEND, else "auto".
 std::string requested_backend(const InitOptions& o) {
   if (o.backend) return *o.backend;
-  const char* v = std::getenv("DDP_BACKEND");
-  return v != nullptr && *v != '\0' ? v : "auto";
+  return env_knob("DDP_BACKEND").value_or("auto");
 }
 
 // The backend before locality is known: "gloo", "nccl", "shm", or "cpu-auto" (shm when every
@@ -160,12 +158,7 @@ void agree_on_backend(::c10d::Store& store, const DistEnv& env, const std::strin
             env.rank, mismatch);
 }
 
-bool debug_info() {
-  const char* v = std::getenv("DDP_DEBUG");
-  if (v == nullptr) v = std::getenv("TORCH_DISTRIBUTED_DEBUG");
-  return v != nullptr && (std::string_view(v) == "info" || std::string_view(v) == "detail" ||
-                          std::string_view(v) == "INFO" || std::string_view(v) == "DETAIL");
-}
+bool debug_info() { return debug_level_from_env() != DebugLevel::kOff; }
 
 // Note [Hierarchical collectives]
 // Ranks on H hosts, L on each (L > 1): each host's ranks share a shm group; the ranks with the
@@ -209,11 +202,9 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   const DistEnv& env = impl->env;
   impl->backend_name = choose_backend(requested_backend(o));
   impl->timeout = o.timeout.value_or(
-      env.collective_timeout_s ? from_seconds(*env.collective_timeout_s)
-                               : milliseconds(kDefaultCollectiveTimeout));
+      env.collective_timeout.value_or(milliseconds(kDefaultCollectiveTimeout)));
   const milliseconds rdzv_timeout = o.rendezvous_timeout.value_or(
-      env.rdzv_timeout_s ? from_seconds(*env.rdzv_timeout_s)
-                         : milliseconds(kDefaultRendezvousTimeout));
+      env.rdzv_timeout.value_or(milliseconds(kDefaultRendezvousTimeout)));
   DDP_CHECK(impl->timeout.count() > 0 && rdzv_timeout.count() > 0, ConfigError,
             "InitOptions: timeouts must be positive");
 

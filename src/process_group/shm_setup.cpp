@@ -34,13 +34,13 @@ std::string host_identity() {
 
 // Test knob: a tiny chunk forces many chunks per collective (DDP_SHM_CHUNK_BYTES).
 size_t chunk_bytes(int size) {
-  const char* v = std::getenv("DDP_SHM_CHUNK_BYTES");
-  if (v == nullptr) return size == 1 ? 64 : shm::kDefaultChunkBytes;  // one rank stages nothing
+  const std::optional<std::string> v = env_knob("DDP_SHM_CHUNK_BYTES");
+  if (!v) return size == 1 ? 64 : shm::kDefaultChunkBytes;  // one rank stages nothing
   char* end = nullptr;
-  const long long b = std::strtoll(v, &end, 10);
-  DDP_CHECK(*v != '\0' && *end == '\0' && b >= 64 * size && b % 64 == 0, ConfigError,
+  const long long b = std::strtoll(v->c_str(), &end, 10);
+  DDP_CHECK(*end == '\0' && b >= 64 * size && b % 64 == 0, ConfigError,
             "DDP_SHM_CHUNK_BYTES={} must be a multiple of 64 and at least 64 x world size ({})",
-            v, 64 * size);
+            *v, 64 * size);
   return static_cast<size_t>(b);
 }
 

@@ -30,7 +30,7 @@ TEST(Env, EmptyIsSingleProcessWithNoStore) {
   EXPECT_EQ(e.rank, 0);
   EXPECT_EQ(e.world_size, 1);
   EXPECT_EQ(e.master_port, 0);
-  EXPECT_FALSE(e.rdzv_timeout_s.has_value());
+  EXPECT_FALSE(e.rdzv_timeout.has_value());
 }
 
 TEST(Env, Torchrun) {
@@ -142,8 +142,10 @@ TEST(Env, MissingTorchrunVariables) {
 TEST(Env, Timeouts) {
   EnvMap env = {{"DDP_RDZV_TIMEOUT", "2.5"}, {"DDP_COLLECTIVE_TIMEOUT", "30"}};
   DistEnv e = parse_dist_env(env);
-  EXPECT_DOUBLE_EQ(*e.rdzv_timeout_s, 2.5);
-  EXPECT_DOUBLE_EQ(*e.collective_timeout_s, 30);
+  EXPECT_EQ(*e.rdzv_timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(*e.collective_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(*parse_dist_env({{"DDP_RDZV_TIMEOUT", "0.0001"}}).rdzv_timeout,
+            std::chrono::milliseconds(1));  // positive stays positive
   expect_config_error({{"DDP_RDZV_TIMEOUT", "soon"}}, {"DDP_RDZV_TIMEOUT='soon'", "seconds"});
   expect_config_error({{"DDP_COLLECTIVE_TIMEOUT", "0"}}, {"DDP_COLLECTIVE_TIMEOUT='0'"});
   expect_config_error({{"DDP_COLLECTIVE_TIMEOUT", "-3"}}, {"DDP_COLLECTIVE_TIMEOUT"});
@@ -249,6 +251,35 @@ TEST(Env, CurrentEnvironmentReadsProcessEnv) {
   EnvMap env = current_environment();
   ASSERT_EQ(env.count("DDP_TEST_ENV_PROBE"), 1u);
   EXPECT_EQ(env["DDP_TEST_ENV_PROBE"], "a=b");  // only the first '=' splits
+}
+
+// Note [Environment knobs]: only table rows are read; empty means unset; DDP_DEBUG's values.
+TEST(Env, KnobsAreReadOnlyFromTheTable) {
+  EXPECT_THROW(env_knob("DDP_NOT_A_KNOB"), Error);
+  setenv("DDP_SHM_CHUNK_BYTES", "", 1);
+  EXPECT_FALSE(env_knob("DDP_SHM_CHUNK_BYTES").has_value());
+  setenv("DDP_SHM_CHUNK_BYTES", "4096", 1);
+  EXPECT_EQ(env_knob("DDP_SHM_CHUNK_BYTES"), "4096");
+  unsetenv("DDP_SHM_CHUNK_BYTES");
+
+  unsetenv("DDP_DEBUG");
+  unsetenv("TORCH_DISTRIBUTED_DEBUG");
+  EXPECT_EQ(debug_level_from_env(), DebugLevel::kOff);
+  setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
+  EXPECT_EQ(debug_level_from_env(), DebugLevel::kDetail);
+  setenv("DDP_DEBUG", "info", 1);  // ours wins over PyTorch's name
+  EXPECT_EQ(debug_level_from_env(), DebugLevel::kInfo);
+  setenv("DDP_DEBUG", "verbose", 1);
+  try {
+    debug_level_from_env();
+    ADD_FAILURE() << "DDP_DEBUG=verbose accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("DDP_DEBUG='verbose': use off, info or detail"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("DDP_DEBUG");
+  unsetenv("TORCH_DISTRIBUTED_DEBUG");
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ constexpr const char* kControlGroup = "ddp-bench";
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
+    if (const char* old = std::getenv(name)) old_ = old;  // restored below; not a knob
     setenv(name, value, 1);
   }
   ~ScopedEnv() {

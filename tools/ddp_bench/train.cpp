@@ -42,7 +42,7 @@ void set_threads(int n) {
 // workers), else the cores shared among this host's ranks (as ddp-train chooses).
 int default_threads(const TrainOptions& o, const ProcessGroup& pg) {
   if (o.threads > 0) return o.threads;
-  if (const char* omp = std::getenv("OMP_NUM_THREADS")) return std::max(1, std::atoi(omp));
+  if (auto omp = env_knob("OMP_NUM_THREADS")) return std::max(1, std::atoi(omp->c_str()));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, pg.local_size()));
 }

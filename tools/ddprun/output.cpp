@@ -8,13 +8,14 @@
 
 #include <cctype>  // std::isalnum
 #include <cerrno>
-#include <cstdlib>  // std::getenv
 #include <filesystem>
 #include <fstream>
 #include <utility>  // std::move
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "ddp/env.h"
 
 namespace ddp::launcher {
 namespace {
@@ -138,8 +139,7 @@ RunDirectory::RunDirectory(const LaunchConfig& config, const std::string& run_id
     }
     name_template = fmt::format("{}/{}_XXXXXX", config.log_dir, sanitize(run_id));
   } else {
-    const char* tmp = std::getenv("TMPDIR");
-    const std::string parent = (tmp != nullptr && *tmp != '\0') ? tmp : "/tmp";
+    const std::string parent = env_knob("TMPDIR").value_or("/tmp");
     name_template = fmt::format("{}/ddprun_{}_XXXXXX", parent, sanitize(run_id));
     temporary = true;
   }
