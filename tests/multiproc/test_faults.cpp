@@ -5,6 +5,7 @@
 // are in test_ddprun_launcher.)
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -29,6 +30,12 @@ const std::string kTrain = testing::env_or_die("DDP_TRAIN");
 const std::string kEarlyExitWorker = testing::env_or_die("EARLY_EXIT_WORKER");
 const fs::path kData = "/usr/share/datasets/fashion-mnist";
 constexpr double kBound = 60;  // s: every faulty job must end well before this
+
+// For the README's table of faults: how long the faulty job took, start to exit.
+void measured(const std::string& what, const Result& r) {
+  std::printf("[ measured ] %s: the job exited %d after %.2f s\n", what.c_str(), r.exit_code,
+              r.wall_s);
+}
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -95,6 +102,7 @@ TEST_F(FaultTest, CheckpointPastTheFileSizeLimitFailsClearlyAndKeepsThePrevious)
   Command c = second_epoch();
   c.argv.insert(c.argv.begin(), {"/usr/bin/prlimit", fmt::format("--fsize={}", limit)});
   Result r = run_command(c);
+  measured("checkpoint past ulimit -f", r);
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_LT(r.wall_s, kBound) << r.describe();
   EXPECT_FALSE(contains(r.err, "SIGXFSZ")) << r.err;
@@ -127,6 +135,7 @@ TEST_F(FaultTest, ReadOnlyCheckpointFolderFailsClearlyAndKeepsThePrevious) {
   c.argv.insert(c.argv.begin(), {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
                                  "--clear-groups"});
   Result r = run_command(c);
+  measured("read-only checkpoint folder", r);
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_LT(r.wall_s, kBound) << r.describe();
   EXPECT_TRUE(contains(r.err, "epoch=1-step=30.ckpt: cannot create the temporary file ")) << r.err;
@@ -167,6 +176,7 @@ TEST_F(FaultTest, CorruptDatasetFileIsNamed) {
       f.put(static_cast<char>(c ^ 0x10));
     }
     Result r = run_command(train({"--epochs", "1", "--data-dir", data.string()}));
+    measured(fmt::format("{} {}", d.file, d.truncate ? "truncated" : "bit-flipped"), r);
     EXPECT_TRUE(r.exited(1)) << r.describe();
     EXPECT_LT(r.wall_s, kBound) << r.describe();
     EXPECT_TRUE(contains(r.err, "error file: " + victim.string() + ": ")) << d.file << r.err;
@@ -187,6 +197,7 @@ TEST_F(FaultTest, RankExitingZeroEarlyFailsTheOthersNamingIt) {
                                      kEarlyExitWorker, "40", "1"},
                             .env = {{"DDP_BACKEND", backend}, {"DDP_COLLECTIVE_TIMEOUT", "60"}},
                             .timeout_s = 120});
+    measured(fmt::format("rank 1 of 3 exits 0 at step 20 of 40 ({})", backend), r);
     EXPECT_TRUE(r.exited(1)) << backend << "\n" << r.describe();
     EXPECT_LT(r.wall_s, 30.0) << backend << "\n" << r.describe();
     EXPECT_TRUE(contains(r.out, "[rank 1]: leaving after step 20 with exit code 0")) << r.out;
