@@ -1,18 +1,35 @@
 # ddp_add_test(NAME <name> SOURCES <files...> LABEL unit|collective|multiproc
-#              [LIBS <targets...>] [TIMEOUT <s>] [ENV <VAR=value...>])
+#              [LIBS <targets...>] [TIMEOUT <s>] [ENV <VAR=value...>]
+#              [FAULT <gtest filter> [FAULT_TIMEOUT <s>]])
 #
 # One executable per test file. Every test gets a ctest TIMEOUT, the outer deadline that turns
 # a hang into a failure instead of a stuck CI run.
+#
+# FAULT "Suite.Test*:Suite2.*" (a gtest filter) splits the executable in two ctest entries: NAME
+# runs every other test, NAME.fault runs those, labelled LABEL and `fault` (the fault-injection
+# suite: `ctest -L fault`), under FAULT_TIMEOUT (default TIMEOUT). A test that is all faults
+# takes `set_property(TEST NAME APPEND PROPERTY LABELS fault)` instead.
 function(ddp_add_test)
-  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT" "SOURCES;LIBS;ENV" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT;FAULT;FAULT_TIMEOUT" "SOURCES;LIBS;ENV" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
+  endif()
+  if(NOT T_FAULT_TIMEOUT)
+    set(T_FAULT_TIMEOUT ${T_TIMEOUT})
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE GTest::gtest GTest::gtest_main fmt::fmt ${T_LIBS})
   # Tests may reach internals (src/) to test pure logic alone.
   target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
-  add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  set(environment "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};${T_ENV}")
+  if(T_FAULT)
+    add_test(NAME ${T_NAME} COMMAND ${T_NAME} --gtest_filter=-${T_FAULT})
+    add_test(NAME ${T_NAME}.fault COMMAND ${T_NAME} --gtest_filter=${T_FAULT})
+    set_tests_properties(${T_NAME}.fault PROPERTIES LABELS "${T_LABEL};fault"
+                         TIMEOUT ${T_FAULT_TIMEOUT} ENVIRONMENT "${environment}")
+  else()
+    add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  endif()
   set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
-                       ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};${T_ENV}")
+                       ENVIRONMENT "${environment}")
 endfunction()

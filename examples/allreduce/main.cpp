@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce: %s\n", e.what());
-    ddp::record_error(e.what());
+    ddp::record_error(e);
     return 1;
   }
 }

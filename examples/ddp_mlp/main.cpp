@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_mlp: %s\n", e.what());
-    ddp::record_error(e.what());
+    ddp::record_error(e);
     return 1;
   }
 }

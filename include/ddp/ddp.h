@@ -15,5 +15,6 @@
 #include "ddp/error.h"           // ddp::Error and its subclasses
 #include "ddp/metrics.h"         // EvalStats, all_reduce(EvalStats): exact evaluation
 #include "ddp/process_group.h"   // ProcessGroup, Work, ReduceOp, InitOptions
+#include "ddp/relayed_error.h"   // Relayed<E>, record_error(exception): who failed first
 #include "ddp/sampler.h"         // DistributedSampler, SamplerOptions, SamplerState
 #include "ddp/sync_batch_norm.h"  // SyncBatchNorm, convert_sync_batchnorm

@@ -23,6 +23,7 @@
 #include "checkpoint/state.h"
 #include "ddp/checkpoint.h"
 #include "ddp/process_group.h"
+#include "ddp/relayed_error.h"  // Relayed: a failure announced by another rank
 
 namespace ddp {
 namespace {
@@ -239,7 +240,7 @@ SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointM
   if (group) {
     const int64_t failed = broadcast_i64(*group, error ? 1 : 0);
     if (!error && failed) {
-      throw CheckpointError(fmt::format(
+      throw Relayed<CheckpointError>(0, fmt::format(
           "[rank {}] checkpoint save: rank 0 failed to write {} (its error says why)",
           group->rank(), out.path.string()));
     }
@@ -314,7 +315,7 @@ ResumePoint Checkpointer::latest_valid(ProcessGroup* group) const {
   const int64_t size = broadcast_i64(*group, error ? -1 : static_cast<int64_t>(name.size()));
   if (size < 0) {
     if (error) std::rethrow_exception(error);
-    throw CheckpointError(fmt::format(
+    throw Relayed<CheckpointError>(0, fmt::format(
         "[rank {}] looking for checkpoints in {}: rank 0 failed (its error says why)",
         group->rank(), dir_.string()));
   }
@@ -355,7 +356,7 @@ LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, const Che
     if (flags[r]) failed.push_back(r);
   }
   if (!failed.empty()) {
-    throw CheckpointError(fmt::format(
+    throw Relayed<CheckpointError>(failed.front(), fmt::format(
         "[rank {}] loading {} failed on rank(s) {} (their errors say why); every rank stops",
         group->rank(), file.string(), fmt::join(failed, ", ")));
   }

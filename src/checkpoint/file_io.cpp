@@ -12,7 +12,8 @@
 
 #include <fmt/format.h>
 
-#include "ddp/checkpoint.h"  // CheckpointError
+#include "base/file_size_limit.h"  // FileSizeSignalBlocked: EFBIG under ulimit -f
+#include "ddp/checkpoint.h"         // CheckpointError
 
 namespace ddp::ckpt {
 namespace {
@@ -27,11 +28,19 @@ void call(const FaultHook& hook, std::string_view stage, const fs::path& file) {
   if (hook) hook(stage, file);
 }
 
-void write_all(int fd, const fs::path& file, const char* data, size_t size) {
+// Writes all of it (SIGXFSZ blocked by the caller: Note [File-size limit] in
+// base/file_size_limit.h). `total_bytes` is the whole file's size, for the message.
+void write_all(int fd, const fs::path& file, const char* data, size_t size,
+               uint64_t total_bytes) {
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EFBIG) {
+        throw CheckpointError(
+            fmt::format("{}: checkpoint write failed: file too large: {}", file.string(),
+                        base::file_too_large_reason(total_bytes)));
+      }
       fail(file, "cannot write the checkpoint", errno);
     }
     data += n;
@@ -98,11 +107,19 @@ void write_atomic(const fs::path& file, const std::vector<std::string_view>& par
   // O_EXCL: never write through a name someone else holds.
   Fd fd(::open(temp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (fd.get() < 0) {
+    const int err = errno;
     temp.armed = false;  // not ours
-    fail(file, fmt::format("cannot create the temporary file {}", temp.path.string()), errno);
+    const bool read_only = err == EACCES || err == EROFS || err == EPERM;
+    fail(file,
+         fmt::format("cannot create the temporary file {}{}", temp.path.string(),
+                     read_only ? " (the checkpoint directory is not writable by this process; "
+                                 "earlier checkpoints in it are untouched)"
+                               : ""),
+         err);
   }
   size_t total = 0;
   for (auto p : parts) total += p.size();
+  const base::FileSizeSignalBlocked no_sigxfsz;  // EFBIG instead of death by SIGXFSZ
   size_t written = 0;
   bool hooked = false;
   for (auto p : parts) {
@@ -110,11 +127,11 @@ void write_atomic(const fs::path& file, const std::vector<std::string_view>& par
     size_t at = 0;
     if (!hooked && written + p.size() >= total / 2) {
       at = total / 2 - written;
-      write_all(fd.get(), file, p.data(), at);
+      write_all(fd.get(), file, p.data(), at, total);
       call(hook, "write", file);
       hooked = true;
     }
-    write_all(fd.get(), file, p.data() + at, p.size() - at);
+    write_all(fd.get(), file, p.data() + at, p.size() - at, total);
     written += p.size();
   }
   if (!hooked) call(hook, "write", file);

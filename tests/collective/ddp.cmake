@@ -2,7 +2,8 @@ ddp_add_test(NAME test_ddp_equivalence SOURCES test_ddp_equivalence.cpp LABEL co
              LIBS ddp TIMEOUT 600)
 ddp_add_test(NAME test_ddp_behaviour SOURCES test_ddp_behaviour.cpp LABEL collective
              LIBS ddp TIMEOUT 300)
-ddp_add_test(NAME test_join SOURCES test_join.cpp LABEL collective LIBS ddp TIMEOUT 300)
+ddp_add_test(NAME test_join SOURCES test_join.cpp LABEL collective LIBS ddp TIMEOUT 300
+             FAULT "JoinTest.ThrowOnEarly*:JoinTest.WithoutJoin*" FAULT_TIMEOUT 120)
 
 # DDP equivalence, behaviour and Join again, over the shared-memory transport.
 foreach(t test_ddp_equivalence test_ddp_behaviour test_join)

@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_equivalence_worker: %s\n", e.what());
-    ddp::record_error(e.what());
+    ddp::record_error(e);
     return 1;
   }
 }

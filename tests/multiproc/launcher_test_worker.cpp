@@ -27,6 +27,12 @@
 //                        "timestamp": "<unix seconds>"}}}
 //   record-error MSG     ddp::record_error(MSG): the library's error file, which adds
 //                        "timestamp_us" (what a ddp-cpp program writes when it fails)
+//   record-relayed-error R MSG
+//                        ddp::record_error(MSG, R): the record of an error relayed from rank R
+//                        (extraInfo.relayed_from, ddp/relayed_error.h)
+//   stop-self            SIGSTOP to itself: frozen until someone sends SIGCONT
+//   wait-stopped FILE    wait until the process whose pid FILE holds is frozen (state T; 30 s
+//                        at most, then exit 99)
 //   only-rank R          the following actions, up to `end`, run only where $RANK == R
 //   end                  closes only-rank
 // A malformed script exits 98 with a message on stderr. Output goes straight to write(2), one
@@ -48,7 +54,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ddp/error.h"  // ddp::record_error
+#include "ddp/error.h"          // ddp::record_error
+#include "ddp/relayed_error.h"  // ddp::record_error with relayed_from
 
 namespace {
 
@@ -137,6 +144,20 @@ void wait_reaped(const std::string& pid_file) {
   }
 }
 
+// Returns once the process is in state T (stopped), as /proc/<pid>/stat says.
+void wait_stopped(const std::string& pid_file) {
+  wait_file(pid_file);
+  const std::string pid = read_text(pid_file);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (true) {
+    const std::string stat = read_text("/proc/" + pid + "/stat");
+    const auto paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T') return;
+    if (std::chrono::steady_clock::now() > deadline) std::exit(99);
+    sleep_s(0.005);
+  }
+}
+
 // Returns once the child's pid file exists.
 void spawn_sleeper(const std::string& dir) {
   const std::string pid_file = fmt::format("{}/{}.child.pid", dir, rank());
@@ -205,6 +226,11 @@ const std::map<std::string, ActionDef> kActions = {
      }}},
     {"write-error-file", {1, [](const Args& a) { write_error_file(a[0]); }}},
     {"record-error", {1, [](const Args& a) { ddp::record_error(a[0]); }}},
+    {"record-relayed-error", {2, [](const Args& a) {
+       ddp::record_error(a[1], std::atoi(a[0].c_str()));
+     }}},
+    {"stop-self", {0, [](const Args&) { ::kill(::getpid(), SIGSTOP); }}},
+    {"wait-stopped", {1, [](const Args& a) { wait_stopped(a[0]); }}},
     {"only-rank", {1, nullptr}},
     {"end", {0, nullptr}},
 };

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -56,15 +57,20 @@ std::string binary(const char* env_var, const char* relative) {
   return std::string(build != nullptr ? build : ".") + "/" + relative;
 }
 
+// The state letter of /proc/<pid>/stat ('R', 'S', 'T', 'Z'...); '?' when it cannot be read.
+char process_state(pid_t pid) {
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto paren = stat.rfind(')');  // "pid (comm) STATE ..."
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : '?';
+}
+
 // True once `pid` is dead: gone, or a zombie waiting for a reaper that is not ddprun (after
 // ddprun itself was killed, its workers are reparented to init, which may reap them late).
 // Polls: a just-killed process may take a moment to go.
 bool process_gone(pid_t pid) {
   auto dead = [pid] {
     if (::kill(pid, 0) == -1 && errno == ESRCH) return true;
-    std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-    auto paren = stat.rfind(')');  // "pid (comm) STATE ..."
-    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+    return process_state(pid) == 'Z';
   };
   return wait_until(dead, 3.0);
 }
@@ -390,6 +396,93 @@ TEST_F(DdprunTest, WorkerKilledByTheStopAfterRecordingItsErrorIsTheRootCause) {
                               "ddprun (SIGTERM)\n"
                               "  error file of rank 0: RuntimeError: Connection closed by peer\n"))
       << r.err;
+}
+
+// Rank 0 fails (it cannot write a checkpoint) and tells its peers; rank 1 relays that and
+// records its error first, rank 0 records its own only afterwards. The relayed record names its
+// origin (extraInfo.relayed_from), so the summary blames rank 0 whatever the order.
+TEST_F(DdprunTest, RelayedErrorRecordedFirstBlamesTheRankItCameFrom) {
+  Result r = run({"--nproc-per-node", "3"},
+                 {"touch-pidfile", dir_.string(),
+                  "only-rank", "1", "record-relayed-error", "0",
+                  "[rank 1] checkpoint save: rank 0 failed to write c.ckpt (its error says why)",
+                  "touch", path("relayed"), "exit", "1", "end",
+                  "only-rank", "0", "ignore-sigterm", "wait-file", path("relayed"), "sleep",
+                  "0.05", "record-error", "c.ckpt: cannot write the checkpoint: File too large",
+                  "exit", "1", "end",
+                  "only-rank", "2", "sleep", "60", "end"});
+  EXPECT_TRUE(r.exited(1)) << r.describe();
+  EXPECT_LT(r.wall_s, 10.0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "Root cause (earliest error file, relayed by rank 1):\n")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  rank      : 0 (local_rank 0) on host ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  pid       : " + std::to_string(pid_from("0.pid")) + "\n"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "  exit      : exit code 1\n"
+                              "  error file: c.ckpt: cannot write the checkpoint: File too large\n"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "Other workers: rank 1 also failed (exit code 1); rank 2 stopped by "
+                              "ddprun (SIGTERM)\n"
+                              "  error file of rank 1 (relayed from rank 0): [rank 1] checkpoint "
+                              "save: rank 0 failed to write c.ckpt (its error says why)\n"))
+      << r.err;
+}
+
+// The same, but ddprun's SIGTERM ends rank 0 before it records anything: the relay still names
+// it, and the summary blames it rather than its messenger.
+TEST_F(DdprunTest, RelayedErrorBlamesItsOriginEvenWithoutTheOriginsRecord) {
+  Result r = run({"--nproc-per-node", "2"},
+                 {"only-rank", "1", "record-relayed-error", "0",
+                  "[rank 1] checkpoint save: rank 0 failed to write c.ckpt (its error says why)",
+                  "exit", "1", "end", "only-rank", "0", "sleep", "60", "end"});
+  EXPECT_TRUE(r.exited(1)) << r.describe();
+  EXPECT_LT(r.wall_s, 10.0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "Root cause (earliest error file, relayed by rank 1):\n")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  rank      : 0 (local_rank 0) on host ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "  exit      : SIGTERM (signal 15)\n  error file: (none)\n"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "Other workers: rank 1 also failed (exit code 1)\n"
+                              "  error file of rank 1 (relayed from rank 0): ")) << r.err;
+}
+
+// A frozen worker (SIGSTOP) acts on no SIGTERM: ddprun follows its SIGTERM with SIGCONT, so the
+// teardown takes no grace period, and the summary says the worker was stopped.
+TEST_F(DdprunTest, StoppedWorkerIsResumedAndEndedWithoutWaitingTheGracePeriod) {
+  Result r = run({"--nproc-per-node", "3", "--grace-period", "60"},
+                 {"touch-pidfile", dir_.string(),
+                  "only-rank", "1", "stop-self", "sleep", "60", "end",
+                  "only-rank", "2", "sleep", "60", "end",
+                  "only-rank", "0", "wait-file", path("2.pid"), "wait-stopped", path("1.pid"),
+                  "stderr",
+                  "rank 1 stopped responding", "exit", "1", "end"});
+  EXPECT_TRUE(r.exited(1)) << r.describe();
+  EXPECT_LT(r.wall_s, 5.0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "  rank      : 0 (local_rank 0) on host ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "Other workers: rank 1 was stopped (process state T: SIGSTOP or a "
+                              "debugger); ddprun resumed it: stopped by ddprun (SIGTERM); rank 2 "
+                              "stopped by ddprun (SIGTERM)\n"))
+      << r.err;
+  for (const char* f : {"0.pid", "1.pid", "2.pid"}) EXPECT_TRUE(process_gone(pid_from(f))) << f;
+}
+
+// ddprun itself interrupted while a worker is frozen: the forwarded SIGTERM reaches it too.
+TEST_F(DdprunTest, SigtermToDdprunEndsAStoppedWorkerAtOnce) {
+  const std::string d = dir_.string();
+  Subprocess p = Subprocess::start(command(
+      {"--nproc-per-node", "2", "--grace-period", "60"},
+      {"touch-pidfile", d, "only-rank", "1", "stop-self", "end", "sleep", "60"}));
+  ASSERT_TRUE(files_appear({"0.pid", "1.pid"})) << p.err_so_far();
+  const pid_t frozen = pid_from("1.pid");
+  ASSERT_TRUE(wait_until([&] { return process_state(frozen) == 'T'; }, 20)) << p.err_so_far();
+  const auto start = std::chrono::steady_clock::now();
+  p.signal(SIGTERM);
+  const Result& r = p.wait();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(r.timed_out) << r.describe();
+  EXPECT_LT(took, 5.0) << r.describe();
+  EXPECT_TRUE(r.term_signal == SIGTERM || r.exited(128 + SIGTERM)) << r.describe();
+  EXPECT_TRUE(process_gone(pid_from("0.pid")));
+  EXPECT_TRUE(process_gone(pid_from("1.pid")));
 }
 
 TEST_F(DdprunTest, WorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {

@@ -434,6 +434,18 @@ TEST(DdprunSummary, ParseRecordErrorFile) {
   EXPECT_EQ(parse_error_file(R"({"message": {"message": "m"}})").timestamp_us, std::nullopt);
 }
 
+TEST(DdprunSummary, ParseRelayedErrorFile) {
+  // What ddp::record_error writes for a Relayed error (ddp/relayed_error.h).
+  ErrorFileReport r = parse_error_file(
+      R"({"message": {"message": "m", "extraInfo": {"timestamp_us": "5", "relayed_from": 3}}})");
+  EXPECT_EQ(r.relayed_from, 3);
+  EXPECT_EQ(parse_error_file(R"({"message": {"message": "m", "extraInfo": {}}})").relayed_from,
+            std::nullopt);
+  EXPECT_EQ(parse_error_file(R"({"message": {"message": "m", "extraInfo": {"relayed_from": -1}}})")
+                .relayed_from,
+            std::nullopt);
+}
+
 TEST(DdprunSummary, ParsePlainMessageErrorFile) {
   ErrorFileReport r = parse_error_file(R"({"message": "plain \"quoted\" text\u00e9"})");
   EXPECT_EQ(r.message, "plain \"quoted\" text\u00e9");  // decoded to UTF-8
@@ -544,6 +556,60 @@ TEST(DdprunRootCause, TimestampTiesAndFilesWithoutTimestamps) {
   EXPECT_FALSE(pick_root_cause(w)->by_error_file);
 }
 
+// Note [Root cause], relayed records: one counts for the rank it names, at its own time.
+TEST(DdprunRootCause, RelayedRecordBlamesItsOrigin) {
+  auto relayed = [](WorkerEnd w, int origin) {
+    w.error_file->relayed_from = origin;
+    return w;
+  };
+  // Rank 1 relays rank 0's failure before rank 0 records it; rank 2's own error comes later.
+  std::vector<WorkerEnd> w = {end_of(0, exited(1), 2, SIGTERM, 1010, "cannot write"),
+                              relayed(end_of(1, exited(1), 0, 0, 1000, "rank 0 failed"), 0),
+                              end_of(2, exited(1), 1, 0, 1005, "Connection closed by peer")};
+  auto root = pick_root_cause(w);
+  ASSERT_TRUE(root);
+  EXPECT_EQ(root->index, 0u);
+  EXPECT_EQ(root->relayed_by, 1u);
+  EXPECT_EQ(root->time_us, 1000);
+  std::string s = format_failure_summary({1, 1, "h", ""}, w, root);
+  EXPECT_NE(s.find("Root cause (earliest error file, relayed by rank 1):\n"), std::string::npos)
+      << s;
+  EXPECT_NE(s.find("  rank      : 0 (local_rank 0) on host h\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("  error file of rank 1 (relayed from rank 0): rank 0 failed\n"),
+            std::string::npos)
+      << s;
+  // An own record earlier than every relay still wins.
+  w[2].error_file->timestamp_us = 900;
+  EXPECT_EQ(pick_root_cause(w)->index, 2u);
+  EXPECT_EQ(pick_root_cause(w)->relayed_by, std::nullopt);
+  // The origin runs on another node: the relaying worker stands in for it and says so.
+  w = {relayed(end_of(4, exited(1), 0, 0, 1000, "rank 0 failed"), 0),
+       end_of(5, killed_by(SIGTERM), 1, SIGTERM)};
+  root = pick_root_cause(w);
+  ASSERT_TRUE(root);
+  EXPECT_EQ(root->index, 0u);
+  EXPECT_EQ(root->relayed_by, 0u);
+  s = format_failure_summary({1, 1, "h", ""}, w, root);
+  EXPECT_NE(s.find("Root cause (earliest error file, relayed from rank 0 on another node: its "
+                   "own summary names the cause):\n"),
+            std::string::npos)
+      << s;
+}
+
+TEST(DdprunSummary, WorkerThatLeftEarlyIsNamed) {
+  // Rank 1 exited 0 first; rank 0 then failed ("Connection closed by peer"); rank 2 was stopped.
+  std::vector<WorkerEnd> w = {end_of(0, exited(1), 1, 0, 1000, "Connection closed by peer"),
+                              end_of(1, exited(0), 0), end_of(2, killed_by(SIGTERM), 2, SIGTERM)};
+  std::string s = format_failure_summary({1, 1, "h", ""}, w, pick_root_cause(w));
+  EXPECT_NE(s.find("Left early: rank 1 exited with code 0 before any worker failed"),
+            std::string::npos)
+      << s;
+  // A worker that finished after the failure did not leave early.
+  w[1].reap_order = 3;
+  s = format_failure_summary({1, 1, "h", ""}, w, pick_root_cause(w));
+  EXPECT_EQ(s.find("Left early"), std::string::npos) << s;
+}
+
 TEST(DdprunRootCause, NoFailureNoRootCause) {
   EXPECT_FALSE(pick_root_cause({}));
   EXPECT_FALSE(pick_root_cause({end_of(0, exited(0), 0), end_of(1, killed_by(SIGINT), 1, SIGINT)}));
@@ -603,6 +669,11 @@ TEST(DdprunSummary, Fate) {
   WorkerEnd running = end_of(0, 0, -1);
   running.reaped = false;
   EXPECT_EQ(describe_fate(running, ""), "could not be stopped");
+  WorkerEnd frozen = end_of(1, killed_by(SIGTERM), 0, SIGTERM);
+  frozen.was_stopped = true;
+  EXPECT_EQ(describe_fate(frozen, ""),
+            "was stopped (process state T: SIGSTOP or a debugger); ddprun resumed it: stopped by "
+            "ddprun (SIGTERM)");
 }
 
 TEST(DdprunSummary, RankList) {

@@ -31,7 +31,7 @@ int rank_for_messages() {
 
 int fail(const std::exception& e, int code) {
   std::fprintf(stderr, "[rank %d] ddp-bench: %s\n", rank_for_messages(), e.what());
-  ddp::record_error(e.what());
+  ddp::record_error(e);
   return code;
 }
 

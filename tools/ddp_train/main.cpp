@@ -34,7 +34,7 @@ int rank_for_messages() {
 int fail(const std::exception& e, int code) {
   const std::string text = ddp::train::error_text(e.what(), rank_for_messages());
   std::fprintf(stderr, "ddp-train: %s\n", text.c_str());
-  ddp::record_error(text);
+  ddp::record_error(text, ddp::relayed_from(e));  // a relayed error names the rank it came from
   return code;
 }
 

@@ -18,7 +18,8 @@
 //   4. Stop. The first worker to exit non-zero or die of a signal fails the attempt: every
 //      worker's process group gets SIGTERM, and SIGKILL once --grace-period has passed. A
 //      forwarded signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) stops the group the same way with that
-//      signal; a second one sends SIGKILL at once. When every worker has exited 0, process
+//      signal; a second one sends SIGKILL at once. Each such signal is followed by SIGCONT
+//      (Note [Stopped workers]). When every worker has exited 0, process
 //      groups that still hold something (a worker's leftover child) are stopped the same way.
 //      Workers that exit while the group is being stopped are reaped and recorded like any other.
 //   5. End. The attempt is over when every worker is reaped and every worker's process group is
@@ -135,6 +136,7 @@ struct Worker {
   pid_t pid = -1;  // also the id of its process group
   bool running = false;
   int signal_sent = 0;  // the last signal ddprun sent its process group; 0: none
+  bool was_stopped = false;  // frozen (state T) when ddprun signalled it
 
   // Valid once reaped (!running).
   int wait_status = 0;
@@ -183,6 +185,7 @@ class WorkerGroup {
   void on_exit(Worker& w, int status);
   void advance();
   bool finished();
+  void signal_all(int signal);
   void stop_all(int signal);
   void kill_all(const std::string& why);
   bool any_group_alive() const;
@@ -371,11 +374,25 @@ bool WorkerGroup::finished() {
   return true;
 }
 
-void WorkerGroup::stop_all(int signal) {
+// Note [Stopped workers]
+// A frozen process (SIGSTOP, SIGTSTP, a debugger) acts on no signal but SIGKILL: a SIGTERM
+// waits, pending, until it is continued, so the group's teardown would sit out the whole grace
+// period. Every signal that stops the group is therefore followed by SIGCONT to the same
+// process group: a frozen worker wakes up to the pending SIGTERM and exits like the others (a
+// running one ignores SIGCONT). A worker found frozen at that moment is marked, and the summary
+// says so: often it is why its peers failed ("rank 1 is stopped" in their errors).
+void WorkerGroup::signal_all(int signal) {
   for (auto& w : workers_) {
-    if (w->running) w->signal_sent = signal;
-    w->signal_group(signal);
+    if (w->running) {
+      w->signal_sent = signal;
+      if (process_is_frozen(w->pid)) w->was_stopped = true;
+    }
+    if (w->signal_group(signal) && signal != SIGKILL) w->signal_group(SIGCONT);
   }
+}
+
+void WorkerGroup::stop_all(int signal) {
+  signal_all(signal);
   if (!stopping_) {
     stopping_ = true;
     kill_deadline_ =
@@ -385,10 +402,7 @@ void WorkerGroup::stop_all(int signal) {
 }
 
 void WorkerGroup::kill_all(const std::string& why) {
-  for (auto& w : workers_) {
-    if (w->running) w->signal_sent = SIGKILL;
-    w->signal_group(SIGKILL);
-  }
+  signal_all(SIGKILL);
   if (!killed_) {
     killed_ = true;
     killed_at_ = SteadyClock::now();
@@ -417,6 +431,7 @@ void WorkerGroup::collect_ends() {
     e.reaped = !w->running;
     e.wait_status = w->wait_status;
     e.signal_sent = w->signal_sent;
+    e.was_stopped = w->was_stopped;
     e.reap_order = w->reap_order;
     e.reaped_at_us = unix_us(w->reaped_at);
     const std::string text = read_small_file(w->error_file, kMaxErrorFileBytes);

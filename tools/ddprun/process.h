@@ -135,4 +135,8 @@ SpawnedWorker spawn_worker(const ExecImage& image, const sigset_t& child_mask,
 // when pgid <= 0 (a worker that never started: kill(-(-1)) would reach pid 1).
 bool signal_process_group(pid_t pgid, int signal);
 
+// True when process `pid` is stopped (/proc state T: SIGSTOP, SIGTSTP) or held by a tracer
+// (t). Such a process acts on no signal but SIGKILL until it gets SIGCONT.
+bool process_is_frozen(pid_t pid);
+
 }  // namespace ddp::launcher

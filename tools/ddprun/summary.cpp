@@ -148,6 +148,10 @@ ErrorFileReport parse_error_file(const std::string& contents, std::size_t max_by
       if (!report.timestamp_us) {
         report.timestamp_us = seconds_to_us(integer_field(*extra, "timestamp"));
       }
+      const auto origin = integer_field(*extra, "relayed_from");
+      if (origin && *origin <= std::numeric_limits<int>::max()) {
+        report.relayed_from = static_cast<int>(*origin);
+      }
     }
   }
   return report;
@@ -169,18 +173,30 @@ std::optional<RootCause> pick_root_cause(const std::vector<WorkerEnd>& workers) 
   std::optional<RootCause> first_reaped;  // rule 3
   std::optional<RootCause> earliest;      // rule 2
   std::optional<std::pair<std::int64_t, int>> earliest_key;  // (timestamp, reap order)
+  auto index_of_rank = [&](int rank) -> std::optional<std::size_t> {
+    for (std::size_t j = 0; j < workers.size(); ++j) {
+      if (workers[j].rank == rank) return j;
+    }
+    return std::nullopt;
+  };
   for (std::size_t i = 0; i < workers.size(); ++i) {
     const WorkerEnd& w = workers[i];
     if (!failed(w)) continue;
     if (!first_reaped || w.reap_order < workers[first_reaped->index].reap_order) {
       first_reaped = RootCause{i, false};
     }
-    if (w.error_file && w.error_file->timestamp_us) {
-      std::pair key{*w.error_file->timestamp_us, w.reap_order};
-      if (!earliest_key || key < *earliest_key) {
-        earliest_key = key;
-        earliest = RootCause{i, true};
-      }
+    if (!w.error_file || !w.error_file->timestamp_us) continue;
+    RootCause candidate{i, true, std::nullopt, *w.error_file->timestamp_us};
+    if (w.error_file->relayed_from && *w.error_file->relayed_from != w.rank) {
+      candidate.relayed_by = i;
+      if (auto origin = index_of_rank(*w.error_file->relayed_from)) candidate.index = *origin;
+    }
+    // Ties: the one reaped first; an origin found through a relay gets its own reap order, so
+    // its record and its peers' relays of the same moment agree on it.
+    std::pair key{candidate.time_us, workers[candidate.index].reap_order};
+    if (!earliest_key || key < *earliest_key) {
+      earliest_key = key;
+      earliest = candidate;
     }
   }
   return earliest ? earliest : first_reaped;
@@ -189,7 +205,9 @@ std::optional<RootCause> pick_root_cause(const std::vector<WorkerEnd>& workers) 
 // ---------------------------------------------------------------------------------------------
 // The report
 
-std::string describe_fate(const WorkerEnd& worker, const std::string& kill_reason) {
+namespace {
+
+std::string describe_end(const WorkerEnd& worker, const std::string& kill_reason) {
   if (!worker.reaped) return "could not be stopped";
   const int st = worker.wait_status;
   if (worker.signal_sent == 0) {
@@ -204,6 +222,14 @@ std::string describe_fate(const WorkerEnd& worker, const std::string& kill_reaso
   }
   return fmt::format("ended with {} after ddprun sent {}", describe_wait_status(st),
                      signal_name(worker.signal_sent));
+}
+
+}  // namespace
+
+std::string describe_fate(const WorkerEnd& worker, const std::string& kill_reason) {
+  std::string end = describe_end(worker, kill_reason);
+  if (!worker.was_stopped) return end;
+  return "was stopped (process state T: SIGSTOP or a debugger); ddprun resumed it: " + end;
 }
 
 namespace {
@@ -233,17 +259,27 @@ std::string first_line(const std::string& text) {
 
 // The root cause's section. Its time is that of its error file when the error file chose it,
 // else when ddprun reaped it.
-std::string format_root_cause(const SummaryContext& context, const WorkerEnd& w,
-                              bool by_error_file) {
+std::string format_root_cause(const SummaryContext& context,
+                              const std::vector<WorkerEnd>& workers, const RootCause& root) {
+  const WorkerEnd& w = workers.at(root.index);
   const std::string error = w.error_file ? w.error_file->message : "";
-  const std::int64_t time_us = by_error_file ? *w.error_file->timestamp_us : w.reaped_at_us;
-  std::string out = fmt::format("Root cause ({}):\n",
-                                by_error_file ? "earliest error file" : "first observed failure");
+  const std::int64_t time_us = root.by_error_file ? root.time_us : w.reaped_at_us;
+  std::string how = root.by_error_file ? "earliest error file" : "first observed failure";
+  if (root.relayed_by && *root.relayed_by != root.index) {
+    how += fmt::format(", relayed by rank {}", workers.at(*root.relayed_by).rank);
+  } else if (root.relayed_by) {  // it reports a rank of another node
+    how += fmt::format(", relayed from rank {} on another node: its own summary names the cause",
+                       *w.error_file->relayed_from);
+  }
+  std::string out = fmt::format("Root cause ({}):\n", how);
   out += fmt::format("  time      : {}\n", format_local_time(time_us));
   out += fmt::format("  rank      : {} (local_rank {}) on host {}\n", w.rank, w.local_rank,
                      context.host);
   out += fmt::format("  pid       : {}\n", w.pid);
-  out += fmt::format("  exit      : {}\n", describe_wait_status(w.wait_status));
+  out += fmt::format("  exit      : {}{}\n", w.reaped ? describe_wait_status(w.wait_status)
+                                                        : "could not be stopped",
+                     w.was_stopped ? "; it was stopped (process state T: SIGSTOP or a debugger)"
+                                   : "");
   out += fmt::format("  error file: {}\n",
                      error.empty() ? "(none)" : indent_lines(error, std::string(14, ' ')));
   if (w.stderr_tail.empty()) {
@@ -269,7 +305,9 @@ std::string format_others(const SummaryContext& context, const std::vector<Worke
     if (it == by_fate.end()) it = by_fate.insert(by_fate.end(), {fate, {}});
     it->second.push_back(o.rank);
     if (failed(o) && o.error_file && !o.error_file->message.empty()) {
-      error_lines += fmt::format("  error file of rank {}: {}\n", o.rank,
+      const auto origin = o.error_file->relayed_from;
+      error_lines += fmt::format("  error file of rank {}{}: {}\n", o.rank,
+                                 origin ? fmt::format(" (relayed from rank {})", *origin) : "",
                                  first_line(o.error_file->message));
     }
   }
@@ -283,6 +321,33 @@ std::string format_others(const SummaryContext& context, const std::vector<Worke
   return out + "\n" + error_lines;
 }
 
+// Workers that exited 0 before the first failure ddprun reaped, while others still ran: their
+// peers' collectives then fail ("Connection closed by peer", "destroyed its process group"),
+// and the error files name the symptom, not that a rank left early.
+std::string format_early_exits(const std::vector<WorkerEnd>& workers) {
+  std::optional<int> first_failure;
+  for (const WorkerEnd& w : workers) {
+    if (failed(w) && (!first_failure || w.reap_order < *first_failure)) {
+      first_failure = w.reap_order;
+    }
+  }
+  std::vector<int> early;
+  for (const WorkerEnd& w : workers) {
+    const bool clean = w.reaped && WIFEXITED(w.wait_status) && WEXITSTATUS(w.wait_status) == 0;
+    if (clean && w.signal_sent == 0 && first_failure && w.reap_order < *first_failure) {
+      early.push_back(w.rank);
+    }
+  }
+  if (early.empty()) return "";
+  std::ranges::sort(early);
+  return fmt::format(
+      "Left early: {} {} exited with code 0 before any worker failed, while the others still "
+      "ran; peers still in a collective fail when a rank leaves it, so check why {} stopped "
+      "early (fewer batches, a return before the loop ended)\n",
+      early.size() == 1 ? "rank" : "ranks", format_rank_list(early),
+      early.size() == 1 ? "it" : "they");
+}
+
 }  // namespace
 
 std::string format_failure_summary(const SummaryContext& context,
@@ -291,8 +356,9 @@ std::string format_failure_summary(const SummaryContext& context,
   std::string out = fmt::format("ddprun: worker group failed (attempt {} of {})\n",
                                 context.attempt, context.attempts);
   if (!root_cause) return out;
-  out += format_root_cause(context, workers.at(root_cause->index), root_cause->by_error_file);
+  out += format_root_cause(context, workers, *root_cause);
   out += format_others(context, workers, root_cause->index);
+  out += format_early_exits(workers);
   return out;
 }
 

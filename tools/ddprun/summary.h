@@ -42,6 +42,9 @@ struct ErrorFileReport {
   // plain {"message": "..."}, a top-level "timestamp" in seconds. Each may be a string of
   // digits, as torchrun writes them, or a JSON integer. nullopt when none is there or valid.
   std::optional<std::int64_t> timestamp_us;
+  // extraInfo.relayed_from (ddp-cpp's record_error of a Relayed error, ddp/relayed_error.h):
+  // the rank whose failure this worker only reports. nullopt: the worker's own error.
+  std::optional<int> relayed_from;
 };
 ErrorFileReport parse_error_file(const std::string& contents,
                                  std::size_t max_bytes = kMaxErrorMessageBytes);
@@ -56,6 +59,8 @@ struct WorkerEnd {
   int signal_sent = 0;    // the last signal ddprun sent its process group; 0: none
   int reap_order = 0;     // 0 for the first worker ddprun reaped in the attempt, then 1...
   std::int64_t reaped_at_us = 0;  // when, in microseconds since the Unix epoch
+  bool was_stopped = false;  // frozen (process state T: SIGSTOP, a debugger) when ddprun
+                             // stopped the group; ddprun sent SIGCONT after its signal
   std::optional<ErrorFileReport> error_file;  // nullopt: it wrote none (or an empty one)
   std::vector<std::string> stderr_tail;       // its last stderr lines, oldest first
 };
@@ -70,7 +75,12 @@ struct WorkerEnd {
 //      signal ddprun sent it (SIGTERM, SIGKILL, a forwarded SIGINT) and wrote no error file:
 //      that one was only stopped.
 //   2. If any of them wrote an error file with a timestamp, the root cause is the earliest
-//      timestamp (ties: the one reaped first).
+//      timestamp (ties: the one reaped first). A relayed record (extraInfo.relayed_from = R:
+//      "rank R failed and told me", ddp/relayed_error.h) counts as a record of rank R at that
+//      time, since R failed before it said so: the announcing rank's own record often comes
+//      later than its peers' relays, or never (ddprun's SIGTERM can end it first). So the root
+//      cause is R even then, when R is a worker of this node; when R runs on another node, the
+//      relaying worker stands in for it and the summary says whom it relays.
 //   3. Otherwise it is the first failure ddprun reaped.
 //
 // The supervisor decides after the attempt is over: it has reaped every worker by then (at worst
@@ -83,12 +93,18 @@ bool failed(const WorkerEnd& worker);
 struct RootCause {
   std::size_t index = 0;       // into the workers given to pick_root_cause()
   bool by_error_file = false;  // rule 2; false: rule 3
+  // Rule 2 through a relayed record: the worker that wrote it (the root cause is the rank it
+  // names, or, when that rank is on another node, this worker itself).
+  std::optional<std::size_t> relayed_by;
+  std::int64_t time_us = 0;    // rule 2: the record's timestamp
 };
 // The root cause among `workers` (see Note [Root cause]); nullopt when none failed.
 std::optional<RootCause> pick_root_cause(const std::vector<WorkerEnd>& workers);
 
 // How a worker that is not the root cause ended: "stopped by ddprun (SIGTERM)", "also failed
-// (exit code 1)", "killed by ddprun (SIGKILL <kill_reason>)"...
+// (exit code 1)", "killed by ddprun (SIGKILL <kill_reason>)"... A worker that was frozen
+// (was_stopped) is said to be so first: "was stopped (process state T: SIGSTOP or a debugger);
+// ddprun resumed it: stopped by ddprun (SIGTERM)".
 std::string describe_fate(const WorkerEnd& worker, const std::string& kill_reason);
 
 // The report printed when an attempt failed:
@@ -99,6 +115,7 @@ std::string describe_fate(const WorkerEnd& worker, const std::string& kill_reaso
 //     pid, exit, error file, last stderr lines
 //   Other workers: rank 0 also failed (exit code 1); ranks 2-3 stopped by ddprun (SIGTERM)
 //     error file of rank 0: RuntimeError: Connection closed by peer
+//   Left early: rank 4 exited with code 0 before any worker failed, ... (when one did)
 // Without a root cause, only the first line.
 struct SummaryContext {
   int attempt = 1;          // 1-based

@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include "base/check.h"
+#include "ddp/relayed_error.h"  // Relayed: a peer's failure, announced
 #include "process_group/shm/reduce.h"
 
 namespace ddp::shm {
@@ -684,9 +685,10 @@ void Group::check_abort() const {
   const int who = ctl_->abort_rank.load() - 1;
   if (who == o_.rank) return;
   const Op& op = *current_;
-  throw CollectiveError(fmt::format("[rank {}] {} failed because rank {} gave up first: {}",
-                                    me(), op.fp.describe(op.seq), name(who),
-                                    std::string(ctl_->abort_reason)));
+  // Relayed: the launcher blames `who`, even when this rank records its error first.
+  throw Relayed<CollectiveError>(
+      name(who), fmt::format("[rank {}] {} failed because rank {} gave up first: {}", me(),
+                             op.fp.describe(op.seq), name(who), std::string(ctl_->abort_reason)));
 }
 
 void Group::raise_abort(const std::string& reason) {
