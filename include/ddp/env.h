@@ -14,7 +14,8 @@
 // Also read: DDP_RDZV_TIMEOUT and DDP_COLLECTIVE_TIMEOUT (seconds, may be fractional), and the
 // rendezvous store's knobs (README, "The rendezvous store"): DDP_STORE_SECRET (the job's
 // secret; ddprun generates one for single-node jobs), DDP_STORE_BIND, DDP_STORE_MAX_BYTES,
-// DDP_AGENT_STORE ("tcpstore", torchrun's agent, or "ddp": the agent's store is a ddp-cpp one).
+// DDP_AGENT_STORE ("tcpstore", torchrun's agent, or "ddp": the agent's store is a ddp-cpp one);
+// the diagnostics' knobs: DDP_DEBUG (else TORCH_DISTRIBUTED_DEBUG) and DDP_FLIGHT_RECORDER.
 //
 // Every malformed or inconsistent value is a ddp::ConfigError naming the variable and the fix,
 // raised before any socket opens. Pure functions: tests pass an EnvMap instead of the real env.
@@ -39,6 +40,10 @@ inline constexpr int kDefaultMasterPort = 29500;  // torchrun's default
 // Ports derived from a job id fall in [kDerivedPortBase, kDerivedPortBase + kDerivedPortSpan).
 inline constexpr int kDerivedPortBase = 20000;
 inline constexpr int kDerivedPortSpan = 10000;
+
+// DDP_DEBUG / TORCH_DISTRIBUTED_DEBUG: off, info (log choices and layouts) or detail (also check
+// before every collective that all ranks issue the same one; more logging in DDP).
+enum class DebugLevel { kOff, kInfo, kDetail };
 
 struct DistEnv {
   LaunchContract contract = LaunchContract::kSingleProcess;
@@ -66,6 +71,10 @@ struct DistEnv {
   std::string run_id;     // TORCHELASTIC_RUN_ID or the launcher's job id; may be empty
   std::optional<double> rdzv_timeout_s;        // DDP_RDZV_TIMEOUT
   std::optional<double> collective_timeout_s;  // DDP_COLLECTIVE_TIMEOUT
+  DebugLevel debug = DebugLevel::kOff;         // DDP_DEBUG, else TORCH_DISTRIBUTED_DEBUG
+  // DDP_FLIGHT_RECORDER: collectives each group remembers for hang reports (0: off); unset:
+  // flight::kDefaultEntries (src/process_group/flight_recorder.h).
+  std::optional<int> flight_recorder_entries;
 
   // One line for logs: "rank 1/4 (local 1/2, node 0) via torchrun; store 127.0.0.1:29500".
   std::string describe() const;
@@ -73,6 +82,10 @@ struct DistEnv {
 
 // Parses the contract out of `env`. Throws ddp::ConfigError on malformed/inconsistent values.
 DistEnv parse_dist_env(const EnvMap& env);
+
+// DDP_DEBUG, else TORCH_DISTRIBUTED_DEBUG, of `env` (off when neither is set). Throws
+// ddp::ConfigError for another value than off/info/detail (either case).
+DebugLevel parse_debug_level(const EnvMap& env);
 
 // A copy of this process's environment, for parse_dist_env.
 EnvMap current_environment();

@@ -56,21 +56,9 @@ namespace {
 
 int64_t megabytes(double mb) { return ReducerOptions::megabytes(mb); }
 
-DebugLevel parse_level(const char* value) {
-  const std::string v = value;
-  if (v == "info" || v == "INFO") return DebugLevel::kInfo;
-  if (v == "detail" || v == "DETAIL") return DebugLevel::kDetail;
-  DDP_CHECK(v.empty() || v == "off" || v == "OFF", ConfigError,
-            "invalid value '{}' for DDP_DEBUG/TORCH_DISTRIBUTED_DEBUG: use off, info or detail",
-            v);
-  return DebugLevel::kOff;
-}
-
 DebugLevel debug_level(const DDPOptions& o) {
   if (o.debug) return *o.debug;
-  if (const char* v = std::getenv("DDP_DEBUG")) return parse_level(v);
-  if (const char* v = std::getenv("TORCH_DISTRIBUTED_DEBUG")) return parse_level(v);
-  return DebugLevel::kOff;
+  return parse_debug_level(current_environment());
 }
 
 // Named tensors, each once (a tensor registered under two names is the same parameter).
