@@ -213,7 +213,7 @@ std::string verdict(int my_rank, const Record& failed, const std::vector<PeerVie
             p.pid));
       } else if (p.liveness == Liveness::kGone) {
         dead.push_back(fmt::format("rank {} (pid {}) has exited", p.rank, p.pid));
-      } else {
+      } else if (p.asked) {
         silent.push_back(fmt::format("rank {} {} (no records): it may be stopped, dead or "
                                      "unreachable", p.rank, p.silence));
       }

@@ -104,13 +104,15 @@ struct PeerView {
   std::optional<std::vector<Record>> records;  // absent: it did not answer in time
   Liveness liveness = Liveness::kUnknown;      // known for peers on this host only
   std::string silence;                 // why records are absent: "did not answer within 3.0 s"
+  bool asked = true;                   // false: the store failed before it could be asked
 };
 
 // The one-line verdict about `failed` (this rank's record of the failed collective), e.g.
 //   "rank 1 never issued all_reduce #57; its last completed collective is #56 at step 812"
 //   "rank 0 issued all_reduce #12 (4 x Float), rank 1 issued broadcast #12 (1 x Long)"
 //   "rank 1 (pid 4242) is stopped (SIGSTOP or a debugger) and did not answer"
-// Empty when the records show no rank at fault.
+// Peers that could not be asked (the store failed) are not blamed. Empty when the records show
+// no rank at fault.
 std::string verdict(int my_rank, const Record& failed, const std::vector<PeerView>& peers);
 
 // One line per rank for the body of the error: last issued and last completed collective.

@@ -210,6 +210,7 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
     }
     for (flight::PeerView& v : views) {
       if (v.records || !v.silence.empty()) continue;
+      v.asked = store_trouble.empty();
       v.silence = store_trouble.empty()
                       ? fmt::format("did not answer within {} s", kAnswerDeadline.count())
                       : fmt::format("could not be asked (the store did not answer: {})",

@@ -19,6 +19,10 @@ using std::chrono::milliseconds;
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+// How much longer than the timeout ranks other than 0 wait for rank 0's release (which may say
+// that some rank did not arrive).
+constexpr std::chrono::seconds kReleaseGrace{2};
+
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Polls until `ready()` or the deadline; the sleep grows from 1 ms to 50 ms.
@@ -51,7 +55,9 @@ void ProcessGroup::monitored_barrier(std::optional<milliseconds> timeout) {
   try {
     if (me != 0) {
       store.set(fmt::format("{}arrived/{}", base, me), bytes("1"));
-      const bool released = poll_until(deadline, [&] { return store.check({base + "release"}); });
+      // Rank 0 answers at its own deadline at the latest: wait a little longer for that answer.
+      const bool released = poll_until(deadline + kReleaseGrace,
+                                       [&] { return store.check({base + "release"}); });
       DDP_CHECK(released, TimeoutError,
                 "[rank {}] monitored_barrier #{}: rank 0 did not release it within {:.1f} s; "
                 "rank 0 has not reached this barrier (it may be stuck, stopped or dead).",
