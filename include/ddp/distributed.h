@@ -17,7 +17,10 @@
 // that single-process code runs unchanged; the collectives throw ddp::Error.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "ddp/process_group.h"
 
@@ -39,8 +42,16 @@ bool is_main_process();  // global rank 0
 
 // Blocking collectives over the default group.
 void barrier();
+// ProcessGroup::monitored_barrier over the default group: a barrier through the store that
+// names every rank that did not arrive within `timeout` (unset: the group's timeout).
+void monitored_barrier(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 void broadcast(at::Tensor& tensor, int root = 0);
 void all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input);
+
+// The training step this process is at, recorded with each collective it issues from now on
+// (every group's flight recorder), so that a hang report says "its last completed collective
+// is #56 at step 812". Cheap (an atomic store): call it once per optimizer step.
+void set_training_step(int64_t step);
 
 }  // namespace ddp

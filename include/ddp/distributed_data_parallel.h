@@ -40,7 +40,6 @@ inline constexpr double kDefaultBucketCapMb = 25;     // PyTorch's default
 inline constexpr double kDefaultFirstBucketMb = 1;    // PyTorch's kDefaultFirstBucketBytes
 inline constexpr double kDefaultBroadcastChunkMb = 250;  // PyTorch's coalesced broadcast chunk
 
-
 struct DDPOptions {
   // The group to reduce over; null means the default group (init_process_group()).
   std::shared_ptr<ProcessGroup> process_group;

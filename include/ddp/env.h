@@ -39,6 +39,10 @@ inline constexpr int kDefaultMasterPort = 29500;  // torchrun's default
 inline constexpr int kDerivedPortBase = 20000;
 inline constexpr int kDerivedPortSpan = 10000;
 
+// DDP_DEBUG / TORCH_DISTRIBUTED_DEBUG: off, info (log choices and layouts) or detail (also check
+// before every collective that all ranks issue the same one; more logging in DDP).
+enum class DebugLevel { kOff, kInfo, kDetail };
+
 struct DistEnv {
   LaunchContract contract = LaunchContract::kSingleProcess;
   int rank = 0;
@@ -65,6 +69,10 @@ struct DistEnv {
   std::string run_id;     // TORCHELASTIC_RUN_ID or the launcher's job id; may be empty
   std::optional<std::chrono::milliseconds> rdzv_timeout;        // DDP_RDZV_TIMEOUT
   std::optional<std::chrono::milliseconds> collective_timeout;  // DDP_COLLECTIVE_TIMEOUT
+  DebugLevel debug = DebugLevel::kOff;  // DDP_DEBUG, else TORCH_DISTRIBUTED_DEBUG
+  // DDP_FLIGHT_RECORDER: collectives each group remembers for hang reports (0: off); unset:
+  // flight::kDefaultEntries (src/process_group/flight_recorder.h).
+  std::optional<int> flight_recorder_entries;
 
   // One line for logs: "rank 1/4 (local 1/2, node 0) via torchrun; store 127.0.0.1:29500".
   std::string describe() const;
@@ -72,6 +80,10 @@ struct DistEnv {
 
 // Parses the contract out of `env`. Throws ddp::ConfigError on malformed/inconsistent values.
 DistEnv parse_dist_env(const EnvMap& env);
+
+// DDP_DEBUG, else TORCH_DISTRIBUTED_DEBUG, of `env` (off when neither is set). Throws
+// ddp::ConfigError for another value than off/info/detail (either case).
+DebugLevel parse_debug_level(const EnvMap& env);
 
 // A copy of this process's environment, for parse_dist_env.
 EnvMap current_environment();
@@ -105,6 +117,7 @@ inline constexpr EnvKnob kEnvKnobs[] = {
     {"OMP_NUM_THREADS", "1 per rank under ddprun", "intra-op threads of ddp-train and ddp-bench"},
     {"USE_LIBUV", "1", "LibTorch 2.x TCPStore: libuv or classic (falls back when libuv is absent)"},
     {"OPENBLAS_CORETYPE", "(CPU's best)", "OpenBLAS kernel; ddp::ensure_fast_blas sets it when unset"},
+    {"DDP_FLIGHT_RECORDER", "256", "collectives each group remembers for hang reports (0: off)"},
     {"TMPDIR", "/tmp", "where ddprun makes a log folder for --redirects/--tee without --log-dir"},
 };
 
@@ -112,9 +125,7 @@ inline constexpr EnvKnob kEnvKnobs[] = {
 // nullopt when it is unset or empty.
 std::optional<std::string> env_knob(std::string_view name);
 
-// What DDP logs: DDP_DEBUG, else TORCH_DISTRIBUTED_DEBUG, else kOff. ConfigError for any value
-// but off, info, detail (either case).
-enum class DebugLevel { kOff, kInfo, kDetail };
+// parse_debug_level of this process's environment.
 DebugLevel debug_level_from_env();
 
 }  // namespace ddp

@@ -127,6 +127,12 @@ class ProcessGroup {
                                     ReduceOp op = ReduceOp::kSum);
   // Completes once every rank has called barrier().
   [[nodiscard]] Work barrier();
+  // A blocking barrier through the rendezvous store, like torch.distributed.monitored_barrier:
+  // every rank reports its arrival; rank 0 waits up to `timeout` (unset: timeout()) for all
+  // and throws ddp::TimeoutError naming every rank that did not arrive; the others wait as
+  // long (plus 2 s for rank 0's answer) for rank 0's release and then fail with the same list. For debugging hangs: it costs
+  // store round trips, not a collective, and does not take a sequence number.
+  void monitored_barrier(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   // A zeroed 1-D tensor of `numel` elements (CPU) that this group's collectives move without
   // copying: with the shm backend every rank of the host maps every rank's buffer, and an

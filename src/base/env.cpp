@@ -256,19 +256,7 @@ std::optional<std::string> env_knob(std::string_view name) {
   return std::string(v);
 }
 
-DebugLevel debug_level_from_env() {
-  const char* name = "DDP_DEBUG";
-  std::optional<std::string> v = env_knob(name);
-  if (!v) {
-    name = "TORCH_DISTRIBUTED_DEBUG";
-    v = env_knob(name);
-  }
-  if (!v || *v == "off" || *v == "OFF") return DebugLevel::kOff;
-  if (*v == "info" || *v == "INFO") return DebugLevel::kInfo;
-  if (*v == "detail" || *v == "DETAIL") return DebugLevel::kDetail;
-  throw ConfigError(
-      fmt::format("invalid value: {}='{}': use off, info or detail", name, *v));
-}
+DebugLevel debug_level_from_env() { return parse_debug_level(current_environment()); }
 
 DistEnv parse_dist_env(const EnvMap& env) {
   DistEnv out;
@@ -291,7 +279,25 @@ DistEnv parse_dist_env(const EnvMap& env) {
     out.collective_timeout = parse_seconds("DDP_COLLECTIVE_TIMEOUT", *v);
   }
   parse_store_knobs(env, out);
+  out.debug = parse_debug_level(env);
+  if (const std::string* v = find(env, "DDP_FLIGHT_RECORDER"); v != nullptr && !v->empty()) {
+    out.flight_recorder_entries = parse_int("DDP_FLIGHT_RECORDER", *v, 0, 1 << 20,
+                                            "a number of collectives to remember, 0 to turn the "
+                                            "flight recorder off");
+  }
   return out;
+}
+
+DebugLevel parse_debug_level(const EnvMap& env) {
+  const std::string* v = find(env, "DDP_DEBUG");
+  if (v == nullptr) v = find(env, "TORCH_DISTRIBUTED_DEBUG");
+  if (v == nullptr) return DebugLevel::kOff;
+  if (*v == "info" || *v == "INFO") return DebugLevel::kInfo;
+  if (*v == "detail" || *v == "DETAIL") return DebugLevel::kDetail;
+  DDP_CHECK(v->empty() || *v == "off" || *v == "OFF", ConfigError,
+            "invalid value '{}' for DDP_DEBUG/TORCH_DISTRIBUTED_DEBUG: use off, info or detail",
+            *v);
+  return DebugLevel::kOff;
 }
 
 EnvMap current_environment() {

@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "base/check.h"
+#include "process_group/flight_recorder.h"
 #include "parallel/bucketing.h"
 
 namespace ddp::detail {
@@ -340,6 +341,18 @@ void Reducer::launch_bucket(size_t b) {
     }
     ~InHook() { thread.store(std::thread::id{}); }
   } in_hook(hook_thread_);
+  // The flight recorder names the bucket of the collective the hook issues (Note [Flight
+  // recorder]): its index and its first parameters.
+  constexpr size_t kNamesRecorded = 3;
+  std::string names;
+  for (size_t i = 0; i < bucket.vars.size() && i < kNamesRecorded; ++i) {
+    names += (i > 0 ? ", " : "") + names_[bucket.vars[i]];
+  }
+  if (bucket.vars.size() > kNamesRecorded) names += ", ...";
+  flight::annotate_next(&group_.impl(), static_cast<int>(b), std::move(names));
+  struct ClearNote {  // a hook that issues nothing (or throws) leaves no note behind
+    ~ClearNote() { flight::clear_note(); }
+  } clear_note;
   bucket.future = hook_(gb);
   bucket.launched = true;
 }

@@ -3,6 +3,7 @@
 
 #include "base/check.h"
 #include "ddp/distributed.h"
+#include "process_group/flight_recorder.h"
 
 namespace ddp {
 namespace {
@@ -65,6 +66,10 @@ int get_local_rank() {
 bool is_main_process() { return get_rank() == 0; }
 
 void barrier() { default_group()->barrier().wait(); }
+void monitored_barrier(std::optional<std::chrono::milliseconds> timeout) {
+  default_group()->monitored_barrier(timeout);
+}
+void set_training_step(int64_t step) { flight::set_step(step); }
 void all_reduce(at::Tensor& tensor, ReduceOp op) { default_group()->all_reduce(tensor, op).wait(); }
 void broadcast(at::Tensor& tensor, int root) { default_group()->broadcast(tensor, root).wait(); }
 void all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {

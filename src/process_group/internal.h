@@ -11,6 +11,8 @@
 #include "base/completion.h"
 #include "c10d/compat.h"
 #include "ddp/process_group.h"
+#include "process_group/flight_recorder.h"
+#include "process_group/hang_report.h"
 #include "process_group/shm/group.h"
 #include "process_group/shm_setup.h"
 
@@ -36,12 +38,24 @@ struct ProcessGroup::Impl {
   int host_index = 0;  // "shm+gloo": this rank's host, its rank in the rail
   std::vector<int> rail_peers;  // "shm+gloo": the other ranks of the rail (one per other host)
 
+  // Diagnostics (Notes [Flight recorder], [Hang reports]): null when DDP_FLIGHT_RECORDER=0;
+  // no reporter for a group of one.
+  std::shared_ptr<flight::Ring> recorder;
+  std::shared_ptr<HangReporter> reporter;
+  // A handle on `store` of its own, every call bounded by kStoreCallLimit (the reporter's and
+  // monitored_barrier's); `store` itself for a group of one, or when it cannot be cloned.
+  c10::intrusive_ptr<::c10d::Store> diag_store;
+  // DDP_DEBUG=detail: ranks compare each collective's fingerprint before running it (Gloo-based
+  // transports; shm compares fingerprints always).
+  bool check_fingerprints = false;
+
   shm::Group* shared_memory() const { return shm ? shm.get() : local_shm.get(); }
 
   // Sequence number of the last collective issued (first is 1); written under issue_mu.
   std::mutex issue_mu;
   std::atomic<uint64_t> seq{0};
   std::atomic<uint64_t> comm_buffers{0};  // comm_buffer() calls so far (shm buffer ids)
+  std::atomic<uint64_t> monitored_barriers{0};  // monitored_barrier() calls so far (store keys)
 };
 
 // Note [Work completion]
@@ -61,8 +75,14 @@ struct Work::State {
   std::shared_ptr<shm::Group> shm_group;  // the shared-memory transport's
   std::shared_ptr<shm::Op> shm_op;
   std::function<void()> then;  // local completion step; may be empty; run by `done` only
+  std::shared_ptr<flight::Ring> recorder;     // the group's (may be null)
+  std::shared_ptr<HangReporter> reporter;     // the group's (may be null)
 
   Completion done;
 };
+
+// `error` (the failure of the collective of `s`), opened by the group's hang-report verdict
+// when it has one (Note [Hang reports]); `error` itself otherwise.
+std::exception_ptr explain_failure(const Work::State& s, std::exception_ptr error);
 
 }  // namespace ddp

@@ -6,7 +6,6 @@
 
 #include <cstdio>   // stderr
 #include <numeric>  // std::iota
-#include <cstdlib>  // getenv
 #include <string_view>
 #include <thread>
 
@@ -158,7 +157,51 @@ void agree_on_backend(::c10d::Store& store, const DistEnv& env, const std::strin
             env.rank, mismatch);
 }
 
-bool debug_info() { return debug_level_from_env() != DebugLevel::kOff; }
+bool debug_info(const DistEnv& env) { return env.debug != DebugLevel::kOff; }
+
+// A handle of its own on the group's store (rendezvous::join's PrefixStore over our store or a
+// bounded one), its calls bounded by kStoreCallLimit: hang reports must not wait on a frozen
+// store for the rendezvous timeout.
+c10::intrusive_ptr<::c10d::Store> diagnostics_store(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                   const std::string& prefix) {
+  auto* prefixed = dynamic_cast<::c10d::PrefixStore*>(store.get());
+  if (prefixed == nullptr) return store;  // a group of one: an in-process store
+  const c10::intrusive_ptr<::c10d::Store> under = prefixed->getUnderlyingStore();
+  auto* ours = dynamic_cast<c10d_compat::StoreBase*>(under.get());
+  if (ours == nullptr) return store;
+  c10::intrusive_ptr<::c10d::Store> clone = ours->clone_store();
+  clone->setTimeout(kStoreCallLimit);
+  return c10::make_intrusive<::c10d::PrefixStore>(prefix, clone);
+}
+
+// Where hang reports write each rank's JSON dump: the folder of the launcher's error file
+// (ddprun: the rank's log folder); empty without one.
+std::string dump_dir() {
+  const std::optional<std::string> file = env_knob("TORCHELASTIC_ERROR_FILE");
+  if (!file) return "";
+  const std::string& path = *file;
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
+}
+
+// The flight recorder and the hang reporter (Notes [Flight recorder], [Hang reports]), and
+// DDP_DEBUG=detail's fingerprint check.
+void add_diagnostics(ProcessGroup::Impl& impl, const InitOptions& o, const std::string& prefix) {
+  const DistEnv& env = impl.env;
+  impl.diag_store = diagnostics_store(impl.store, prefix);
+  const int entries = env.flight_recorder_entries.value_or(flight::kDefaultEntries);
+  if (entries > 0) impl.recorder = std::make_shared<flight::Ring>(entries);
+  if (impl.recorder && env.world_size > 1) {
+    impl.reporter = std::make_shared<HangReporter>(
+        c10::make_intrusive<::c10d::PrefixStore>("flight_recorder", impl.diag_store),
+        impl.recorder,
+        HangReporter::Options{.rank = env.rank, .size = env.world_size, .group = o.group_name,
+                              .dump_dir = dump_dir()});
+  }
+  // shm compares fingerprints before every collective anyway; NCCL would need CUDA tensors.
+  impl.check_fingerprints = env.debug == DebugLevel::kDetail && env.world_size > 1 &&
+                            impl.backend && impl.backend_name != "nccl";
+}
 
 // Note [Hierarchical collectives]
 // Ranks on H hosts, L on each (L > 1): each host's ranks share a shm group; the ranks with the
@@ -237,7 +280,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
                 env.rank, why_not);
       if (where.uniform() && where.host_size.front() > 1) {
         why_not = form_hierarchy(*impl, where);
-      } else if (env.rank == 0 && debug_info()) {
+      } else if (env.rank == 0 && debug_info(env)) {
         fmt::print(stderr, "ddp: {} hosts with {} ranks; a hierarchy needs the same number, "
                    "more than one, on each; using gloo\n", where.hosts(),
                    fmt::join(where.host_size, "/"));
@@ -252,13 +295,13 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
                 "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on "
                 "one host (same kernel, same pid namespace); use backend 'auto' or 'gloo'.",
                 env.rank, why_not);
-      if (env.rank == 0 && (debug_info() || why_not.find("hosts") == std::string::npos)) {
+      if (env.rank == 0 && (debug_info(env) || why_not.find("hosts") == std::string::npos)) {
         fmt::print(stderr, "ddp: shared-memory transport not used ({}); using gloo\n", why_not);
       }
       impl->backend_name = "gloo";
     }
   }
-  if (env.rank == 0 && debug_info()) {
+  if (env.rank == 0 && debug_info(env)) {
     fmt::print(stderr, "ddp: process group '{}' of {} ranks over {}\n", o.group_name,
                env.world_size, impl->backend_name);
   }
@@ -295,6 +338,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
         "(set GLOO_SOCKET_IFNAME to choose the network interface).",
         env.rank, env.world_size, impl->backend_name, e.what()));
   }
+  add_diagnostics(*impl, o, rc.key_prefix);
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 

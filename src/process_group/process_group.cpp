@@ -107,29 +107,118 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout;
 const DistEnv& ProcessGroup::env() const { return impl_->env; }
 uint64_t ProcessGroup::last_sequence_number() const { return impl_->seq.load(); }
 
-// Issues one collective: numbers it, starts it through `start` (which stores the transport's
-// handle in the state), and records how to finish it.
+namespace {
+
+// The names of collectives as fingerprints encode them.
+constexpr const char* kOpNames[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                                    "barrier"};
+int op_code(const std::string& op) {
+  for (int i = 0; i < 5; ++i) {
+    if (op == kOpNames[i]) return i;
+  }
+  return -1;
+}
+
+// A collective's fingerprint (DDP_DEBUG=detail): sequence number, op, dtype, element count,
+// number of dimensions, the first two sizes, and the op's parameter (reduce op or root).
+constexpr int64_t kFingerprintWords = 8;
+at::Tensor fingerprint(const Work::State& s, const at::Tensor* t, int64_t extra) {
+  at::Tensor fp = at::full({kFingerprintWords}, -1, at::kLong);
+  int64_t* w = fp.data_ptr<int64_t>();
+  w[0] = static_cast<int64_t>(s.seq);
+  w[1] = op_code(s.op);
+  if (t != nullptr) {
+    w[2] = static_cast<int64_t>(t->scalar_type());
+    w[3] = t->numel();
+    w[4] = t->dim();
+    if (t->dim() > 0) w[5] = t->size(0);
+    if (t->dim() > 1) w[6] = t->size(1);
+  }
+  w[7] = extra;
+  return fp;
+}
+
+// "broadcast #12 (1 x Long, shape [1, ...], root 0)"
+std::string describe_fingerprint(const int64_t* w) {
+  const char* op = w[1] >= 0 && w[1] < 5 ? kOpNames[w[1]] : "?";
+  if (w[2] < 0) return fmt::format("{} #{}", op, w[0]);
+  std::string shape = w[4] == 0 ? "[]" : fmt::format("[{}{}{}]", w[5], w[4] > 1 ? fmt::format(", {}", w[6]) : "",
+                                                    w[4] > 2 ? ", ..." : "");
+  std::string extra;
+  if (w[1] == 0 || w[1] == 3) extra = fmt::format(", {}", to_string(static_cast<ReduceOp>(w[7])));
+  if (w[1] == 1) extra = fmt::format(", root {}", w[7]);
+  return fmt::format("{} #{} ({} x {}, shape {}{})", op, w[0], w[3],
+                     c10::toString(static_cast<at::ScalarType>(w[2])), shape, extra);
+}
+
+// DDP_DEBUG=detail: every rank shares the fingerprint of the collective it is about to issue
+// (an all_gather of kFingerprintWords int64 over the group's Gloo backend, outside the
+// numbering), so that ranks issuing different collectives fail here, naming both calls,
+// instead of computing a wrong result or hanging.
+void compare_fingerprints(ProcessGroup::Impl& pg, Work::State& s, const at::Tensor* t,
+                          int64_t extra) {
+  const int n = pg.env.world_size;
+  at::Tensor mine = fingerprint(s, t, extra);
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < n; ++r) out[0].push_back(at::empty({kFingerprintWords}, at::kLong));
+  std::vector<at::Tensor> in{mine};
+  try {
+    pg.backend->allgather(out, in)->wait(pg.timeout);
+  } catch (const c10::Error& e) {
+    std::exception_ptr error = std::make_exception_ptr(TimeoutError(fmt::format(
+        "[rank {}] {} #{} ({}): the ranks' fingerprints (DDP_DEBUG=detail) did not arrive "
+        "within {:.1f} s: {}. A peer rank has not reached this collective.",
+        s.rank, s.op, s.seq, s.detail, std::chrono::duration<double>(pg.timeout).count(),
+        e.what_without_backtrace())));
+    if (s.recorder) s.recorder->finish(s.seq, false);
+    std::rethrow_exception(explain_failure(s, error));
+  }
+  const int64_t* w = mine.data_ptr<int64_t>();
+  for (int r = 0; r < n; ++r) {
+    const int64_t* theirs = out[0][r].data_ptr<int64_t>();
+    if (std::equal(w, w + kFingerprintWords, theirs)) continue;
+    if (s.recorder) s.recorder->finish(s.seq, false);
+    throw CollectiveError(fmt::format(
+        "[rank {}] {} #{} desync: rank {} issued {}, rank {} issued {}\n"
+        "Every rank must issue the same collectives in the same order, with the same dtypes, "
+        "shapes and parameters (found by DDP_DEBUG=detail before running the collective).",
+        s.rank, s.op, s.seq, s.rank, describe_fingerprint(w), r, describe_fingerprint(theirs)));
+  }
+}
+
+// Issues one collective: numbers it, records it (Note [Flight recorder]), checks its
+// fingerprint under DDP_DEBUG=detail, starts it through `start` (which stores the transport's
+// handle in the state), and records how to finish it. `t` describes the data (null for a
+// barrier); `extra` is the op's parameter (reduce op, root).
 // User errors found before anything is sent (bad shapes, bad root) are thrown here, naming
 // the operation and its sequence number.
-namespace {
 template <typename Start>
 Work::State* issue(ProcessGroup::Impl& pg, std::shared_ptr<Work::State>& state, const char* op,
-                   std::string detail, Start&& start) {
+                   std::string detail, const at::Tensor* t, int64_t extra, Start&& start) {
   state = std::make_shared<Work::State>();
   state->op = op;
   state->detail = std::move(detail);
   state->rank = pg.env.rank;
   state->timeout = pg.timeout;
   state->issued = std::chrono::steady_clock::now();
+  state->recorder = pg.recorder;
+  state->reporter = pg.reporter;
   // Numbering and starting are one step, so that threads sharing the group hand collectives to
   // the transport in the order of their sequence numbers.
   std::lock_guard<std::mutex> lock(pg.issue_mu);
   state->seq = ++pg.seq;
+  if (pg.recorder) {
+    pg.recorder->issue(state->seq, op, t != nullptr ? c10::toString(t->scalar_type()) : "-",
+                       t != nullptr ? t->numel() : 0, flight::take_note(&pg));
+  }
+  if (pg.check_fingerprints) compare_fingerprints(pg, *state, t, extra);
   try {
     start(*state);
   } catch (const Error&) {
+    if (pg.recorder) pg.recorder->finish(state->seq, false);
     throw;
   } catch (const std::exception& e) {
+    if (pg.recorder) pg.recorder->finish(state->seq, false);
     throw CollectiveError(fmt::format("[rank {}] {} #{} ({}) could not start: {}", pg.env.rank,
                                       op, state->seq, state->detail, e.what()));
   }
@@ -199,7 +288,7 @@ Work ProcessGroup::hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op,
     };
   };
   std::shared_ptr<Work::State> state;
-  issue(pg, state, "all_reduce", detail, [&](Work::State& s) {
+  issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op), [&](Work::State& s) {
     s.shm_group = pg.local_shm;
     shm::Fingerprint fp{shm::OpKind::kAllReduce, *dtype, to_shm(op), 0,
                         static_cast<uint64_t>(buf.numel())};
@@ -225,7 +314,8 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
               pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
     at::Tensor buf = shm_buffer(pg, "all_reduce", tensor);
     shm::Placement placement = pg.shm->find(buf.data_ptr(), buf.numel() * buf.element_size());
-    issue(pg, state, "all_reduce", detail, [&](Work::State& s) {
+    issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op),
+          [&](Work::State& s) {
       s.shm_group = pg.shm;
       s.shm_op = pg.shm->all_reduce(s.seq, buf.data_ptr(), buf.numel(), *dtype, to_shm(op),
                                     std::make_shared<at::Tensor>(buf), std::move(placement));
@@ -234,7 +324,8 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
     return Work(std::move(state));
   }
   const bool avg_here = op == ReduceOp::kAvg && !c10d_compat::backend_supports_avg(pg.backend_name);
-  issue(pg, state, "all_reduce", detail, [&](Work::State& s) {
+  issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op),
+          [&](Work::State& s) {
     std::vector<at::Tensor> tensors{tensor};
     ::c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(avg_here ? ReduceOp::kSum : op);
@@ -258,7 +349,7 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   const std::string detail = fmt::format("from rank {}, {}", root, shape_of(tensor));
   if (pg.shm) {
     at::Tensor buf = shm_buffer(pg, "broadcast", tensor);
-    issue(pg, state, "broadcast", detail, [&](Work::State& s) {
+    issue(pg, state, "broadcast", detail, &tensor, root, [&](Work::State& s) {
       s.shm_group = pg.shm;
       const auto [count, dtype] = shm_extent(buf);
       s.shm_op = pg.shm->broadcast(s.seq, buf.data_ptr(), count, dtype, root,
@@ -267,7 +358,7 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
     if (!buf.is_same(tensor)) state->then = [tensor, buf]() mutable { tensor.copy_(buf); };
     return Work(std::move(state));
   }
-  issue(pg, state, "broadcast", detail, [&](Work::State& s) {
+  issue(pg, state, "broadcast", detail, &tensor, root, [&](Work::State& s) {
     std::vector<at::Tensor> tensors{tensor};
     ::c10d::BroadcastOptions opts;
     opts.rootRank = root;
@@ -300,7 +391,7 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
       keep->push_back(shm_buffer(pg, "all_gather", o));
       out_ptrs.push_back(keep->back().data_ptr());
     }
-    issue(pg, state, "all_gather", shape_of(input), [&](Work::State& s) {
+    issue(pg, state, "all_gather", shape_of(input), &input, -1, [&](Work::State& s) {
       s.shm_group = pg.shm;
       const auto [count, dtype] = shm_extent(input);
       s.shm_op = pg.shm->all_gather(s.seq, std::move(out_ptrs), (*keep)[0].data_ptr(), count,
@@ -313,7 +404,7 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
     };
     return Work(std::move(state));
   }
-  issue(pg, state, "all_gather", shape_of(input), [&](Work::State& s) {
+  issue(pg, state, "all_gather", shape_of(input), &input, -1, [&](Work::State& s) {
     std::vector<std::vector<at::Tensor>> out{outputs};
     std::vector<at::Tensor> in{input};
     s.work = pg.backend->allgather(out, in);
@@ -353,7 +444,8 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
       keep->push_back(shm_buffer(pg, "reduce_scatter", t));
       in_ptrs.push_back(keep->back().data_ptr());
     }
-    issue(pg, state, "reduce_scatter", detail, [&](Work::State& s) {
+    issue(pg, state, "reduce_scatter", detail, &output, static_cast<int64_t>(op),
+          [&](Work::State& s) {
       s.shm_group = pg.shm;
       s.shm_op = pg.shm->reduce_scatter(s.seq, (*keep)[0].data_ptr(), std::move(in_ptrs),
                                         output.numel(), *dtype, to_shm(op), keep);
@@ -368,7 +460,8 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   // send/recv: [n, numel]; recv row i is rank i's contribution to this rank's output.
   at::Tensor send = at::stack(inputs).reshape({n, -1});
   at::Tensor recv = at::empty_like(send);
-  issue(pg, state, "reduce_scatter", detail, [&](Work::State& s) {
+  issue(pg, state, "reduce_scatter", detail, &output, static_cast<int64_t>(op),
+          [&](Work::State& s) {
     std::vector<int64_t> equal_splits;  // empty: equal split along dim 0
     ::c10d::AllToAllOptions opts;
     s.work = pg.backend->alltoall_base(recv, send, equal_splits, equal_splits, opts);
@@ -384,7 +477,8 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
 Work ProcessGroup::barrier() {
   Impl& pg = *impl_;
   std::shared_ptr<Work::State> state;
-  issue(pg, state, "barrier", fmt::format("{} ranks", pg.env.world_size), [&](Work::State& s) {
+  issue(pg, state, "barrier", fmt::format("{} ranks", pg.env.world_size), nullptr, -1,
+        [&](Work::State& s) {
     if (pg.shm) {
       s.shm_group = pg.shm;
       s.shm_op = pg.shm->barrier(s.seq);

@@ -18,20 +18,6 @@ namespace {
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-// Ranks may share memory when they run on the same kernel (boot id) in the same pid namespace
-// (a peer opens /proc/<pid>/fd/<fd> of the segment's creator). Hostnames alone lie: containers
-// on one host can share a hostname, and one container can see another's name.
-std::string host_identity() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  std::string boot_id;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  char ns[128] = {0};
-  const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
-  return fmt::format("{} {} {} uid {}", host, boot_id, n > 0 ? std::string(ns, n) : "?",
-                     getuid());
-}
-
 // Test knob: a tiny chunk forces many chunks per collective (DDP_SHM_CHUNK_BYTES).
 size_t chunk_bytes(int size) {
   const std::optional<std::string> v = env_knob("DDP_SHM_CHUNK_BYTES");
@@ -45,6 +31,20 @@ size_t chunk_bytes(int size) {
 }
 
 }  // namespace
+
+// Ranks may share memory when they run on the same kernel (boot id) in the same pid namespace
+// (a peer opens /proc/<pid>/fd/<fd> of the segment's creator). Hostnames alone lie: containers
+// on one host can share a hostname, and one container can see another's name.
+std::string host_identity() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  char ns[128] = {0};
+  const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+  return fmt::format("{} {} {} uid {}", host, boot_id, n > 0 ? std::string(ns, n) : "?",
+                     getuid());
+}
 
 bool Locality::uniform() const {
   return std::all_of(host_size.begin(), host_size.end(),

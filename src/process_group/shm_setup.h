@@ -30,6 +30,9 @@ struct Locality {
   std::vector<int> ranks_on(int h) const;  // in rank order
 };
 
+// This kernel's identity as ranks compare it: hostname, boot id, pid namespace, uid.
+std::string host_identity();
+
 // A collective over `store` (keys under "shm/host/"): every rank of the group calls it.
 Locality exchange_locality(::c10d::Store& store, const DistEnv& env,
                            const std::optional<std::string>& host_id);

@@ -1,6 +1,9 @@
 // Work: waiting on a collective and turning c10d failures into errors that carry the evidence.
 #include <fmt/format.h>
 
+#include <thread>
+
+#include "base/check.h"
 #include "ddp/error.h"
 #include "process_group/internal.h"
 
@@ -12,6 +15,58 @@ bool looks_like_timeout(const std::string& what) {
     if (what.find(needle) != std::string::npos) return true;
   }
   return false;
+}
+
+// How long a Gloo wait sleeps between looks at this host's peers (Note [Hang reports]).
+constexpr std::chrono::seconds kPeerCheckInterval{1};
+
+// `error` (a ddp::Error) with `head` as its first line and `tail` after it, same type.
+std::exception_ptr reworded(std::exception_ptr error, const std::string& head,
+                            const std::string& tail) {
+  auto text = [&](const std::exception& e) {
+    return head.empty() ? std::string(e.what()) + "\n" + tail
+                        : head + "\n" + e.what() + "\n" + tail;
+  };
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    return std::make_exception_ptr(TimeoutError(text(e)));
+  } catch (const CollectiveError& e) {
+    return std::make_exception_ptr(CollectiveError(text(e)));
+  } catch (const Error& e) {
+    return std::make_exception_ptr(Error(text(e)));
+  } catch (...) {
+    return error;
+  }
+}
+
+// Waits for a c10d work for up to the group's timeout. With a reporter, in slices, looking at
+// this host's peers in between: a stopped or vanished peer fails the wait at once.
+void wait_c10d(Work::State& s) {
+  if (!s.reporter) {
+    s.work->wait(s.timeout);
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    const auto left = s.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::steady_clock::now() - start);
+    try {
+      s.work->wait(std::max(std::chrono::milliseconds(1),
+                            std::min<std::chrono::milliseconds>(left, kPeerCheckInterval)));
+      return;
+    } catch (...) {
+      // Either the collective failed, or only this slice of waiting ended.
+      if (s.work->isCompleted() || left <= kPeerCheckInterval) throw;
+    }
+    const std::string peer = s.reporter->check_local_peers();
+    DDP_CHECK(peer.empty(), CollectiveError,
+              "[rank {}] {} #{} ({}) failed: {}; this rank stopped waiting for it after {:.1f} "
+              "s (the timeout is {:.1f} s).",
+              s.rank, s.op, s.seq, s.detail, peer,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              std::chrono::duration<double>(s.timeout).count());
+  }
 }
 
 std::exception_ptr classify(const Work::State& s, const std::string& cause) {
@@ -34,6 +89,25 @@ std::exception_ptr classify(const Work::State& s, const std::string& cause) {
 
 }  // namespace
 
+std::exception_ptr explain_failure(const Work::State& s, std::exception_ptr error) {
+  if (!s.reporter) return error;
+  const HangReporter::Report report = s.reporter->explain(s.seq);
+  if (report.verdict.empty() && report.details.empty()) return error;
+  bool timed_out = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError&) {
+    timed_out = true;
+  } catch (...) {
+  }
+  const std::string head =
+      report.verdict.empty()
+          ? ""
+          : fmt::format("[rank {}] {} #{} {}: {}", s.rank, s.op, s.seq,
+                        timed_out ? "timed out" : "failed", report.verdict);
+  return reworded(error, head, report.details);
+}
+
 Work::Work() = default;
 Work::~Work() = default;
 Work::Work(const Work&) = default;
@@ -51,23 +125,29 @@ void Work::wait() {
           s.shm_group->wait(*s.shm_op);  // bounded inside, with errors that say who is behind
         } else if (s.work) {
           // Gloo enforces the timeout itself; the bound here covers backends that do not.
-          s.work->wait(s.timeout);
+          wait_c10d(s);
         }
         if (s.then) {
           auto then = std::move(s.then);
           then();
         }
+        if (s.recorder) s.recorder->finish(s.seq, true);
       },
       [&s](std::exception_ptr e) {
+        std::exception_ptr error;
         try {
           std::rethrow_exception(e);
         } catch (const Error&) {
-          return e;  // already names rank, op and cause
+          error = e;  // already names rank, op and cause
+        } catch (const c10::Error& x) {
+          error = classify(s, x.what_without_backtrace());  // c10d's backtrace helps nobody
         } catch (const std::exception& x) {
-          return classify(s, x.what());
+          error = classify(s, x.what());
         } catch (...) {
-          return classify(s, "unknown exception");
+          error = classify(s, "unknown exception");
         }
+        if (s.recorder) s.recorder->finish(s.seq, false);
+        return explain_failure(s, error);
       });
 }
 

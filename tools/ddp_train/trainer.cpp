@@ -339,6 +339,7 @@ void Run::resume() {
   if (from) {
     LoadedCheckpoint got = checkpoints_->load(*from, refs_, *pg_);
     step_ = got.meta.step;
+    ddp::set_training_step(step_);
     saved_step_ = step_;
     saved_path_ = *from;
     start_epoch_ = got.meta.epoch;
@@ -444,6 +445,7 @@ void Run::optimizer_step(int64_t schedule_step) {
   }
   opt_->zero_grad();
   ++step_;
+  ddp::set_training_step(step_);  // hang reports name the step of each collective
 }
 
 bool Run::stop_requested() {

@@ -1,0 +1,121 @@
+// The flight recorder: every rank's recent collectives, and the verdict read from them when a
+// collective fails.
+//
+// Note [Flight recorder]
+// Each process group keeps a ring of its last N collectives (N = DDP_FLIGHT_RECORDER, default
+// kDefaultEntries; 0 turns it off): sequence number, op, dtype, element count, state (issued,
+// completed, failed), wall-clock times, the training step (set_training_step) and, for DDP's
+// buckets, the bucket index and its first parameter names. Writing a record is a short critical
+// section on a preallocated slot (no allocation once the slots' strings have grown), so a healthy
+// job pays a few hundred nanoseconds per collective.
+// When a collective fails (a timeout, a peer failure), the ranks' rings are compared
+// (hang_report.h gathers them through the store) and verdict() names the cause in one line:
+//   - a desync: two ranks issued different collectives under the same number;
+//   - a rank behind: it never issued the failed collective; where it stands instead;
+//   - a rank that did not answer: stopped (SIGSTOP, a debugger), exited, or silent.
+// The verdict opens the error, so a launcher's one-line summary shows it.
+// Torch-free and free of I/O except process_state(): tested alone (tests/unit).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace ddp::flight {
+
+// Slots per group when DDP_FLIGHT_RECORDER is unset: a few training steps of DDP's buckets.
+inline constexpr size_t kDefaultEntries = 256;
+
+enum class State : uint8_t { kIssued, kCompleted, kFailed };
+const char* to_string(State s);
+
+struct Record {
+  uint64_t seq = 0;           // the group's sequence number (from 1); 0: an empty slot
+  std::string op;             // "all_reduce"
+  std::string dtype;          // "Float"
+  int64_t count = 0;          // elements
+  State state = State::kIssued;
+  int64_t issued_us = 0;      // wall clock, unix microseconds
+  int64_t completed_us = 0;   // when it completed or failed; 0 while issued
+  int64_t step = -1;          // training step when it was issued; -1: none set
+  int bucket = -1;            // DDP bucket index; -1: not a bucket
+  std::string params;         // the bucket's first parameter names, "fc.weight, fc.bias, ..."
+
+  // "all_reduce #12 (4 x Float)"
+  std::string describe() const;
+};
+
+// What the next collective on this thread is for (DDP's reducer sets it around a bucket's comm
+// hook); taken by the next collective that `owner` (a process group) issues on this thread.
+struct Note {
+  const void* owner = nullptr;  // the group it is meant for
+  int bucket = -1;
+  std::string params;
+};
+void annotate_next(const void* owner, int bucket, std::string params);
+void clear_note();
+// This thread's note when it is meant for `owner` (and then no longer pending), else null.
+const Note* take_note(const void* owner);
+
+// The training step recorded with each collective of this process (-1: none).
+void set_step(int64_t step);
+int64_t current_step();
+
+// A fixed-size ring of records. Thread-safe.
+class Ring {
+ public:
+  explicit Ring(size_t capacity);
+  size_t capacity() const { return slots_.size(); }
+
+  // Records collective `seq` as issued (sequence numbers of one group are consecutive), with
+  // the current step and `note` (may be null).
+  void issue(uint64_t seq, const char* op, const char* dtype, int64_t count, const Note* note);
+  // Marks `seq` completed or failed (no-op when it was overwritten meanwhile).
+  void finish(uint64_t seq, bool ok);
+  // The records held, oldest first.
+  std::vector<Record> snapshot() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Record> slots_;  // guarded by mu_; slot of seq: seq % capacity
+};
+
+// Unix microseconds now.
+int64_t now_us();
+
+nlohmann::json to_json(const Record& r);
+nlohmann::json to_json(const std::vector<Record>& records);
+// Throws std::exception on malformed input.
+std::vector<Record> records_from_json(const nlohmann::json& j);
+
+// How a local process looks from /proc: running (any state but those below), stopped ('T' or
+// 't'), gone (no such process, or a zombie).
+enum class Liveness { kUnknown, kRunning, kStopped, kGone };
+Liveness process_state(int pid);
+
+// What the rank whose collective failed knows about one peer.
+struct PeerView {
+  int rank = 0;
+  int pid = 0;                         // 0: unknown
+  std::optional<std::vector<Record>> records;  // absent: it did not answer in time
+  Liveness liveness = Liveness::kUnknown;      // known for peers on this host only
+  std::string silence;                 // why records are absent: "did not answer within 3.0 s"
+  bool asked = true;                   // false: the store failed before it could be asked
+};
+
+// The one-line verdict about `failed` (this rank's record of the failed collective), e.g.
+//   "rank 1 never issued all_reduce #57; its last completed collective is #56 at step 812"
+//   "rank 0 issued all_reduce #12 (4 x Float), rank 1 issued broadcast #12 (1 x Long)"
+//   "rank 1 (pid 4242) is stopped (SIGSTOP or a debugger) and did not answer"
+// Peers that could not be asked (the store failed) are not blamed. Empty when the records show
+// no rank at fault.
+std::string verdict(int my_rank, const Record& failed, const std::vector<PeerView>& peers);
+
+// One line per rank for the body of the error: last issued and last completed collective.
+std::string table(int my_rank, const std::vector<Record>& mine, const std::vector<PeerView>& peers);
+
+}  // namespace ddp::flight

@@ -1,0 +1,233 @@
+// Hang reports (Note [Hang reports] in hang_report.h).
+#include "process_group/hang_report.h"
+
+#include <unistd.h>  // getpid
+
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "process_group/shm/group.h"  // kStoppedLimit
+#include "process_group/shm_setup.h"  // host_identity
+
+namespace ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+std::string records_key(int rank) { return fmt::format("records/{}", rank); }
+
+}  // namespace
+
+HangReporter::HangReporter(c10::intrusive_ptr<::c10d::Store> store,
+                           std::shared_ptr<flight::Ring> ring, Options options)
+    : o_(std::move(options)), ring_(std::move(ring)), host_(host_identity()),
+      store_(std::move(store)) {
+  try {
+    store_->set(fmt::format("who/{}", o_.rank), bytes(fmt::format("{} {}", getpid(), host_)));
+  } catch (const std::exception&) {
+    // Diagnostics never fail a job: peers will not know this rank's pid.
+  }
+  watcher_ = std::thread([this] { watch(); });
+}
+
+HangReporter::~HangReporter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  watcher_.join();
+}
+
+void HangReporter::watch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_ && !published_) {
+    wake_.wait_for(lock, kWatchInterval);
+    if (stopping_ || published_) return;
+    lock.unlock();
+    bool asked = false;
+    try {
+      std::lock_guard<std::mutex> store_lock(store_mu_);
+      asked = store_->check({"dump"});
+    } catch (const std::exception&) {
+      return;  // the store is gone (its host exited): nobody can ask any more
+    }
+    if (asked) publish("");
+    lock.lock();
+  }
+}
+
+void HangReporter::publish(const std::string& verdict) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (published_ && verdict.empty()) return;
+    published_ = true;
+  }
+  nlohmann::json doc = {{"rank", o_.rank},
+                        {"pid", getpid()},
+                        {"host", host_},
+                        {"group", o_.group},
+                        {"step", flight::current_step()},
+                        {"records", flight::to_json(ring_->snapshot())}};
+  if (!verdict.empty()) doc["verdict"] = verdict;
+  const std::string json = doc.dump();
+  try {
+    std::lock_guard<std::mutex> store_lock(store_mu_);
+    store_->set(records_key(o_.rank), bytes(json));
+  } catch (const std::exception&) {
+    // The store may be what failed; the dump file still tells.
+  }
+  if (o_.dump_dir.empty()) return;
+  const std::string name =
+      o_.group == "default" ? fmt::format("flight_recorder_rank{}.json", o_.rank)
+                            : fmt::format("flight_recorder_{}_rank{}.json", o_.group, o_.rank);
+  const std::string path = (std::filesystem::path(o_.dump_dir) / name).string();
+  const std::string tmp = path + ".tmp";
+  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+    const std::string pretty = doc.dump(1);
+    const bool ok = std::fwrite(pretty.data(), 1, pretty.size(), f) == pretty.size();
+    if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), path.c_str());
+  }
+}
+
+std::vector<HangReporter::Peer> HangReporter::peers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!peers_.empty()) return peers_;
+  }
+  std::vector<Peer> found(o_.size);
+  for (int r = 0; r < o_.size; ++r) {
+    if (r == o_.rank) continue;
+    try {
+      std::lock_guard<std::mutex> store_lock(store_mu_);
+      const std::string key = fmt::format("who/{}", r);
+      if (!store_->check({key})) continue;
+      std::istringstream in(text(store_->get(key)));
+      Peer& p = found[r];
+      std::string host;
+      in >> p.pid;
+      std::getline(in >> std::ws, host);
+      p.local = host == host_ && p.pid != getpid();  // a thread-rank of this process: not local
+      p.known = true;
+    } catch (const std::exception&) {
+      break;  // the store does not answer: what is known so far
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peers_.empty()) peers_ = std::move(found);
+  return peers_;
+}
+
+std::string HangReporter::check_local_peers() {
+  const std::vector<Peer> all = peers();
+  const auto now = Clock::now();
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    if (!all[r].local) continue;
+    const flight::Liveness state = flight::process_state(all[r].pid);
+    if (state == flight::Liveness::kGone) {
+      return fmt::format("rank {} (pid {}) has exited", r, all[r].pid);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state != flight::Liveness::kStopped) {
+      stopped_since_.erase(r);
+      continue;
+    }
+    const auto since = stopped_since_.try_emplace(r, now).first->second;
+    if (now - since >= shm::kStoppedLimit) {
+      return fmt::format("rank {} (pid {}) is stopped (SIGSTOP or a debugger) and has not run "
+                         "for {:.1f} s",
+                         r, all[r].pid, std::chrono::duration<double>(now - since).count());
+    }
+  }
+  return "";
+}
+
+HangReporter::Report HangReporter::explain(uint64_t seq) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (explained_) return {};
+    explained_ = true;
+  }
+  Report report;
+  try {
+    const std::vector<flight::Record> mine = ring_->snapshot();
+    flight::Record failed;
+    for (const flight::Record& r : mine) {
+      if (r.seq == seq) failed = r;
+    }
+    if (failed.seq == 0) return report;  // overwritten: nothing to compare
+    publish("");  // our records first, so that peers explaining the same failure see them
+    std::string store_trouble;
+    try {
+      std::lock_guard<std::mutex> store_lock(store_mu_);
+      store_->set("dump", bytes(std::to_string(o_.rank)));
+    } catch (const std::exception& e) {
+      store_trouble = e.what();
+    }
+    const std::vector<Peer> who = peers();
+    std::vector<flight::PeerView> views;
+    for (int r = 0; r < o_.size; ++r) {
+      if (r == o_.rank) continue;
+      flight::PeerView v;
+      v.rank = r;
+      v.pid = who[r].pid;
+      if (who[r].local) v.liveness = flight::process_state(who[r].pid);
+      views.push_back(std::move(v));
+    }
+    // Gather until every peer that can answer did, or the deadline.
+    const auto deadline = Clock::now() + kAnswerDeadline;
+    while (store_trouble.empty()) {
+      bool waiting = false;
+      for (flight::PeerView& v : views) {
+        if (v.records || v.liveness == flight::Liveness::kStopped ||
+            v.liveness == flight::Liveness::kGone) {
+          continue;
+        }
+        try {
+          std::lock_guard<std::mutex> store_lock(store_mu_);
+          if (store_->check({records_key(v.rank)})) {
+            const auto doc = nlohmann::json::parse(text(store_->get(records_key(v.rank))));
+            v.records = flight::records_from_json(doc);
+          } else {
+            waiting = true;
+          }
+        } catch (const nlohmann::json::exception& e) {
+          v.silence = fmt::format("sent records that do not parse ({})", e.what());
+        } catch (const std::exception& e) {
+          store_trouble = e.what();
+          break;
+        }
+      }
+      if (!waiting || Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    for (flight::PeerView& v : views) {
+      if (v.records || !v.silence.empty()) continue;
+      v.asked = store_trouble.empty();
+      v.silence = store_trouble.empty()
+                      ? fmt::format("did not answer within {} s", kAnswerDeadline.count())
+                      : fmt::format("could not be asked (the store did not answer: {})",
+                                    store_trouble.substr(0, store_trouble.find('\n')));
+    }
+    report.verdict = flight::verdict(o_.rank, failed, views);
+    report.details = "flight recorder, per rank:\n" + flight::table(o_.rank, mine, views);
+    if (!report.verdict.empty()) publish(report.verdict);  // the dump file carries it too
+    if (!o_.dump_dir.empty()) {
+      report.details += fmt::format("  (each rank's records: flight_recorder_rank<R>.json in "
+                                    "its log folder; this rank's in {})\n",
+                                    o_.dump_dir);
+    }
+  } catch (const std::exception& e) {
+    report.details = fmt::format("flight recorder: no report ({})\n", e.what());
+  }
+  return report;
+}
+
+}  // namespace ddp

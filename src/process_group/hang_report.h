@@ -1,0 +1,101 @@
+// Hang reports: when a collective fails, the ranks' flight recorders (flight_recorder.h) are
+// gathered through the store and turned into a verdict that opens the error.
+//
+// Note [Hang reports]
+// Every rank of a group of two or more has a reporter with a store handle of its own whose calls
+// are bounded by kStoreCallLimit (the store's host may be the rank that hangs), and a watcher
+// thread that checks the key "dump" once per kWatchInterval: one small request per second per
+// rank while healthy.
+//   - A rank whose collective fails (timeout, dead peer) publishes its records under
+//     "records/<rank>", sets "dump", and reads the peers' records for up to kAnswerDeadline.
+//   - Every other rank's watcher sees "dump" and publishes its records: a rank stuck in user
+//     code or in another collective answers too, so the report says where it stands.
+//   - A rank that does not answer: a peer on this host is looked up in /proc (stopped:
+//     SIGSTOP or a debugger; gone); elsewhere it is "silent".
+// Each rank also writes its records as JSON next to its error file (TORCHELASTIC_ERROR_FILE's
+// folder: ddprun's per-rank log folder), flight_recorder_rank<R>.json; none without one.
+// While a Gloo collective waits, the waiting thread checks this host's peers once per second:
+// a peer stopped for shm::kStoppedLimit, or gone, fails the collective at once instead of at
+// the timeout.
+// Keys live under the group's job- and attempt-scoped prefix, plus "flight_recorder/".
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "process_group/flight_recorder.h"
+
+namespace ddp {
+
+// How long a failing rank waits for its peers' records.
+inline constexpr std::chrono::seconds kAnswerDeadline{3};
+// Bound of each store call a reporter makes (the store may be unhealthy).
+inline constexpr std::chrono::seconds kStoreCallLimit{2};
+// How often a watcher looks for a dump request.
+inline constexpr std::chrono::seconds kWatchInterval{1};
+
+class HangReporter {
+ public:
+  struct Options {
+    int rank = 0;
+    int size = 1;
+    std::string group;     // the group's name, for the dump file
+    std::string dump_dir;  // where the JSON dump goes; empty: none
+  };
+  // `store`: a handle of the reporter's own (calls bounded by kStoreCallLimit), prefixed for
+  // the group. Publishes this process's pid and host.
+  HangReporter(c10::intrusive_ptr<::c10d::Store> store, std::shared_ptr<flight::Ring> ring,
+               Options options);
+  ~HangReporter();  // stops the watcher
+  HangReporter(const HangReporter&) = delete;
+  HangReporter& operator=(const HangReporter&) = delete;
+
+  struct Report {
+    std::string verdict;  // one line; empty when no rank is at fault by the records
+    std::string details;  // per-rank lines and where the dump went
+  };
+  // For this group's first failure (`seq`): publishes, gathers, judges (Note [Hang reports]).
+  // Later failures return an empty report at once. Never throws.
+  Report explain(uint64_t seq);
+
+  // A peer on this host that has been stopped for shm::kStoppedLimit, or is gone: its verdict
+  // line; else empty. Cheap after the first call; never throws.
+  std::string check_local_peers();
+
+ private:
+  struct Peer {
+    int pid = 0;
+    bool local = false;
+    bool known = false;
+  };
+  void watch();
+  void publish(const std::string& verdict);  // records to the store and the dump file
+  std::vector<Peer> peers();  // read once from the store (bounded), then remembered
+
+  // Constant after construction.
+  const Options o_;
+  const std::shared_ptr<flight::Ring> ring_;
+  const std::string host_;  // this kernel's identity
+
+  std::mutex store_mu_;  // one store call at a time
+  c10::intrusive_ptr<::c10d::Store> store_;
+
+  std::mutex mu_;
+  std::vector<Peer> peers_;  // guarded by mu_; empty until read
+  bool published_ = false;   // guarded by mu_
+  bool explained_ = false;   // guarded by mu_
+  bool stopping_ = false;    // guarded by mu_
+  std::map<int, std::chrono::steady_clock::time_point> stopped_since_;  // guarded by mu_
+  std::condition_variable wake_;
+  std::thread watcher_;  // last: starts after everything above exists
+};
+
+}  // namespace ddp

@@ -1,0 +1,158 @@
+// Hang reports with ranks as threads (Gloo, or shm with DDP_TEST_BACKEND=shm): a skipped
+// collective, a desync under DDP_DEBUG=detail, monitored_barrier, and DDP's bucket notes.
+#include <chrono>
+#include <cstdlib>
+#include <latch>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "ddp/ddp.h"
+#include "process_group/internal.h"
+#include "support/ranks.h"
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+TEST(HangReport, SkippedCollectiveNamesTheRankBehindAndWhereItStands) {
+  const int port = testing::free_port();
+  std::latch rank0_done(1);
+  std::string message;
+  double waited_s = 0;
+  auto errors = testing::run_threads(2, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 2, port, /*timeout=*/2s));
+    set_training_step(812);
+    for (int i = 0; i < 3; ++i) {
+      auto t = torch::ones({4});
+      pg->all_reduce(t).wait();
+    }
+    if (r == 1) {  // skips all_reduce #4 and stays in user code
+      rank0_done.wait();
+      return;
+    }
+    auto t = torch::ones({4});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg->all_reduce(t).wait();
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    }
+    waited_s = seconds_since(start);
+    rank0_done.count_down();
+  });
+  EXPECT_FALSE(errors[0]) << testing::message_of(errors[0]);
+  EXPECT_FALSE(errors[1]) << testing::message_of(errors[1]);
+  EXPECT_EQ(first_line(message),
+            "[rank 0] all_reduce #4 timed out: rank 1 never issued all_reduce #4; its last "
+            "completed collective is #3 (all_reduce) at step 812")
+      << message;
+  EXPECT_NE(message.find("rank 1: last issued all_reduce #3 (4 x Float) (completed)"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("frame #"), std::string::npos) << "no C++ backtrace: " << message;
+  EXPECT_LT(waited_s, 2.0 + kAnswerDeadline.count() + 3.0);
+}
+
+TEST(HangReport, DesyncUnderDebugDetailNamesBothCalls) {
+  setenv("DDP_DEBUG", "detail", 1);
+  const int port = testing::free_port();
+  std::vector<std::string> messages(2);
+  std::latch both_failed(2);
+  double waited_s = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = testing::run_threads(2, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 2, port, /*timeout=*/20s));
+    auto warm = torch::ones({2});
+    pg->all_reduce(warm).wait();  // #1 alike
+    try {
+      if (r == 0) {
+        auto t = torch::ones({4});
+        pg->all_reduce(t).wait();
+      } else {
+        auto t = torch::zeros({1}, torch::kLong);
+        pg->broadcast(t, 0).wait();
+      }
+    } catch (const CollectiveError& e) {
+      messages[r] = e.what();
+    }
+    both_failed.arrive_and_wait();  // rank 0 hosts the store: it stays until rank 1 is done
+  });
+  waited_s = seconds_since(start);
+  unsetenv("DDP_DEBUG");
+  EXPECT_FALSE(errors[0]) << testing::message_of(errors[0]);
+  EXPECT_FALSE(errors[1]) << testing::message_of(errors[1]);
+  for (int r = 0; r < 2; ++r) {
+    const std::string head = first_line(messages[r]);
+    EXPECT_NE(head.find(fmt::format("[rank {}]", r)), std::string::npos) << messages[r];
+    EXPECT_NE(head.find("all_reduce #2 (4 x Float"), std::string::npos) << messages[r];
+    EXPECT_NE(head.find("broadcast #2 (1 x Long"), std::string::npos) << messages[r];
+  }
+  EXPECT_LT(waited_s, 15.0) << "a desync is found at once, not at the 20 s timeout";
+}
+
+TEST(HangReport, MonitoredBarrierNamesTheRanksThatDidNotArrive) {
+  const int port = testing::free_port();
+  std::vector<std::string> messages(3);
+  std::latch done(2);
+  std::latch finished(3);
+  auto errors = testing::run_threads(3, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 3, port, /*timeout=*/30s));
+    pg->monitored_barrier(5s);  // everyone arrives
+    if (r == 2) {
+      done.wait();  // never calls the second one
+      finished.arrive_and_wait();
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg->monitored_barrier(1s);
+    } catch (const Error& e) {
+      messages[r] = e.what();
+    }
+    EXPECT_LT(seconds_since(start), 4.0);
+    done.count_down();
+    finished.arrive_and_wait();  // rank 0 hosts the store: it stays until the others are done
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(errors[r]) << testing::message_of(errors[r]);
+  EXPECT_EQ(first_line(messages[0]),
+            "[rank 0] monitored_barrier #2: rank 2 did not arrive within 1.0 s (2 of 3 ranks "
+            "arrived)");
+  EXPECT_EQ(first_line(messages[1]),
+            "[rank 1] monitored_barrier #2 failed on rank 0: rank 2 did not arrive within 1.0 s "
+            "(2 of 3 ranks arrived)");
+}
+
+TEST(HangReport, DdpBucketsAreRecordedWithTheirParametersAndStep) {
+  testing::run_ranks(2, [](ProcessGroup& pg) {
+    torch::manual_seed(0);
+    auto net = torch::nn::Sequential(torch::nn::Linear(8, 4), torch::nn::ReLU(),
+                                     torch::nn::Linear(4, 2));
+    std::shared_ptr<ProcessGroup> shared(&pg, [](ProcessGroup*) {});
+    DistributedDataParallel model(net.ptr(), {.process_group = shared});
+    set_training_step(7);
+    model(torch::randn({3, 8})).sum().backward();
+    ASSERT_TRUE(pg.impl().recorder);
+    bool bucket_seen = false;
+    for (const flight::Record& rec : pg.impl().recorder->snapshot()) {
+      EXPECT_EQ(rec.state, flight::State::kCompleted) << rec.describe();
+      if (rec.bucket < 0) continue;
+      bucket_seen = true;
+      EXPECT_EQ(rec.op, "all_reduce");
+      EXPECT_EQ(rec.step, 7);
+      EXPECT_EQ(rec.params.rfind("2.", 0), 0u) << rec.params;  // the last layer's come first
+    }
+    EXPECT_TRUE(bucket_seen);
+  });
+}
+
+}  // namespace
+}  // namespace ddp

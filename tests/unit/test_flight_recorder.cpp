@@ -1,0 +1,177 @@
+// The flight recorder's ring, its JSON form and its verdicts, alone (no sockets).
+#include <signal.h>    // kill
+#include <sys/wait.h>  // waitpid
+#include <unistd.h>    // fork, getpid
+
+#include <chrono>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "process_group/flight_recorder.h"
+
+namespace ddp::flight {
+namespace {
+
+Record make(uint64_t seq, const char* op, const char* dtype, int64_t count, State state,
+            int64_t step = -1) {
+  Record r;
+  r.seq = seq;
+  r.op = op;
+  r.dtype = dtype;
+  r.count = count;
+  r.state = state;
+  r.step = step;
+  return r;
+}
+
+TEST(FlightRecorder, RecordsIssueCompletionStepAndBucketNotes) {
+  Ring ring(4);
+  set_step(811);
+  ring.issue(1, "broadcast", "Long", 3, nullptr);
+  ring.finish(1, true);
+  set_step(812);
+  int owner = 0;
+  annotate_next(&owner, 2, "fc.weight, fc.bias");
+  EXPECT_EQ(take_note(nullptr), nullptr);
+  const Note* note = take_note(&owner);
+  ASSERT_NE(note, nullptr);
+  ring.issue(2, "all_reduce", "Float", 1024, note);
+  EXPECT_EQ(take_note(&owner), nullptr) << "a note is taken once";
+  ring.issue(3, "barrier", "-", 0, nullptr);
+  ring.finish(3, false);
+  set_step(-1);
+
+  const std::vector<Record> got = ring.snapshot();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].seq, 1u);
+  EXPECT_EQ(got[0].op, "broadcast");
+  EXPECT_EQ(got[0].dtype, "Long");
+  EXPECT_EQ(got[0].count, 3);
+  EXPECT_EQ(got[0].state, State::kCompleted);
+  EXPECT_EQ(got[0].step, 811);
+  EXPECT_EQ(got[0].bucket, -1);
+  EXPECT_GT(got[0].completed_us, 0);
+  EXPECT_GE(got[0].completed_us, got[0].issued_us);
+  EXPECT_EQ(got[1].state, State::kIssued);
+  EXPECT_EQ(got[1].completed_us, 0);
+  EXPECT_EQ(got[1].step, 812);
+  EXPECT_EQ(got[1].bucket, 2);
+  EXPECT_EQ(got[1].params, "fc.weight, fc.bias");
+  EXPECT_EQ(got[1].describe(), "all_reduce #2 (1024 x Float)");
+  EXPECT_EQ(got[2].state, State::kFailed);
+  EXPECT_EQ(got[2].bucket, -1) << "the note was meant for one collective";
+}
+
+TEST(FlightRecorder, KeepsTheLastCapacityRecordsInOrder) {
+  Ring ring(4);
+  for (uint64_t s = 1; s <= 10; ++s) {
+    ring.issue(s, "all_reduce", "Float", static_cast<int64_t>(s), nullptr);
+    ring.finish(s, true);
+  }
+  ring.finish(3, false);  // overwritten long ago: no effect on slot 3 % 4 (now seq 7)
+  const std::vector<Record> got = ring.snapshot();
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(got[i].seq, 7 + i);
+    EXPECT_EQ(got[i].state, State::kCompleted);
+  }
+}
+
+TEST(FlightRecorder, JsonRoundTrip) {
+  Record a = make(5, "all_reduce", "Float", 4, State::kCompleted, 812);
+  a.bucket = 1;
+  a.params = "conv1.weight";
+  a.issued_us = 123;
+  a.completed_us = 456;
+  const Record b = make(6, "broadcast", "Long", 1, State::kIssued);
+  const nlohmann::json doc = {{"records", to_json(std::vector<Record>{a, b})}};
+  const std::vector<Record> back = records_from_json(nlohmann::json::parse(doc.dump()));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].seq, 5u);
+  EXPECT_EQ(back[0].step, 812);
+  EXPECT_EQ(back[0].bucket, 1);
+  EXPECT_EQ(back[0].params, "conv1.weight");
+  EXPECT_EQ(back[0].issued_us, 123);
+  EXPECT_EQ(back[0].completed_us, 456);
+  EXPECT_EQ(back[0].state, State::kCompleted);
+  EXPECT_EQ(back[1].describe(), "broadcast #6 (1 x Long)");
+  EXPECT_EQ(back[1].state, State::kIssued);
+  EXPECT_EQ(back[1].bucket, -1);
+}
+
+TEST(FlightRecorder, VerdictNamesTheRankBehindAndWhereItStands) {
+  const Record failed = make(57, "all_reduce", "Float", 4, State::kIssued, 812);
+  PeerView behind;
+  behind.rank = 1;
+  behind.records = std::vector<Record>{make(55, "all_reduce", "Float", 4, State::kCompleted, 811),
+                                       make(56, "all_reduce", "Float", 4, State::kCompleted, 812)};
+  EXPECT_EQ(verdict(0, failed, {behind}),
+            "rank 1 never issued all_reduce #57; its last completed collective is #56 "
+            "(all_reduce) at step 812");
+  // Stuck inside an earlier collective that has not completed.
+  behind.records = std::vector<Record>{make(55, "all_reduce", "Float", 4, State::kCompleted),
+                                       make(56, "broadcast", "Long", 1, State::kIssued)};
+  EXPECT_EQ(verdict(0, failed, {behind}),
+            "rank 1 never issued all_reduce #57; it waits in broadcast #56 (1 x Long); its last "
+            "completed collective is #55 (all_reduce)");
+  behind.records = std::vector<Record>{};
+  EXPECT_EQ(verdict(0, failed, {behind}),
+            "rank 1 never issued all_reduce #57; it has issued no collective yet");
+  // A peer that issued the same collective is not at fault.
+  PeerView fine;
+  fine.rank = 2;
+  fine.records = std::vector<Record>{make(57, "all_reduce", "Float", 4, State::kIssued)};
+  EXPECT_EQ(verdict(0, failed, {fine}), "");
+}
+
+TEST(FlightRecorder, VerdictNamesADesyncWithBothCalls) {
+  const Record failed = make(12, "all_reduce", "Float", 4, State::kFailed);
+  PeerView other;
+  other.rank = 1;
+  other.records = std::vector<Record>{make(12, "broadcast", "Long", 1, State::kFailed)};
+  EXPECT_EQ(verdict(0, failed, {other}),
+            "rank 0 issued all_reduce #12 (4 x Float), rank 1 issued broadcast #12 (1 x Long)");
+  other.records = std::vector<Record>{make(12, "all_reduce", "Float", 8, State::kFailed)};
+  EXPECT_EQ(verdict(0, failed, {other}),
+            "rank 0 issued all_reduce #12 (4 x Float), rank 1 issued all_reduce #12 (8 x Float)");
+}
+
+TEST(FlightRecorder, VerdictNamesSilentStoppedAndExitedRanks) {
+  const Record failed = make(3, "barrier", "-", 0, State::kIssued);
+  PeerView stopped{.rank = 1, .pid = 4242, .liveness = Liveness::kStopped};
+  PeerView gone{.rank = 2, .pid = 4343, .liveness = Liveness::kGone};
+  PeerView silent{.rank = 3, .silence = "did not answer within 3 s"};
+  EXPECT_EQ(verdict(0, failed, {silent, stopped, gone}),
+            "rank 1 (pid 4242) is stopped (SIGSTOP or a debugger) and did not answer; rank 2 "
+            "(pid 4343) has exited; rank 3 did not answer within 3 s (no records): it may be "
+            "stopped, dead or unreachable");
+  const std::string t = table(0, {failed}, {stopped});
+  EXPECT_NE(t.find("rank 0: last issued barrier #3 (0 x -) (issued), last completed none"),
+            std::string::npos)
+      << t;
+}
+
+TEST(FlightRecorder, ProcessStateTellsRunningStoppedAndGone) {
+  EXPECT_EQ(process_state(getpid()), Liveness::kRunning);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  Liveness seen = Liveness::kUnknown;
+  for (int i = 0; i < 200 && seen != Liveness::kStopped; ++i) {  // up to 2 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    seen = process_state(child);
+  }
+  EXPECT_EQ(seen, Liveness::kStopped);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(process_state(child), Liveness::kGone);
+}
+
+}  // namespace
+}  // namespace ddp::flight
