@@ -72,6 +72,14 @@ struct InitOptions {
   std::optional<std::string> host_id;
 };
 
+class ProcessGroup;
+namespace detail {
+// Implementation details (src/process_group/internal.h); users never name them.
+struct WorkState;
+struct ProcessGroupImpl;
+ProcessGroupImpl& impl_of(ProcessGroup& pg);
+}  // namespace detail
+
 // The outcome of one asynchronous collective. Copyable; copies share the same operation.
 class Work {
  public:
@@ -91,18 +99,16 @@ class Work {
   // e.g. "all_reduce #12 (sum, 1024 x Float)".
   std::string description() const;
 
-  struct State;  // implementation detail
-
  private:
   friend class ProcessGroup;
-  explicit Work(std::shared_ptr<State> state);
-  std::shared_ptr<State> state_;
+  explicit Work(std::shared_ptr<detail::WorkState> state);
+  std::shared_ptr<detail::WorkState> state_;
 };
 
 class ProcessGroup {
  public:
-  struct Impl;  // implementation detail: the c10d backend and store
-  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  // make_process_group() builds groups; the state is internal (src/process_group/internal.h).
+  explicit ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -147,12 +153,11 @@ class ProcessGroup {
   // for ordinary memory, and on backends where comm buffers are ordinary memory.
   bool is_comm_buffer(const at::Tensor& t) const;
 
-  Impl& impl() { return *impl_; }
-
  private:
+  friend detail::ProcessGroupImpl& detail::impl_of(ProcessGroup& pg);
   Work hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& detail);
 
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<detail::ProcessGroupImpl> impl_;
 };
 
 // Forms a new group (see the top of this file). Throws ddp::ConfigError for a malformed

@@ -349,7 +349,7 @@ void Reducer::launch_bucket(size_t b) {
     names += (i > 0 ? ", " : "") + names_[bucket.vars[i]];
   }
   if (bucket.vars.size() > kNamesRecorded) names += ", ...";
-  flight::annotate_next(&group_.impl(), static_cast<int>(b), std::move(names));
+  flight::annotate_next(&detail::impl_of(group_), static_cast<int>(b), std::move(names));
   struct ClearNote {  // a hook that issues nothing (or throws) leaves no note behind
     ~ClearNote() { flight::clear_note(); }
   } clear_note;

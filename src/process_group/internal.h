@@ -18,7 +18,7 @@
 
 namespace ddp {
 
-struct ProcessGroup::Impl {
+struct detail::ProcessGroupImpl {
   // Constant after construction.
   DistEnv env;  // rank, size, local placement as the group was formed
   std::string backend_name;  // "shm", "gloo" or "nccl"
@@ -63,7 +63,7 @@ struct ProcessGroup::Impl {
 // local step afterwards (divide for kAvg on Gloo, sum the received chunks of a reduce_scatter).
 // That step runs exactly once, in the first wait() (a Completion, src/base/completion.h); later
 // waits return at once or rethrow the stored error. ddp::Future is built on the same primitive.
-struct Work::State {
+struct detail::WorkState {
   // Constant after construction.
   std::string op;      // "all_reduce"
   std::string detail;  // "sum, 1024 x Float"
@@ -83,6 +83,6 @@ struct Work::State {
 
 // `error` (the failure of the collective of `s`), opened by the group's hang-report verdict
 // when it has one (Note [Hang reports]); `error` itself otherwise.
-std::exception_ptr explain_failure(const Work::State& s, std::exception_ptr error);
+std::exception_ptr explain_failure(const detail::WorkState& s, std::exception_ptr error);
 
 }  // namespace ddp

@@ -186,7 +186,7 @@ std::string dump_dir() {
 
 // The flight recorder and the hang reporter (Notes [Flight recorder], [Hang reports]), and
 // DDP_DEBUG=detail's fingerprint check.
-void add_diagnostics(ProcessGroup::Impl& impl, const InitOptions& o, const std::string& prefix) {
+void add_diagnostics(detail::ProcessGroupImpl& impl, const InitOptions& o, const std::string& prefix) {
   const DistEnv& env = impl.env;
   impl.diag_store = diagnostics_store(impl.store, prefix);
   const int entries = env.flight_recorder_entries.value_or(flight::kDefaultEntries);
@@ -215,7 +215,7 @@ void add_diagnostics(ProcessGroup::Impl& impl, const InitOptions& o, const std::
 // The other collectives (broadcast, all_gather, reduce_scatter, barrier) go over Gloo on the
 // whole group. With unequal numbers of ranks per host there is no rail: plain Gloo.
 // Forms this host's shm group, if every host can: returns why not, or "" when formed.
-std::string form_hierarchy(ProcessGroup::Impl& impl, const Locality& where) {
+std::string form_hierarchy(detail::ProcessGroupImpl& impl, const Locality& where) {
   const DistEnv& env = impl.env;
   const int h = where.host[env.rank];
   impl.host_index = h;
@@ -240,7 +240,7 @@ std::string form_hierarchy(ProcessGroup::Impl& impl, const Locality& where) {
 }  // namespace
 
 std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
-  auto impl = std::make_unique<ProcessGroup::Impl>();
+  auto impl = std::make_unique<detail::ProcessGroupImpl>();
   impl->env = resolve_env(o);
   const DistEnv& env = impl->env;
   impl->backend_name = choose_backend(requested_backend(o));

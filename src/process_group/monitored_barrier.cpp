@@ -40,7 +40,7 @@ bool poll_until(Clock::time_point deadline, Ready&& ready) {
 }  // namespace
 
 void ProcessGroup::monitored_barrier(std::optional<milliseconds> timeout) {
-  Impl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = *impl_;
   const int me = pg.env.rank;
   const int n = pg.env.world_size;
   const milliseconds limit = timeout.value_or(pg.timeout);

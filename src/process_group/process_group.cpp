@@ -68,7 +68,7 @@ std::optional<shm::DType> to_shm(at::ScalarType t) {
 
 // The shared-memory transport moves CPU memory; it works on a contiguous version of `t` (`t`
 // itself when it already is; else a copy that `then` writes back).
-at::Tensor shm_buffer(const ProcessGroup::Impl& pg, const char* op, const at::Tensor& t) {
+at::Tensor shm_buffer(const detail::ProcessGroupImpl& pg, const char* op, const at::Tensor& t) {
   DDP_CHECK(t.device().is_cpu(), Error,
             "[rank {}] {} #{}: the shm backend moves CPU tensors, this one is on {}; use "
             "backend 'nccl' (or 'auto') for CUDA tensors",
@@ -95,7 +95,9 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl) : impl_(std::move(impl)) {}
+detail::ProcessGroupImpl& detail::impl_of(ProcessGroup& pg) { return *pg.impl_; }
+
 ProcessGroup::~ProcessGroup() = default;
 
 int ProcessGroup::rank() const { return impl_->env.rank; }
@@ -122,7 +124,7 @@ int op_code(const std::string& op) {
 // A collective's fingerprint (DDP_DEBUG=detail): sequence number, op, dtype, element count,
 // number of dimensions, the first two sizes, and the op's parameter (reduce op or root).
 constexpr int64_t kFingerprintWords = 8;
-at::Tensor fingerprint(const Work::State& s, const at::Tensor* t, int64_t extra) {
+at::Tensor fingerprint(const detail::WorkState& s, const at::Tensor* t, int64_t extra) {
   at::Tensor fp = at::full({kFingerprintWords}, -1, at::kLong);
   int64_t* w = fp.data_ptr<int64_t>();
   w[0] = static_cast<int64_t>(s.seq);
@@ -155,7 +157,7 @@ std::string describe_fingerprint(const int64_t* w) {
 // (an all_gather of kFingerprintWords int64 over the group's Gloo backend, outside the
 // numbering), so that ranks issuing different collectives fail here, naming both calls,
 // instead of computing a wrong result or hanging.
-void compare_fingerprints(ProcessGroup::Impl& pg, Work::State& s, const at::Tensor* t,
+void compare_fingerprints(detail::ProcessGroupImpl& pg, detail::WorkState& s, const at::Tensor* t,
                           int64_t extra) {
   const int n = pg.env.world_size;
   at::Tensor mine = fingerprint(s, t, extra);
@@ -193,9 +195,9 @@ void compare_fingerprints(ProcessGroup::Impl& pg, Work::State& s, const at::Tens
 // User errors found before anything is sent (bad shapes, bad root) are thrown here, naming
 // the operation and its sequence number.
 template <typename Start>
-Work::State* issue(ProcessGroup::Impl& pg, std::shared_ptr<Work::State>& state, const char* op,
+detail::WorkState* issue(detail::ProcessGroupImpl& pg, std::shared_ptr<detail::WorkState>& state, const char* op,
                    std::string detail, const at::Tensor* t, int64_t extra, Start&& start) {
-  state = std::make_shared<Work::State>();
+  state = std::make_shared<detail::WorkState>();
   state->op = op;
   state->detail = std::move(detail);
   state->rank = pg.env.rank;
@@ -231,7 +233,7 @@ Work::State* issue(ProcessGroup::Impl& pg, std::shared_ptr<Work::State>& state, 
 // the slices inside the host.
 Work ProcessGroup::hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op,
                                            const std::string& detail) {
-  Impl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = *impl_;
   const auto dtype = to_shm(tensor.scalar_type());
   DDP_CHECK(dtype, Error, "[rank {}] all_reduce #{}: the shm+gloo backend cannot reduce {} tensors",
             pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
@@ -287,8 +289,8 @@ Work ProcessGroup::hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op,
     if (op == ReduceOp::kAvg) buf.div_(n);
     };
   };
-  std::shared_ptr<Work::State> state;
-  issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op), [&](Work::State& s) {
+  std::shared_ptr<detail::WorkState> state;
+  issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op), [&](detail::WorkState& s) {
     s.shm_group = pg.local_shm;
     shm::Fingerprint fp{shm::OpKind::kAllReduce, *dtype, to_shm(op), 0,
                         static_cast<uint64_t>(buf.numel())};
@@ -299,13 +301,13 @@ Work ProcessGroup::hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op,
 }
 
 Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
-  Impl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = *impl_;
   DDP_CHECK(tensor.defined(), Error, "[rank {}] all_reduce #{}: the tensor is undefined",
             pg.env.rank, pg.seq + 1);
   DDP_CHECK(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()), Error,
             "[rank {}] all_reduce #{} (avg): averaging needs a floating-point tensor, got {}",
             pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
-  std::shared_ptr<Work::State> state;
+  std::shared_ptr<detail::WorkState> state;
   const std::string detail = fmt::format("{}, {}", to_string(op), shape_of(tensor));
   if (pg.local_shm) return hierarchical_all_reduce(tensor, op, detail);
   if (pg.shm) {
@@ -315,7 +317,7 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
     at::Tensor buf = shm_buffer(pg, "all_reduce", tensor);
     shm::Placement placement = pg.shm->find(buf.data_ptr(), buf.numel() * buf.element_size());
     issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op),
-          [&](Work::State& s) {
+          [&](detail::WorkState& s) {
       s.shm_group = pg.shm;
       s.shm_op = pg.shm->all_reduce(s.seq, buf.data_ptr(), buf.numel(), *dtype, to_shm(op),
                                     std::make_shared<at::Tensor>(buf), std::move(placement));
@@ -325,7 +327,7 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   }
   const bool avg_here = op == ReduceOp::kAvg && !c10d_compat::backend_supports_avg(pg.backend_name);
   issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op),
-          [&](Work::State& s) {
+          [&](detail::WorkState& s) {
     std::vector<at::Tensor> tensors{tensor};
     ::c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(avg_here ? ReduceOp::kSum : op);
@@ -339,17 +341,17 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
 }
 
 Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
-  Impl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = *impl_;
   DDP_CHECK(tensor.defined(), Error, "[rank {}] broadcast #{}: the tensor is undefined",
             pg.env.rank, pg.seq + 1);
   DDP_CHECK(root >= 0 && root < pg.env.world_size, Error,
             "[rank {}] broadcast #{}: root rank {} is not in this group of {} ranks", pg.env.rank,
             pg.seq + 1, root, pg.env.world_size);
-  std::shared_ptr<Work::State> state;
+  std::shared_ptr<detail::WorkState> state;
   const std::string detail = fmt::format("from rank {}, {}", root, shape_of(tensor));
   if (pg.shm) {
     at::Tensor buf = shm_buffer(pg, "broadcast", tensor);
-    issue(pg, state, "broadcast", detail, &tensor, root, [&](Work::State& s) {
+    issue(pg, state, "broadcast", detail, &tensor, root, [&](detail::WorkState& s) {
       s.shm_group = pg.shm;
       const auto [count, dtype] = shm_extent(buf);
       s.shm_op = pg.shm->broadcast(s.seq, buf.data_ptr(), count, dtype, root,
@@ -358,7 +360,7 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
     if (!buf.is_same(tensor)) state->then = [tensor, buf]() mutable { tensor.copy_(buf); };
     return Work(std::move(state));
   }
-  issue(pg, state, "broadcast", detail, &tensor, root, [&](Work::State& s) {
+  issue(pg, state, "broadcast", detail, &tensor, root, [&](detail::WorkState& s) {
     std::vector<at::Tensor> tensors{tensor};
     ::c10d::BroadcastOptions opts;
     opts.rootRank = root;
@@ -369,7 +371,7 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
 }
 
 Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
-  Impl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = *impl_;
   const int n = pg.env.world_size;
   DDP_CHECK(input.defined(), Error, "[rank {}] all_gather #{}: the input is undefined",
             pg.env.rank, pg.seq + 1);
@@ -382,7 +384,7 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
               Error, "[rank {}] all_gather #{}: outputs[{}] must match the input ({} {})",
               pg.env.rank, pg.seq + 1, r, dims(input), c10::toString(input.scalar_type()));
   }
-  std::shared_ptr<Work::State> state;
+  std::shared_ptr<detail::WorkState> state;
   if (pg.shm) {
     auto keep = std::make_shared<std::vector<at::Tensor>>();
     keep->push_back(shm_buffer(pg, "all_gather", input));
@@ -391,7 +393,7 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
       keep->push_back(shm_buffer(pg, "all_gather", o));
       out_ptrs.push_back(keep->back().data_ptr());
     }
-    issue(pg, state, "all_gather", shape_of(input), &input, -1, [&](Work::State& s) {
+    issue(pg, state, "all_gather", shape_of(input), &input, -1, [&](detail::WorkState& s) {
       s.shm_group = pg.shm;
       const auto [count, dtype] = shm_extent(input);
       s.shm_op = pg.shm->all_gather(s.seq, std::move(out_ptrs), (*keep)[0].data_ptr(), count,
@@ -404,7 +406,7 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
     };
     return Work(std::move(state));
   }
-  issue(pg, state, "all_gather", shape_of(input), &input, -1, [&](Work::State& s) {
+  issue(pg, state, "all_gather", shape_of(input), &input, -1, [&](detail::WorkState& s) {
     std::vector<std::vector<at::Tensor>> out{outputs};
     std::vector<at::Tensor> in{input};
     s.work = pg.backend->allgather(out, in);
@@ -414,7 +416,7 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
 
 Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                   ReduceOp op) {
-  Impl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = *impl_;
   const int n = pg.env.world_size;
   DDP_CHECK(output.defined(), Error, "[rank {}] reduce_scatter #{}: the output is undefined",
             pg.env.rank, pg.seq + 1);
@@ -430,7 +432,7 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   DDP_CHECK(op != ReduceOp::kAvg || at::isFloatingType(output.scalar_type()), Error,
             "[rank {}] reduce_scatter #{} (avg): averaging needs a floating-point tensor",
             pg.env.rank, pg.seq + 1);
-  std::shared_ptr<Work::State> state;
+  std::shared_ptr<detail::WorkState> state;
   const std::string detail = fmt::format("{}, {}", to_string(op), shape_of(output));
   if (pg.shm) {
     const auto dtype = to_shm(output.scalar_type());
@@ -445,7 +447,7 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
       in_ptrs.push_back(keep->back().data_ptr());
     }
     issue(pg, state, "reduce_scatter", detail, &output, static_cast<int64_t>(op),
-          [&](Work::State& s) {
+          [&](detail::WorkState& s) {
       s.shm_group = pg.shm;
       s.shm_op = pg.shm->reduce_scatter(s.seq, (*keep)[0].data_ptr(), std::move(in_ptrs),
                                         output.numel(), *dtype, to_shm(op), keep);
@@ -461,7 +463,7 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   at::Tensor send = at::stack(inputs).reshape({n, -1});
   at::Tensor recv = at::empty_like(send);
   issue(pg, state, "reduce_scatter", detail, &output, static_cast<int64_t>(op),
-          [&](Work::State& s) {
+          [&](detail::WorkState& s) {
     std::vector<int64_t> equal_splits;  // empty: equal split along dim 0
     ::c10d::AllToAllOptions opts;
     s.work = pg.backend->alltoall_base(recv, send, equal_splits, equal_splits, opts);
@@ -475,10 +477,10 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
 }
 
 Work ProcessGroup::barrier() {
-  Impl& pg = *impl_;
-  std::shared_ptr<Work::State> state;
+  detail::ProcessGroupImpl& pg = *impl_;
+  std::shared_ptr<detail::WorkState> state;
   issue(pg, state, "barrier", fmt::format("{} ranks", pg.env.world_size), nullptr, -1,
-        [&](Work::State& s) {
+        [&](detail::WorkState& s) {
     if (pg.shm) {
       s.shm_group = pg.shm;
       s.shm_op = pg.shm->barrier(s.seq);
@@ -491,7 +493,7 @@ Work ProcessGroup::barrier() {
 }
 
 at::Tensor ProcessGroup::comm_buffer(int64_t numel, const at::TensorOptions& options) {
-  Impl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = *impl_;
   DDP_CHECK(numel >= 0, Error, "[rank {}] comm_buffer: numel {} is negative", pg.env.rank, numel);
   const uint64_t id = ++pg.comm_buffers;
   shm::Group* group = pg.shared_memory();

@@ -42,7 +42,7 @@ std::exception_ptr reworded(std::exception_ptr error, const std::string& head,
 
 // Waits for a c10d work for up to the group's timeout. With a reporter, in slices, looking at
 // this host's peers in between: a stopped or vanished peer fails the wait at once.
-void wait_c10d(Work::State& s) {
+void wait_c10d(detail::WorkState& s) {
   if (!s.reporter) {
     s.work->wait(s.timeout);
     return;
@@ -69,7 +69,7 @@ void wait_c10d(Work::State& s) {
   }
 }
 
-std::exception_ptr classify(const Work::State& s, const std::string& cause) {
+std::exception_ptr classify(const detail::WorkState& s, const std::string& cause) {
   using namespace std::chrono;
   const double elapsed = duration<double>(steady_clock::now() - s.issued).count();
   const double limit = duration<double>(s.timeout).count();
@@ -89,7 +89,7 @@ std::exception_ptr classify(const Work::State& s, const std::string& cause) {
 
 }  // namespace
 
-std::exception_ptr explain_failure(const Work::State& s, std::exception_ptr error) {
+std::exception_ptr explain_failure(const detail::WorkState& s, std::exception_ptr error) {
   if (!s.reporter) return error;
   const HangReporter::Report report = s.reporter->explain(s.seq);
   if (report.verdict.empty() && report.details.empty()) return error;
@@ -114,11 +114,11 @@ Work::Work(const Work&) = default;
 Work& Work::operator=(const Work&) = default;
 Work::Work(Work&&) noexcept = default;
 Work& Work::operator=(Work&&) noexcept = default;
-Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+Work::Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
 
 void Work::wait() {
   if (!state_) throw Error("ddp::Work::wait() on an empty Work (it was never issued)");
-  State& s = *state_;
+  detail::WorkState& s = *state_;
   s.done.run(
       [&s] {
         if (s.shm_op) {

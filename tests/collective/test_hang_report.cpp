@@ -140,9 +140,9 @@ TEST(HangReport, DdpBucketsAreRecordedWithTheirParametersAndStep) {
     DistributedDataParallel model(net.ptr(), {.process_group = shared});
     set_training_step(7);
     model(torch::randn({3, 8})).sum().backward();
-    ASSERT_TRUE(pg.impl().recorder);
+    ASSERT_TRUE(detail::impl_of(pg).recorder);
     bool bucket_seen = false;
-    for (const flight::Record& rec : pg.impl().recorder->snapshot()) {
+    for (const flight::Record& rec : detail::impl_of(pg).recorder->snapshot()) {
       EXPECT_EQ(rec.state, flight::State::kCompleted) << rec.describe();
       if (rec.bucket < 0) continue;
       bucket_seen = true;

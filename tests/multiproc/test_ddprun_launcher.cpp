@@ -403,11 +403,13 @@ TEST_F(DdprunTest, WorkerKilledByTheStopAfterRecordingItsErrorIsTheRootCause) {
 // origin (extraInfo.relayed_from), so the summary blames rank 0 whatever the order.
 TEST_F(DdprunTest, RelayedErrorRecordedFirstBlamesTheRankItCameFrom) {
   Result r = run({"--nproc-per-node", "3"},
-                 {"touch-pidfile", dir_.string(),
-                  "only-rank", "1", "record-relayed-error", "0",
+                 // Rank 1 relays only once rank 0 ignores SIGTERM and has written its pid:
+                 // otherwise ddprun's teardown could end rank 0 before either.
+                 {"only-rank", "1", "wait-file", path("0.pid"), "record-relayed-error", "0",
                   "[rank 1] checkpoint save: rank 0 failed to write c.ckpt (its error says why)",
                   "touch", path("relayed"), "exit", "1", "end",
-                  "only-rank", "0", "ignore-sigterm", "wait-file", path("relayed"), "sleep",
+                  "only-rank", "0", "ignore-sigterm", "touch-pidfile", dir_.string(),
+                  "wait-file", path("relayed"), "sleep",
                   "0.05", "record-error", "c.ckpt: cannot write the checkpoint: File too large",
                   "exit", "1", "end",
                   "only-rank", "2", "sleep", "60", "end"});
