@@ -54,10 +54,10 @@ TEST(DdprunArgs, Defaults) {
   EXPECT_EQ(c.run_id, "none");
   EXPECT_EQ(c.rdzv_backend, RdzvBackend::kStatic);
   EXPECT_EQ(c.max_restarts, 0);
-  EXPECT_DOUBLE_EQ(c.monitor_interval_s, 0.1);
-  EXPECT_DOUBLE_EQ(c.grace_period_s, 10.0);
-  EXPECT_FALSE(c.rdzv_timeout_s.has_value());
-  EXPECT_FALSE(c.collective_timeout_s.has_value());
+  EXPECT_DOUBLE_EQ(c.monitor_interval.count(), 0.1);
+  EXPECT_DOUBLE_EQ(c.grace_period.count(), 10.0);
+  EXPECT_FALSE(c.rdzv_timeout.has_value());
+  EXPECT_FALSE(c.collective_timeout.has_value());
   EXPECT_TRUE(c.log_dir.empty());
   EXPECT_FALSE(c.any_log_files());
   EXPECT_FALSE(c.local_ranks_filter.has_value());
@@ -87,12 +87,12 @@ TEST(DdprunArgs, BothSpellingsOfEveryMultiWordFlag) {
     EXPECT_EQ(c.master_port, 1234);
     EXPECT_EQ(c.run_id, "job7");
     EXPECT_EQ(c.max_restarts, 2);
-    EXPECT_DOUBLE_EQ(c.monitor_interval_s, 0.5);
+    EXPECT_DOUBLE_EQ(c.monitor_interval.count(), 0.5);
     EXPECT_EQ(c.log_dir, "/tmp/logs");
     EXPECT_EQ(c.local_ranks_filter, (std::set<int>{0, 2}));
-    EXPECT_EQ(c.rdzv_timeout_s, 30.0);
-    EXPECT_EQ(c.collective_timeout_s, 7.5);
-    EXPECT_DOUBLE_EQ(c.grace_period_s, 1.0);
+    EXPECT_EQ(c.rdzv_timeout, Seconds(30.0));
+    EXPECT_EQ(c.collective_timeout, Seconds(7.5));
+    EXPECT_DOUBLE_EQ(c.grace_period.count(), 1.0);
 
     LaunchConfig r = parse({flag("rdzv-backend"), "c10d", flag("rdzv-endpoint"), "h:1", "prog"});
     EXPECT_EQ(r.rdzv_backend, RdzvBackend::kC10d);
@@ -121,7 +121,7 @@ TEST(DdprunArgs, PetEnvironmentFallbackAndCommandLinePrecedence) {
   EXPECT_EQ(from_env.nproc_per_node, 4);
   EXPECT_EQ(from_env.master_port, 4321);
   EXPECT_EQ(from_env.max_restarts, 3);
-  EXPECT_DOUBLE_EQ(from_env.grace_period_s, 2.0);
+  EXPECT_DOUBLE_EQ(from_env.grace_period.count(), 2.0);
   EXPECT_EQ(from_env.run_id, "from-env");
   EXPECT_FALSE(from_env.pick_free_port);
 
@@ -255,11 +255,12 @@ TEST(DdprunArgs, RdzvEndpoint) {
 }
 
 TEST(DdprunArgs, RdzvConfTimeouts) {
-  EXPECT_EQ(parse({"--rdzv-conf", "timeout=20", "p"}).rdzv_timeout_s, 20.0);
-  EXPECT_EQ(parse({"--rdzv-conf", "timeout=20,join_timeout=60,read_timeout=5", "p"}).rdzv_timeout_s,
-            60.0);
-  EXPECT_EQ(parse({"--rdzv-conf", "join_timeout=60", "--rdzv-timeout", "9", "p"}).rdzv_timeout_s,
-            9.0);  // the explicit flag wins
+  EXPECT_EQ(parse({"--rdzv-conf", "timeout=20", "p"}).rdzv_timeout, Seconds(20.0));
+  EXPECT_EQ(parse({"--rdzv-conf", "timeout=20,join_timeout=60,read_timeout=5", "p"}).rdzv_timeout,
+            Seconds(60.0));
+  // The explicit flag wins.
+  EXPECT_EQ(parse({"--rdzv-conf", "join_timeout=60", "--rdzv-timeout", "9", "p"}).rdzv_timeout,
+            Seconds(9.0));
   EXPECT_USAGE_ERROR(({"--rdzv-conf", "join_timeout", "p"}), "--rdzv-conf", "key=value");
   EXPECT_USAGE_ERROR(({"--rdzv-conf", "join_timeout=soon", "p"}), "join_timeout", "seconds");
 }
@@ -277,7 +278,7 @@ TEST(DdprunArgs, Standalone) {
 
 TEST(DdprunArgs, SecondsAndCounts) {
   EXPECT_USAGE_ERROR(({"--grace-period", "-1", "p"}), "--grace-period", ">= 0");
-  EXPECT_DOUBLE_EQ(parse({"--grace-period", "0", "p"}).grace_period_s, 0.0);
+  EXPECT_DOUBLE_EQ(parse({"--grace-period", "0", "p"}).grace_period.count(), 0.0);
   EXPECT_USAGE_ERROR(({"--monitor-interval", "0", "p"}), "--monitor-interval", "> 0");
   EXPECT_USAGE_ERROR(({"--collective-timeout", "nan", "p"}), "--collective-timeout");
   EXPECT_USAGE_ERROR(({"--max-restarts", "-2", "p"}), "--max-restarts");

@@ -54,7 +54,7 @@ void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
     c.rdzv_conf = parse_rdzv_conf(v->source, v->text);
     for (const char* key : {"timeout", "join_timeout"}) {  // join_timeout wins: applied last
       if (auto it = c.rdzv_conf.find(key); it != c.rdzv_conf.end()) {
-        c.rdzv_timeout_s = parse_seconds(v->source + " " + key, it->second, false);
+        c.rdzv_timeout = parse_seconds(v->source + " " + key, it->second, false);
       }
     }
   }
@@ -103,14 +103,14 @@ void apply_supervision(const RawFlags& raw, LaunchConfig& c) {
     c.max_restarts = parse_int(v->source, v->text, 0, 1 << 20, "a number of restarts >= 0");
   }
   if (auto* v = raw.get("monitor_interval")) {
-    c.monitor_interval_s = parse_seconds(v->source, v->text, false);
+    c.monitor_interval = parse_seconds(v->source, v->text, false);
   }
-  if (auto* v = raw.get("grace_period")) c.grace_period_s = parse_seconds(v->source, v->text, true);
+  if (auto* v = raw.get("grace_period")) c.grace_period = parse_seconds(v->source, v->text, true);
   if (auto* v = raw.get("rdzv_timeout")) {
-    c.rdzv_timeout_s = parse_seconds(v->source, v->text, false);
+    c.rdzv_timeout = parse_seconds(v->source, v->text, false);
   }
   if (auto* v = raw.get("collective_timeout")) {
-    c.collective_timeout_s = parse_seconds(v->source, v->text, false);
+    c.collective_timeout = parse_seconds(v->source, v->text, false);
   }
   if (auto* v = raw.get("start_method")) {
     if (v->text != "spawn" && v->text != "fork" && v->text != "forkserver") {

@@ -10,6 +10,8 @@
 // where it came from, and saying what would be accepted.
 #pragma once
 
+#include <chrono>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -37,8 +39,10 @@ inline constexpr int kDefaultRdzvPort = 29400;    // torchrun's port for a bare 
 inline constexpr const char* kDefaultRunId = "none";  // torchrun's --rdzv-id default
 inline constexpr const char* kDefaultRole = "default";
 inline constexpr int kDefaultMaxRestarts = 0;
-inline constexpr double kDefaultMonitorInterval = 0.1;  // s; torchrun's since pytorch#124692
-inline constexpr double kDefaultGracePeriod = 10.0;     // s between SIGTERM and SIGKILL
+// Durations as given on the command line: seconds, fractions allowed.
+using Seconds = std::chrono::duration<double>;
+inline constexpr Seconds kDefaultMonitorInterval{0.1};  // torchrun's since pytorch#124692
+inline constexpr Seconds kDefaultGracePeriod{10.0};     // between SIGTERM and SIGKILL
 inline constexpr const char* kPythonInterpreter = "python3";  // for PROGRAM.py and -m
 
 enum class RdzvBackend { kStatic, kC10d };
@@ -83,16 +87,16 @@ struct LaunchConfig {
   std::map<std::string, std::string> rdzv_conf;  // --rdzv-conf k=v,... as given
   std::string role = kDefaultRole;
 
-  // --- timeouts exported to the workers (DDP_RDZV_TIMEOUT, DDP_COLLECTIVE_TIMEOUT), in seconds
-  std::optional<double> rdzv_timeout_s;
-  std::optional<double> collective_timeout_s;
+  // --- timeouts exported to the workers (DDP_RDZV_TIMEOUT, DDP_COLLECTIVE_TIMEOUT)
+  std::optional<Seconds> rdzv_timeout;
+  std::optional<Seconds> collective_timeout;
   // --- the workers' collective backend (DDP_BACKEND): gloo, shm, nccl or auto; empty: unset
   std::string backend;
 
   // --- supervision
   int max_restarts = kDefaultMaxRestarts;
-  double monitor_interval_s = kDefaultMonitorInterval;
-  double grace_period_s = kDefaultGracePeriod;
+  Seconds monitor_interval = kDefaultMonitorInterval;
+  Seconds grace_period = kDefaultGracePeriod;
 
   // --- output
   std::string log_dir;  // empty: no --log-dir

@@ -270,7 +270,7 @@ void WorkerGroup::start(Worker& w) {
 }
 
 void WorkerGroup::wait_for_events() {
-  double timeout_s = s_.config.monitor_interval_s;
+  double timeout_s = s_.config.monitor_interval.count();
   if (stopping_ && !killed_) {
     timeout_s = std::min(timeout_s, seconds_between(SteadyClock::now(), kill_deadline_));
   }
@@ -297,7 +297,7 @@ void WorkerGroup::handle_signals() {
     if (interrupt_signal_ == 0 && !stopping_) {
       interrupt_signal_ = sig;
       note(fmt::format("received {}; forwarding it to the workers (SIGKILL in {})",
-                       signal_name(sig), format_seconds(s_.config.grace_period_s)));
+                       signal_name(sig), format_seconds(s_.config.grace_period.count())));
       stop_all(sig);
     } else if (!killed_) {
       if (interrupt_signal_ == 0) interrupt_signal_ = sig;
@@ -341,7 +341,7 @@ void WorkerGroup::advance() {
     note(fmt::format("rank {} failed ({}); stopping the other {} running worker(s): SIGTERM, then "
                      "SIGKILL after {}",
                      w.rank, describe_wait_status(w.wait_status), running,
-                     format_seconds(s_.config.grace_period_s)));
+                     format_seconds(s_.config.grace_period.count())));
     stop_all(SIGTERM);
   }
   if (!stopping_ && all_reaped() && any_group_alive()) {
@@ -349,7 +349,7 @@ void WorkerGroup::advance() {
     stop_all(SIGTERM);
   }
   if (stopping_ && !killed_ && SteadyClock::now() >= kill_deadline_) {
-    kill_all(fmt::format("after the {} grace period", format_seconds(s_.config.grace_period_s)));
+    kill_all(fmt::format("after the {} grace period", format_seconds(s_.config.grace_period.count())));
   }
   if (killed_) {
     for (auto& w : workers_) w->signal_group(SIGKILL);  // stragglers forked during the stop
@@ -396,8 +396,7 @@ void WorkerGroup::stop_all(int signal) {
   if (!stopping_) {
     stopping_ = true;
     kill_deadline_ =
-        SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
-                                 std::chrono::duration<double>(s_.config.grace_period_s));
+        SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(s_.config.grace_period);
   }
 }
 

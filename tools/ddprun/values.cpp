@@ -20,14 +20,14 @@ int parse_int(const std::string& source, const std::string& value, long long lo,
 }
 
 // Seconds as a decimal number; `allow_zero` for the grace period.
-double parse_seconds(const std::string& source, const std::string& value, bool allow_zero) {
+Seconds parse_seconds(const std::string& source, const std::string& value, bool allow_zero) {
   auto s = parse::seconds(value, allow_zero);
   if (!s) {
     bad_value(source, value,
               allow_zero ? "expected a number of seconds >= 0, e.g. 10 or 0.5"
                          : "expected a number of seconds > 0, e.g. 30 or 0.5");
   }
-  return *s;
+  return Seconds(*s);
 }
 
 bool parse_bool(const std::string& source, const std::string& value) {

@@ -17,7 +17,7 @@ namespace ddp::launcher {
 int parse_int(const std::string& source, const std::string& value, long long lo, long long hi,
               const std::string& expected);
 // Seconds as a decimal number; `allow_zero` for the grace period.
-double parse_seconds(const std::string& source, const std::string& value, bool allow_zero);
+Seconds parse_seconds(const std::string& source, const std::string& value, bool allow_zero);
 bool parse_bool(const std::string& source, const std::string& value);
 std::vector<std::string> split(const std::string& text, char sep);
 bool ends_with(const std::string& s, const std::string& suffix);
