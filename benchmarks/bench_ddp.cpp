@@ -137,8 +137,10 @@ int overlap(int steps) {
     alone.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   if (pg->rank() == 0) {
-    std::printf("overlap at world size %d (CNN, batch %lld per rank, %zu buckets, median of %d "
-                "steps)\n", pg->size(), static_cast<long long>(kBatch), layout.size(), steps);
+    std::printf(
+        "overlap at world size %d (CNN, batch %lld per rank, %zu buckets, median of %d "
+        "steps)\n",
+        pg->size(), static_cast<long long>(kBatch), layout.size(), steps);
     std::printf("  step time                       %8.2f ms\n", median(step_time) * 1e3);
     std::printf("  backward (first to last grad)   %8.2f ms\n", median(backward_span) * 1e3);
     std::printf("  all-reduce of all buckets alone %8.2f ms\n", median(alone) * 1e3);
@@ -205,8 +207,8 @@ int memory_child(const std::string& mode) {
       std::unique_ptr<ddp::DistributedDataParallel<BigMlpImpl>> model;
       if (mode != "none") {
         model = std::make_unique<ddp::DistributedDataParallel<BigMlpImpl>>(
-            net.ptr(), ddp::DDPOptions{.process_group = pg,
-                                       .gradient_as_bucket_view = mode == "view"});
+            net.ptr(),
+            ddp::DDPOptions{.process_group = pg, .gradient_as_bucket_view = mode == "view"});
       }
       for (int i = 0; i < 4; ++i) {
         opt.zero_grad();
@@ -245,8 +247,10 @@ double run_memory_child(const char* self, const char* mode) {
 
 int memory(const char* self) {
   const double grads_mib = 6 * (2048.0 * 2048 + 2048) * 4 / 1048576.0;
-  std::printf("live heap after backward, 2 ranks as threads, MLP of 6 x Linear(2048, 2048): "
-              "%.1f MiB of gradients per rank (medians of 3 fresh processes)\n", grads_mib);
+  std::printf(
+      "live heap after backward, 2 ranks as threads, MLP of 6 x Linear(2048, 2048): "
+      "%.1f MiB of gradients per rank (medians of 3 fresh processes)\n",
+      grads_mib);
   std::vector<double> none, ddp_copy, ddp_view;
   for (int i = 0; i < 3; ++i) {
     none.push_back(run_memory_child(self, "none"));
@@ -258,8 +262,10 @@ int memory(const char* self) {
               median(ddp_copy) - median(none));
   std::printf("  %-36s %8.1f MiB  (+%.1f)\n", "DDP, gradient_as_bucket_view", median(ddp_view),
               median(ddp_view) - median(none));
-  std::printf("  saved by gradient_as_bucket_view: %.1f MiB (one copy of 2 ranks' gradients is "
-              "%.1f MiB)\n", median(ddp_copy) - median(ddp_view), 2 * grads_mib);
+  std::printf(
+      "  saved by gradient_as_bucket_view: %.1f MiB (one copy of 2 ranks' gradients is "
+      "%.1f MiB)\n",
+      median(ddp_copy) - median(ddp_view), 2 * grads_mib);
   return 0;
 }
 

@@ -53,11 +53,11 @@ struct SmallCnnImpl : torch::nn::Module {
     register_module("f1", f1);
     register_module("f2", f2);
   }
-  torch::Tensor forward(torch::Tensor x) {                       // [B, 1, 28, 28]
-    x = torch::max_pool2d(torch::relu(c1(x)), 2);                // [B, 32, 13, 13]
-    x = torch::max_pool2d(torch::relu(c2(x)), 2);                // [B, 64, 5, 5]
-    x = torch::relu(f1(x.flatten(1)));                           // [B, 128]
-    return torch::log_softmax(f2(x), 1);                         // [B, 10]
+  torch::Tensor forward(torch::Tensor x) {         // [B, 1, 28, 28]
+    x = torch::max_pool2d(torch::relu(c1(x)), 2);  // [B, 32, 13, 13]
+    x = torch::max_pool2d(torch::relu(c2(x)), 2);  // [B, 64, 5, 5]
+    x = torch::relu(f1(x.flatten(1)));             // [B, 128]
+    return torch::log_softmax(f2(x), 1);           // [B, 10]
   }
 };
 TORCH_MODULE(SmallCnn);
@@ -92,8 +92,8 @@ double wait_seconds_in_training(const std::shared_ptr<ddp::FashionMnist>& data, 
                                 int workers, int steps) {
   torch::manual_seed(0);
   Trainer t;
-  ddp::DataLoader loader(data, ddp::DistributedSampler(data->size(), {.num_replicas = 1,
-                                                                       .rank = 0}),
+  ddp::DataLoader loader(data,
+                         ddp::DistributedSampler(data->size(), {.num_replicas = 1, .rank = 0}),
                          {.batch_size = batch, .num_workers = workers});
   std::vector<double> waits;
   auto it = loader.begin();
@@ -136,17 +136,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_loader: %s\n", e.what());
     return 1;
   }
-  std::printf("small CNN (2 conv + 2 fc, 0.23 M params), SGD; torch intra-op threads: %d; "
-              "medians of %d passes / 20 steps\n\n", torch::get_num_threads(), runs);
-  std::printf("%5s  %7s  %16s  %15s  %7s  %11s  %17s\n", "batch", "workers",
-              "loader samples/s", "loader ms/batch", "step ms", "loader/step",
-              "wait in loop ms");
+  std::printf(
+      "small CNN (2 conv + 2 fc, 0.23 M params), SGD; torch intra-op threads: %d; "
+      "medians of %d passes / 20 steps\n\n",
+      torch::get_num_threads(), runs);
+  std::printf("%5s  %7s  %16s  %15s  %7s  %11s  %17s\n", "batch", "workers", "loader samples/s",
+              "loader ms/batch", "step ms", "loader/step", "wait in loop ms");
   for (int64_t batch : {64, 256}) {
     const double step = step_seconds(data->get_batch([&] {
       std::vector<int64_t> idx(batch);
       for (int64_t i = 0; i < batch; ++i) idx[i] = i;
       return idx;
-    }()), 20);
+    }()),
+                                     20);
     for (int workers : {0, 1, 2}) {
       const double rate = loader_samples_per_s(data, batch, workers, runs);
       const double per_batch = static_cast<double>(batch) / rate;

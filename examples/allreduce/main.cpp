@@ -31,10 +31,14 @@ struct Args {
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--elements") == 0) a.elements = std::atoll(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--hang-rank") == 0) a.hang_rank = std::atoi(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--throw-rank") == 0) a.throw_rank = std::atoi(argv[i + 1]);
-    else throw ddp::ConfigError(std::string("unknown argument ") + argv[i]);
+    if (std::strcmp(argv[i], "--elements") == 0)
+      a.elements = std::atoll(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--hang-rank") == 0)
+      a.hang_rank = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--throw-rank") == 0)
+      a.throw_rank = std::atoi(argv[i + 1]);
+    else
+      throw ddp::ConfigError(std::string("unknown argument ") + argv[i]);
   }
   return a;
 }

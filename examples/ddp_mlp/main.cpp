@@ -39,13 +39,20 @@ Options parse(int argc, char** argv) {
       return std::string(argv[++i]);
     };
     const std::string flag = argv[i];
-    if (flag == "--steps") o.steps = std::stoi(value());
-    else if (flag == "--global-batch") o.global_batch = std::stoll(value());
-    else if (flag == "--lr") o.lr = std::stod(value());
-    else if (flag == "--save") o.save = value();
-    else if (flag == "--hook") o.hook = value();
-    else if (flag == "--bucket-cap-mb") o.bucket_cap_mb = std::stod(value());
-    else throw ddp::ConfigError("unknown argument " + flag);
+    if (flag == "--steps")
+      o.steps = std::stoi(value());
+    else if (flag == "--global-batch")
+      o.global_batch = std::stoll(value());
+    else if (flag == "--lr")
+      o.lr = std::stod(value());
+    else if (flag == "--save")
+      o.save = value();
+    else if (flag == "--hook")
+      o.hook = value();
+    else if (flag == "--bucket-cap-mb")
+      o.bucket_cap_mb = std::stod(value());
+    else
+      throw ddp::ConfigError("unknown argument " + flag);
   }
   return o;
 }
@@ -82,16 +89,18 @@ int run(const Options& o) {
   const int64_t per_rank = o.global_batch / world;
   if (rank == 0) {
     std::printf("ddp_mlp: %d ranks, global batch %lld (%lld per rank), %d steps\n", world,
-                static_cast<long long>(o.global_batch), static_cast<long long>(per_rank),
-                o.steps);
+                static_cast<long long>(o.global_batch), static_cast<long long>(per_rank), o.steps);
   }
 
   torch::manual_seed(rank);  // different on purpose: DDP copies rank 0's weights everywhere
   Net net;
   ddp::DistributedDataParallel model(net, {.bucket_cap_mb = o.bucket_cap_mb});
-  if (o.hook == "fp16") model.register_comm_hook(ddp::comm_hooks::fp16_compress());
-  else if (o.hook == "bf16") model.register_comm_hook(ddp::comm_hooks::bf16_compress());
-  else if (o.hook != "allreduce") throw ddp::ConfigError("unknown --hook " + o.hook);
+  if (o.hook == "fp16")
+    model.register_comm_hook(ddp::comm_hooks::fp16_compress());
+  else if (o.hook == "bf16")
+    model.register_comm_hook(ddp::comm_hooks::bf16_compress());
+  else if (o.hook != "allreduce")
+    throw ddp::ConfigError("unknown --hook " + o.hook);
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9));
 
   for (int step = 0; step < o.steps; ++step) {

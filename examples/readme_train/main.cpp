@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>  // torch::nn, torch::optim, torch::save
 
-#include <ddp/ddp.h>      // DistributedDataParallel, DistributedSampler, DataLoader, ...
+#include <ddp/ddp.h>  // DistributedDataParallel, DistributedSampler, DataLoader, ...
 
 struct NetImpl : torch::nn::Module {  // [B, 1, 28, 28] -> 128 -> 10 logits
   torch::nn::Linear fc1{register_module("fc1", torch::nn::Linear(28 * 28, 128))};
@@ -16,8 +16,8 @@ struct NetImpl : torch::nn::Module {  // [B, 1, 28, 28] -> 128 -> 10 logits
 TORCH_MODULE(Net);
 
 int main(int argc, char** argv) {
-  ddp::ensure_fast_blas(argc, argv);      // optional: see "BLAS" below
-  ddp::init_process_group();             // reads RANK/WORLD_SIZE/... (or MPI/Slurm variables)
+  ddp::ensure_fast_blas(argc, argv);  // optional: see "BLAS" below
+  ddp::init_process_group();          // reads RANK/WORLD_SIZE/... (or MPI/Slurm variables)
   const int epochs = argc > 1 ? std::atoi(argv[1]) : 3;
   const int max_steps = argc > 2 ? std::atoi(argv[2]) : -1;  // per epoch; -1: the whole epoch
 
@@ -28,14 +28,14 @@ int main(int argc, char** argv) {
   ddp::DistributedSampler sampler(train->size(), {.shuffle = true, .seed = 0});
   ddp::DataLoader loader(train, sampler, {.batch_size = 64, .num_workers = 2});
   for (int epoch = 0; epoch < epochs; ++epoch) {
-    sampler.set_epoch(epoch);            // reaches the loader (the sampler is shared)
+    sampler.set_epoch(epoch);  // reaches the loader (the sampler is shared)
     torch::Tensor loss;
     int step = 0;
     for (auto& batch : loader) {
-      if (step++ == max_steps) break;    // every rank has as many batches: all stop together
+      if (step++ == max_steps) break;  // every rank has as many batches: all stop together
       opt.zero_grad();
       loss = torch::cross_entropy_loss(model(batch.data), batch.target);
-      loss.backward();                   // all-reduces the gradients while backward runs
+      loss.backward();  // all-reduces the gradients while backward runs
       opt.step();
     }
     if (ddp::is_main_process() && loss.defined()) {

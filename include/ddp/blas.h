@@ -16,13 +16,13 @@
 namespace ddp {
 
 struct BlasReport {
-  std::string library;         // resolved path of the loaded libblas; empty when none is loaded
-  std::string vendor;          // "OpenBLAS", "reference BLAS (netlib)", "unknown" or "none"
-  std::string core;            // OpenBLAS's kernel core in use (e.g. "Haswell"), else empty
-  std::string cpu_best_core;   // best OpenBLAS core this CPU can run, empty if none better
-                               // than the generic ones
-  std::string user_coretype;   // OPENBLAS_CORETYPE from the environment, empty if unset
-  bool reexecuted = false;     // ensure_fast_blas() re-executed us to set OPENBLAS_CORETYPE
+  std::string library;        // resolved path of the loaded libblas; empty when none is loaded
+  std::string vendor;         // "OpenBLAS", "reference BLAS (netlib)", "unknown" or "none"
+  std::string core;           // OpenBLAS's kernel core in use (e.g. "Haswell"), else empty
+  std::string cpu_best_core;  // best OpenBLAS core this CPU can run, empty if none better
+                              // than the generic ones
+  std::string user_coretype;  // OPENBLAS_CORETYPE from the environment, empty if unset
+  bool reexecuted = false;    // ensure_fast_blas() re-executed us to set OPENBLAS_CORETYPE
 
   // OpenBLAS runs a weaker core than this CPU supports and the user did not choose one.
   bool needs_core_override() const;

@@ -135,28 +135,28 @@ struct CheckpointRefs {
 // What a checkpoint records besides the tensors.
 struct CheckpointMeta {
   // Set by the caller for save().
-  int64_t step = 0;             // optimizer steps completed
+  int64_t step = 0;  // optimizer steps completed
   int64_t epoch = 0;
   // JSON text: checked at save (ConfigError if malformed), stored as JSON in the metadata,
   // returned re-serialized (compact).
   std::string hparams_json = "{}";
-  std::string blob;             // opaque bytes (scheduler/trainer state), stored in the payload
-  std::string model_label;      // e.g. "--model mlp": quoted when a model does not fit
-  int world_size = 1;           // set by save() from the group when one is given
+  std::string blob;         // opaque bytes (scheduler/trainer state), stored in the payload
+  std::string model_label;  // e.g. "--model mlp": quoted when a model does not fit
+  int world_size = 1;       // set by save() from the group when one is given
 
   // Filled by save() from the objects and the process; returned by load().
   std::optional<SamplerState> sampler;  // rank 0's sampler state, when a sampler was given
-  std::string optimizer_type;   // e.g. "torch::optim::AdamW"; empty without an optimizer
-  int rng_states = 0;           // generator states saved (one per rank; 0 when rng = false)
-  int num_threads = 0;          // at::get_num_threads() of the writer (see Exact resume)
+  std::string optimizer_type;           // e.g. "torch::optim::AdamW"; empty without an optimizer
+  int rng_states = 0;                   // generator states saved (one per rank; 0 when rng = false)
+  int num_threads = 0;                  // at::get_num_threads() of the writer (see Exact resume)
   std::string torch_version;
   std::string ddp_version;
   int64_t created_unix_ms = 0;
 };
 
 struct LoadOptions {
-  int rank = 0;        // whose generator state to restore
-  int world_size = 1;  // this run's, compared with the checkpoint's
+  int rank = 0;             // whose generator state to restore
+  int world_size = 1;       // this run's, compared with the checkpoint's
   std::string model_label;  // this run's, quoted when the model does not fit
 };
 
@@ -207,9 +207,9 @@ struct ResumePoint {
 };
 
 struct SavedCheckpoint {
-  std::filesystem::path path;                 // the epoch=E-step=S.ckpt written
-  std::vector<std::filesystem::path> removed; // by keep-K (rank 0)
-  std::vector<std::string> warnings;          // e.g. last.ckpt copied, not linked (rank 0)
+  std::filesystem::path path;                  // the epoch=E-step=S.ckpt written
+  std::vector<std::filesystem::path> removed;  // by keep-K (rank 0)
+  std::vector<std::string> warnings;           // e.g. last.ckpt copied, not linked (rank 0)
 };
 
 class Checkpointer {

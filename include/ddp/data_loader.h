@@ -54,9 +54,9 @@ namespace ddp {
 inline constexpr int kDefaultPrefetchFactor = 2;
 
 struct LoaderOptions {
-  int64_t batch_size = 1;   // PyTorch's default; samples per batch (per rank)
-  bool drop_last = false;   // drop the last batch of a pass when it is smaller than batch_size
-  int num_workers = 0;      // prefetching threads; 0 = build batches in the calling thread
+  int64_t batch_size = 1;  // PyTorch's default; samples per batch (per rank)
+  bool drop_last = false;  // drop the last batch of a pass when it is smaller than batch_size
+  int num_workers = 0;     // prefetching threads; 0 = build batches in the calling thread
   int prefetch_factor = kDefaultPrefetchFactor;
   // Only without a sampler (the loader then owns a 1-replica one): shuffle with seed + pass
   // number, a new order each full pass.
@@ -82,8 +82,8 @@ class DataLoader {
   // Convenience: takes any Dataset by value (tensors are shared, not copied).
   template <class D, class = std::enable_if_t<std::is_base_of_v<Dataset, std::decay_t<D>>>>
   DataLoader(D&& dataset, DistributedSampler sampler, LoaderOptions options = {})
-      : DataLoader(std::make_shared<std::decay_t<D>>(std::forward<D>(dataset)),
-                   std::move(sampler), std::move(options)) {}
+      : DataLoader(std::make_shared<std::decay_t<D>>(std::forward<D>(dataset)), std::move(sampler),
+                   std::move(options)) {}
 
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;

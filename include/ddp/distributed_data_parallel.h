@@ -36,8 +36,8 @@
 
 namespace ddp {
 
-inline constexpr double kDefaultBucketCapMb = 25;     // PyTorch's default
-inline constexpr double kDefaultFirstBucketMb = 1;    // PyTorch's kDefaultFirstBucketBytes
+inline constexpr double kDefaultBucketCapMb = 25;        // PyTorch's default
+inline constexpr double kDefaultFirstBucketMb = 1;       // PyTorch's kDefaultFirstBucketBytes
 inline constexpr double kDefaultBroadcastChunkMb = 250;  // PyTorch's coalesced broadcast chunk
 
 struct DDPOptions {
@@ -66,11 +66,11 @@ struct DDPOptions {
 
 // Timings of the last reduced iteration (seconds, from the first gradient hook of backward).
 struct IterationStats {
-  std::vector<double> bucket_launch_s;  // when each bucket's communication started
-  double last_gradient_s = 0;           // when the last parameter's gradient was ready
-  double finalize_start_s = 0;          // when backward's end-of-graph callback ran
-  double finalize_end_s = 0;            // when all buckets were reduced and written back
-  std::vector<std::string> ready_order; // parameter names in the order they were ready
+  std::vector<double> bucket_launch_s;   // when each bucket's communication started
+  double last_gradient_s = 0;            // when the last parameter's gradient was ready
+  double finalize_start_s = 0;           // when backward's end-of-graph callback ran
+  double finalize_end_s = 0;             // when all buckets were reduced and written back
+  std::vector<std::string> ready_order;  // parameter names in the order they were ready
 };
 
 class DistributedDataParallelBase;

@@ -54,7 +54,6 @@ class InternalError : public Error {
   using Error::Error;
 };
 
-
 // Records why this worker is failing in the file named by TORCHELASTIC_ERROR_FILE (set by
 // ddprun and torchrun), in torchrun's format plus a microsecond timestamp:
 //   {"message": {"message": "...", "extraInfo": {"py_callstack": "",

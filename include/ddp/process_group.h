@@ -117,10 +117,10 @@ class ProcessGroup {
   int size() const;
   int local_rank() const;
   int local_size() const;
-  const std::string& backend() const;           // "shm", "shm+gloo", "gloo" or "nccl"
-  std::chrono::milliseconds timeout() const;    // collective timeout
-  const DistEnv& env() const;                   // where this rank stands in the job
-  uint64_t last_sequence_number() const;        // of the most recently issued collective
+  const std::string& backend() const;         // "shm", "shm+gloo", "gloo" or "nccl"
+  std::chrono::milliseconds timeout() const;  // collective timeout
+  const DistEnv& env() const;                 // where this rank stands in the job
+  uint64_t last_sequence_number() const;      // of the most recently issued collective
 
   // In-place reduction of `tensor` across ranks (kAvg divides by size()).
   [[nodiscard]] Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);

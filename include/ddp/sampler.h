@@ -91,10 +91,10 @@ struct SamplerOptions {
   // init_process_group()). Set both to shard over an explicit ProcessGroup.
   std::optional<int> num_replicas;
   std::optional<int> rank;
-  bool shuffle = true;      // permute with seed + epoch; false: 0, 1, ..., n-1
-  uint64_t seed = 0;        // PyTorch's default; must be the same on every rank
-  bool drop_last = false;   // false: pad to a multiple of num_replicas; true: drop the tail
-  bool pad = true;          // false: evaluation mode (uneven shards, no duplicates)
+  bool shuffle = true;     // permute with seed + epoch; false: 0, 1, ..., n-1
+  uint64_t seed = 0;       // PyTorch's default; must be the same on every rank
+  bool drop_last = false;  // false: pad to a multiple of num_replicas; true: drop the tail
+  bool pad = true;         // false: evaluation mode (uneven shards, no duplicates)
 };
 
 // A checkpointable cursor (see Note [Sampler position and resume]). Plain values, so the

@@ -46,14 +46,14 @@ using CorenameFn = char* (*)();
 
 int openblas_core_level(std::string_view core) {
   static constexpr std::array<std::pair<std::string_view, int>, 29> kLevels = {{
-      {"skylakex", 4}, {"cooperlake", 4}, {"sapphirerapids", 4},
-      {"haswell", 3}, {"zen", 3}, {"skylake", 3},
-      {"sandybridge", 2}, {"bulldozer", 2}, {"piledriver", 2}, {"steamroller", 2},
-      {"excavator", 2},
-      {"prescott", 1}, {"core2", 1}, {"penryn", 1}, {"dunnington", 1}, {"nehalem", 1},
-      {"atom", 1}, {"athlon", 1}, {"opteron", 1}, {"opteron_sse3", 1}, {"barcelona", 1},
-      {"bobcat", 1}, {"nano", 1}, {"katmai", 1}, {"coppermine", 1}, {"northwood", 1},
-      {"banias", 1}, {"yonah", 1}, {"generic", 1},
+      {"skylakex", 4},   {"cooperlake", 4},  {"sapphirerapids", 4}, {"haswell", 3},
+      {"zen", 3},        {"skylake", 3},     {"sandybridge", 2},    {"bulldozer", 2},
+      {"piledriver", 2}, {"steamroller", 2}, {"excavator", 2},      {"prescott", 1},
+      {"core2", 1},      {"penryn", 1},      {"dunnington", 1},     {"nehalem", 1},
+      {"atom", 1},       {"athlon", 1},      {"opteron", 1},        {"opteron_sse3", 1},
+      {"barcelona", 1},  {"bobcat", 1},      {"nano", 1},           {"katmai", 1},
+      {"coppermine", 1}, {"northwood", 1},   {"banias", 1},         {"yonah", 1},
+      {"generic", 1},
   }};
   const std::string name = lower(core);
   for (const auto& [known, level] : kLevels) {
@@ -95,10 +95,11 @@ std::string BlasReport::summary() const {
     s += "; WARNING: the reference BLAS is 20-50x slower than OpenBLAS: install "
          "libopenblas0-pthread (scripts/install-deps.sh does)";
   } else if (needs_core_override()) {
-    s += fmt::format("; WARNING: this CPU supports the faster {0} kernels: call "
-                     "ddp::ensure_fast_blas(argc, argv) first in main() or export "
-                     "OPENBLAS_CORETYPE={0}",
-                     cpu_best_core);
+    s += fmt::format(
+        "; WARNING: this CPU supports the faster {0} kernels: call "
+        "ddp::ensure_fast_blas(argc, argv) first in main() or export "
+        "OPENBLAS_CORETYPE={0}",
+        cpu_best_core);
   }
   return s;
 }

@@ -8,14 +8,14 @@
 
 #include "ddp/error.h"
 
-#define DDP_CHECK(cond, ErrorType, ...)                  \
-  do {                                                   \
+#define DDP_CHECK(cond, ErrorType, ...)                     \
+  do {                                                      \
     if (!(cond)) throw ErrorType(fmt::format(__VA_ARGS__)); \
   } while (0)
 
-#define DDP_ASSERT(cond, ...)                                                               \
-  do {                                                                                      \
-    if (!(cond))                                                                            \
+#define DDP_ASSERT(cond, ...)                                                              \
+  do {                                                                                     \
+    if (!(cond))                                                                           \
       throw ::ddp::InternalError(fmt::format("internal error at {}:{} ({}): {}", __FILE__, \
                                              __LINE__, #cond, fmt::format(__VA_ARGS__)));  \
   } while (0)

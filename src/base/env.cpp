@@ -40,8 +40,7 @@ std::optional<int> get_int(const EnvMap& env, const std::string& name, int lo, i
   return parse_int(name, *v, lo, hi, hint);
 }
 
-int require_int(const EnvMap& env, const std::string& name, int lo, int hi,
-                std::string_view hint) {
+int require_int(const EnvMap& env, const std::string& name, int lo, int hi, std::string_view hint) {
   auto v = get_int(env, name, lo, hi, hint);
   DDP_CHECK(v.has_value(), ConfigError, "invalid environment: {} is not set ({})", name, hint);
   return *v;
@@ -120,8 +119,8 @@ void parse_torchrun(const EnvMap& env, DistEnv& out) {
   out.local_rank = get_int(env, "LOCAL_RANK", 0, kMaxWorld, kTorchrunHint)
                        .value_or(out.rank % out.local_world_size);
   DDP_CHECK(out.local_world_size <= out.world_size, ConfigError,
-            "invalid environment: LOCAL_WORLD_SIZE={} exceeds WORLD_SIZE={}",
-            out.local_world_size, out.world_size);
+            "invalid environment: LOCAL_WORLD_SIZE={} exceeds WORLD_SIZE={}", out.local_world_size,
+            out.world_size);
   DDP_CHECK(out.local_rank < out.local_world_size, ConfigError,
             "invalid environment: LOCAL_RANK={} but LOCAL_WORLD_SIZE={}; local ranks are "
             "numbered 0..{}",
@@ -172,8 +171,7 @@ void parse_pmi(const EnvMap& env, DistEnv& out) {
   out.world_size = require_int(env, "PMI_SIZE", 1, kMaxWorld, hint);
   out.rank = require_int(env, "PMI_RANK", 0, out.world_size - 1, hint);
   out.local_world_size = get_int(env, "MPI_LOCALNRANKS", 1, out.world_size, hint).value_or(1);
-  out.local_rank =
-      get_int(env, "MPI_LOCALRANKID", 0, out.local_world_size - 1, hint).value_or(0);
+  out.local_rank = get_int(env, "MPI_LOCALRANKID", 0, out.local_world_size - 1, hint).value_or(0);
   out.group_rank = out.rank / out.local_world_size;
   const std::string* job = find(env, "PMI_JOBID");
   fill_master_endpoint(env, out, out.local_world_size == out.world_size, job ? *job : "", "");
@@ -213,12 +211,15 @@ void parse_store_knobs(const EnvMap& env, DistEnv& out) {
     auto [ptr, ec] = std::from_chars(v->data(), v->data() + v->size(), bytes);
     uint64_t scale = 1;
     const std::string_view suffix(ptr, v->data() + v->size() - ptr);
-    if (suffix == "K" || suffix == "KiB") scale = uint64_t{1} << 10;
-    else if (suffix == "M" || suffix == "MiB") scale = uint64_t{1} << 20;
-    else if (suffix == "G" || suffix == "GiB") scale = uint64_t{1} << 30;
-    else if (!suffix.empty()) ec = std::errc::invalid_argument;
-    DDP_CHECK(ec == std::errc() && bytes > 0 && bytes <= (uint64_t{1} << 40) / scale,
-              ConfigError,
+    if (suffix == "K" || suffix == "KiB")
+      scale = uint64_t{1} << 10;
+    else if (suffix == "M" || suffix == "MiB")
+      scale = uint64_t{1} << 20;
+    else if (suffix == "G" || suffix == "GiB")
+      scale = uint64_t{1} << 30;
+    else if (!suffix.empty())
+      ec = std::errc::invalid_argument;
+    DDP_CHECK(ec == std::errc() && bytes > 0 && bytes <= (uint64_t{1} << 40) / scale, ConfigError,
               "invalid environment: DDP_STORE_MAX_BYTES='{}' is not a size in bytes (e.g. "
               "268435456, 256M or 1G)",
               *v);

@@ -30,9 +30,10 @@ std::string file_too_large_reason(std::uint64_t bytes) {
     return fmt::format("the file system refuses a file of {} bytes", bytes);
   }
   const auto max = static_cast<std::uint64_t>(limit.rlim_cur);
-  return fmt::format("this process may write files of at most {} bytes (ulimit -f {}) and this "
-                     "one needs {}; raise the limit (ulimit -f unlimited)",
-                     max, max / 1024, bytes);
+  return fmt::format(
+      "this process may write files of at most {} bytes (ulimit -f {}) and this "
+      "one needs {}; raise the limit (ulimit -f unlimited)",
+      max, max / 1024, bytes);
 }
 
 }  // namespace ddp::base

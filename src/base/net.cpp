@@ -18,7 +18,8 @@ namespace ddp::net {
 int pick_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    throw Error(fmt::format("cannot create a socket to pick a free port: {}", std::strerror(errno)));
+    throw Error(
+        fmt::format("cannot create a socket to pick a free port: {}", std::strerror(errno)));
   }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -29,7 +30,8 @@ int pick_free_port() {
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   const int err = errno;
   ::close(fd);
-  if (!ok) throw Error(fmt::format("cannot bind 127.0.0.1:0 to pick a free port: {}", std::strerror(err)));
+  if (!ok)
+    throw Error(fmt::format("cannot bind 127.0.0.1:0 to pick a free port: {}", std::strerror(err)));
   return ntohs(addr.sin_port);
 }
 

@@ -31,8 +31,8 @@ FileMeta read_meta(const CheckpointFile& f) {
     return decode_metadata(f.metadata());
   } catch (const std::exception& e) {
     // The header checksum matched, so these bytes are what was written: another format.
-    f.corrupt(fmt::format("its metadata is not what this version of ddp-cpp writes ({})",
-                          e.what()));
+    f.corrupt(
+        fmt::format("its metadata is not what this version of ddp-cpp writes ({})", e.what()));
   }
 }
 
@@ -124,14 +124,14 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& file, const Checkp
     const std::string type = ckpt::optimizer_type_name(*refs.optimizer);
     if (type != m.optimizer_type) {
       ckpt::incompatible(file, fmt::format("it holds {} state but this run's optimizer is {}",
-                                     m.optimizer_type, type));
+                                           m.optimizer_type, type));
     }
     const auto sizes = ckpt::group_sizes(*refs.optimizer);
     if (sizes != fm.optimizer_groups) {
-      ckpt::incompatible(file, fmt::format("its optimizer has param groups of [{}] parameters, this "
+      ckpt::incompatible(file,
+                         fmt::format("its optimizer has param groups of [{}] parameters, this "
                                      "run's has [{}]",
-                                     fmt::join(fm.optimizer_groups, ", "),
-                                     fmt::join(sizes, ", ")));
+                                     fmt::join(fm.optimizer_groups, ", "), fmt::join(sizes, ", ")));
     }
   }
   if (refs.sampler) {
@@ -140,7 +140,7 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& file, const Checkp
       refs.sampler->clone().load_state(*m.sampler);  // a dry run on an independent copy
     } catch (const ConfigError& e) {
       ckpt::incompatible(file, fmt::format("its sampler state does not fit this run's sampler: {}",
-                                     e.what()));
+                                           e.what()));
     }
   }
 

@@ -68,7 +68,8 @@ struct Candidate {
 };
 
 bool same_file(const fs::path& a, const fs::path& b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
          sa.st_ino == sb.st_ino;
 }
@@ -134,15 +135,16 @@ std::string Checkpointer::file_name(int64_t epoch, int64_t step) {
 Checkpointer::Checkpointer(std::filesystem::path dir, CheckpointerOptions options)
     : dir_(std::move(dir)), options_(std::move(options)) {
   if (options_.keep < 0) {
-    throw ConfigError(fmt::format("Checkpointer: keep = {}; use 0 to keep every checkpoint or "
-                                  "K > 0 to keep the K newest",
-                                  options_.keep));
+    throw ConfigError(
+        fmt::format("Checkpointer: keep = {}; use 0 to keep every checkpoint or "
+                    "K > 0 to keep the K newest",
+                    options_.keep));
   }
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) {
-    throw CheckpointError(fmt::format("{}: cannot create the checkpoint directory: {}",
-                                      dir_.string(), ec.message()));
+    throw CheckpointError(
+        fmt::format("{}: cannot create the checkpoint directory: {}", dir_.string(), ec.message()));
   }
 }
 
@@ -157,8 +159,8 @@ std::vector<fs::path> Checkpointer::list() const {
     }
   }
   if (ec) {
-    throw CheckpointError(fmt::format("{}: cannot list the checkpoint directory: {}",
-                                      dir_.string(), ec.message()));
+    throw CheckpointError(
+        fmt::format("{}: cannot list the checkpoint directory: {}", dir_.string(), ec.message()));
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
     return std::tie(std::get<0>(a), std::get<1>(a)) > std::tie(std::get<0>(b), std::get<1>(b));
@@ -215,8 +217,8 @@ SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointM
         const fs::path last = last_path();
         if (!ckpt::link_atomic(out.path, last, options_.fault_hook)) {
           ckpt::write_atomic(last, {e.head, e.payload}, options_.fault_hook);
-          out.warnings.push_back(fmt::format(
-              "{}: the file system refuses hard links; wrote a copy", last.string()));
+          out.warnings.push_back(
+              fmt::format("{}: the file system refuses hard links; wrote a copy", last.string()));
         }
       }
       // Keep-K: the file just written, and the keep-1 newest others.
@@ -227,8 +229,8 @@ SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointM
         if (::unlink(f.c_str()) == 0) {
           out.removed.push_back(f);
         } else {
-          out.warnings.push_back(fmt::format("{}: cannot remove an old checkpoint: {}",
-                                             f.string(), ckpt::errno_text(errno)));
+          out.warnings.push_back(fmt::format("{}: cannot remove an old checkpoint: {}", f.string(),
+                                             ckpt::errno_text(errno)));
         }
       }
     } catch (...) {
@@ -240,9 +242,10 @@ SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointM
   if (group) {
     const int64_t failed = broadcast_i64(*group, error ? 1 : 0);
     if (!error && failed) {
-      throw Relayed<CheckpointError>(0, fmt::format(
-          "[rank {}] checkpoint save: rank 0 failed to write {} (its error says why)",
-          group->rank(), out.path.string()));
+      throw Relayed<CheckpointError>(
+          0,
+          fmt::format("[rank {}] checkpoint save: rank 0 failed to write {} (its error says why)",
+                      group->rank(), out.path.string()));
     }
   }
   if (error) std::rethrow_exception(error);
@@ -315,9 +318,10 @@ ResumePoint Checkpointer::latest_valid(ProcessGroup* group) const {
   const int64_t size = broadcast_i64(*group, error ? -1 : static_cast<int64_t>(name.size()));
   if (size < 0) {
     if (error) std::rethrow_exception(error);
-    throw Relayed<CheckpointError>(0, fmt::format(
-        "[rank {}] looking for checkpoints in {}: rank 0 failed (its error says why)",
-        group->rank(), dir_.string()));
+    throw Relayed<CheckpointError>(
+        0,
+        fmt::format("[rank {}] looking for checkpoints in {}: rank 0 failed (its error says why)",
+                    group->rank(), dir_.string()));
   }
   name = broadcast_bytes(*group, name, size);
   if (group->rank() != 0 && !name.empty()) out.path = dir_ / name;
@@ -356,9 +360,11 @@ LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, const Che
     if (flags[r]) failed.push_back(r);
   }
   if (!failed.empty()) {
-    throw Relayed<CheckpointError>(failed.front(), fmt::format(
-        "[rank {}] loading {} failed on rank(s) {} (their errors say why); every rank stops",
-        group->rank(), file.string(), fmt::join(failed, ", ")));
+    throw Relayed<CheckpointError>(
+        failed.front(),
+        fmt::format(
+            "[rank {}] loading {} failed on rank(s) {} (their errors say why); every rank stops",
+            group->rank(), file.string(), fmt::join(failed, ", ")));
   }
   return out;
 }

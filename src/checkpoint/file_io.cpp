@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 
 #include "base/file_size_limit.h"  // FileSizeSignalBlocked: EFBIG under ulimit -f
-#include "ddp/checkpoint.h"         // CheckpointError
+#include "ddp/checkpoint.h"        // CheckpointError
 
 namespace ddp::ckpt {
 namespace {
@@ -30,16 +30,14 @@ void call(const FaultHook& hook, std::string_view stage, const fs::path& file) {
 
 // Writes all of it (SIGXFSZ blocked by the caller: Note [File-size limit] in
 // base/file_size_limit.h). `total_bytes` is the whole file's size, for the message.
-void write_all(int fd, const fs::path& file, const char* data, size_t size,
-               uint64_t total_bytes) {
+void write_all(int fd, const fs::path& file, const char* data, size_t size, uint64_t total_bytes) {
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EFBIG) {
-        throw CheckpointError(
-            fmt::format("{}: checkpoint write failed: file too large: {}", file.string(),
-                        base::file_too_large_reason(total_bytes)));
+        throw CheckpointError(fmt::format("{}: checkpoint write failed: file too large: {}",
+                                          file.string(), base::file_too_large_reason(total_bytes)));
       }
       fail(file, "cannot write the checkpoint", errno);
     }

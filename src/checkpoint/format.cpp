@@ -111,14 +111,14 @@ CheckpointFile::CheckpointFile(const fs::path& path) : path_(path) {
   fd_ = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd_.get() < 0) {
     const int err = errno;
-    throw CheckpointError(fmt::format("{}: cannot open the checkpoint: {}", path.string(),
-                                      errno_text(err)));
+    throw CheckpointError(
+        fmt::format("{}: cannot open the checkpoint: {}", path.string(), errno_text(err)));
   }
   struct stat st {};
   if (::fstat(fd_.get(), &st) != 0) {
     const int err = errno;
-    throw CheckpointError(fmt::format("{}: cannot stat the checkpoint: {}", path.string(),
-                                      errno_text(err)));
+    throw CheckpointError(
+        fmt::format("{}: cannot stat the checkpoint: {}", path.string(), errno_text(err)));
   }
   if (!S_ISREG(st.st_mode)) corrupt("not a regular file");
   file_size_ = static_cast<uint64_t>(st.st_size);
@@ -147,13 +147,14 @@ CheckpointFile::CheckpointFile(const fs::path& path) : path_(path) {
   // metadata it covers is present, so that damage is not reported as truncation (or as a
   // version we do not know); only then compare the declared lengths with the file.
   if (meta_size > kMaxCheckpointMetadataBytes) {
-    corrupt(fmt::format("damaged header: it declares {} bytes of metadata (at most {})",
-                        meta_size, kMaxCheckpointMetadataBytes));
+    corrupt(fmt::format("damaged header: it declares {} bytes of metadata (at most {})", meta_size,
+                        kMaxCheckpointMetadataBytes));
   }
   if (kHeaderBytes + meta_size > file_size_) {
-    corrupt(fmt::format("truncated (or a damaged header): the file has {} bytes, its header "
-                        "declares {} bytes of metadata after the {}-byte header",
-                        file_size_, meta_size, kHeaderBytes));
+    corrupt(
+        fmt::format("truncated (or a damaged header): the file has {} bytes, its header "
+                    "declares {} bytes of metadata after the {}-byte header",
+                    file_size_, meta_size, kHeaderBytes));
   }
   metadata_.resize(meta_size);
   if (read_at(fd_.get(), path_, kHeaderBytes, metadata_.data(), meta_size) != meta_size) {
@@ -164,17 +165,18 @@ CheckpointFile::CheckpointFile(const fs::path& path) : path_(path) {
   h.update(metadata_.data(), metadata_.size());
   const Digest computed = h.finish();
   if (computed != header_digest) {
-    corrupt(fmt::format("header checksum mismatch (stored {}, computed {}): the header or the "
-                        "metadata is damaged",
-                        hex(header_digest).substr(0, 16), hex(computed).substr(0, 16)));
+    corrupt(
+        fmt::format("header checksum mismatch (stored {}, computed {}): the header or the "
+                    "metadata is damaged",
+                    hex(header_digest).substr(0, 16), hex(computed).substr(0, 16)));
   }
   const uint64_t declared = kHeaderBytes + meta_size;  // + payload, below without overflow
   if (payload_size_ > file_size_ - declared) {
-    corrupt(fmt::format("truncated: the file has {} bytes, its header declares {} ({} header + "
-                        "{} metadata + {} payload); the write was interrupted or the file was "
-                        "cut",
-                        file_size_, declared + payload_size_, kHeaderBytes, meta_size,
-                        payload_size_));
+    corrupt(
+        fmt::format("truncated: the file has {} bytes, its header declares {} ({} header + "
+                    "{} metadata + {} payload); the write was interrupted or the file was "
+                    "cut",
+                    file_size_, declared + payload_size_, kHeaderBytes, meta_size, payload_size_));
   }
   if (payload_size_ < file_size_ - declared) {
     corrupt(fmt::format("{} unexpected bytes after the {} bytes its header declares",
@@ -188,10 +190,10 @@ CheckpointFile::CheckpointFile(const fs::path& path) : path_(path) {
 
 void CheckpointFile::check_digest(const Digest& got) const {
   if (got != payload_digest_) {
-    corrupt(fmt::format("payload checksum mismatch (header says {}, the {} payload bytes hash "
-                        "to {}): the file is damaged",
-                        hex(payload_digest_).substr(0, 16), payload_size_,
-                        hex(got).substr(0, 16)));
+    corrupt(
+        fmt::format("payload checksum mismatch (header says {}, the {} payload bytes hash "
+                    "to {}): the file is damaged",
+                    hex(payload_digest_).substr(0, 16), payload_size_, hex(got).substr(0, 16)));
   }
 }
 

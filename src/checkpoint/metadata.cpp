@@ -13,9 +13,14 @@ namespace {
 using nlohmann::json;
 
 json sampler_to_json(const SamplerState& s) {
-  return {{"epoch", s.epoch},         {"position", s.position}, {"num_replicas", s.num_replicas},
-          {"offset", s.offset},       {"dataset_size", s.dataset_size},
-          {"seed", s.seed},           {"shuffle", s.shuffle},   {"drop_last", s.drop_last},
+  return {{"epoch", s.epoch},
+          {"position", s.position},
+          {"num_replicas", s.num_replicas},
+          {"offset", s.offset},
+          {"dataset_size", s.dataset_size},
+          {"seed", s.seed},
+          {"shuffle", s.shuffle},
+          {"drop_last", s.drop_last},
           {"pad", s.pad}};
 }
 
@@ -40,8 +45,8 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }
 
 void check_json(const std::string& text, const char* what) {
-  DDP_CHECK(json::accept(text), ConfigError,
-            "checkpoint {}: not valid JSON: '{}'", what, text.substr(0, 200));
+  DDP_CHECK(json::accept(text), ConfigError, "checkpoint {}: not valid JSON: '{}'", what,
+            text.substr(0, 200));
 }
 
 std::string encode_metadata(const FileMeta& m) {

@@ -14,7 +14,7 @@
 #include <ATen/CPUGeneratorImpl.h>  // at::detail::getDefaultCPUGenerator
 #include <ATen/Context.h>           // at::globalContext().defaultGenerator(cuda:i)
 #include <fmt/format.h>
-#include <torch/cuda.h>             // torch::cuda::device_count (0 on CPU builds)
+#include <torch/cuda.h>  // torch::cuda::device_count (0 on CPU builds)
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/output-archive.h>
@@ -90,9 +90,7 @@ std::string get_state(at::Generator gen) {
   return tensor_bytes(gen.get_state());
 }
 
-std::string describe(const TensorSig& s) {
-  return fmt::format("{} '{}'", s.kind, s.name);
-}
+std::string describe(const TensorSig& s) { return fmt::format("{} '{}'", s.kind, s.name); }
 
 }  // namespace
 
@@ -126,8 +124,8 @@ std::string explain_mismatch(const std::vector<TensorSig>& saved,
   for (const auto& s : saved) {
     auto it = in_model.find(s.kind + "/" + s.name);
     if (it == in_model.end()) {
-      only_saved.push_back(fmt::format("checkpoint holds {} {} that the model lacks",
-                                       describe(s), shape_str(s.shape)));
+      only_saved.push_back(fmt::format("checkpoint holds {} {} that the model lacks", describe(s),
+                                       shape_str(s.shape)));
     } else if (it->second->shape != s.shape) {
       diffs.push_back(fmt::format("checkpoint holds {} {} but the model has {}", describe(s),
                                   shape_str(s.shape), shape_str(it->second->shape)));
@@ -138,8 +136,8 @@ std::string explain_mismatch(const std::vector<TensorSig>& saved,
   }
   for (const auto& s : model) {
     if (!in_saved.count(s.kind + "/" + s.name)) {
-      only_model.push_back(fmt::format("the model has {} {} that the checkpoint lacks",
-                                       describe(s), shape_str(s.shape)));
+      only_model.push_back(fmt::format("the model has {} {} that the checkpoint lacks", describe(s),
+                                       shape_str(s.shape)));
     }
   }
   for (size_t i = 0; i < std::max(only_saved.size(), only_model.size()); ++i) {
@@ -175,8 +173,9 @@ std::string explain_mismatch(const std::vector<TensorSig>& saved,
 std::string optimizer_type_name(const torch::optim::Optimizer& optimizer) {
   const char* mangled = typeid(optimizer).name();
   int status = 0;
-  std::unique_ptr<char, void (*)(void*)> name(
-      abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(mangled, nullptr, nullptr,
+                                                                  &status),
+                                              std::free);
   return status == 0 && name ? std::string(name.get()) : std::string(mangled);
 }
 
@@ -303,7 +302,8 @@ Payload read_payload(const std::string& file, const std::string& bytes, const Fi
       if (!model_ar.try_read(fmt::format("tensor/{}", i), t, /*is_buffer=*/true)) {
         throw bad(fmt::format("it lacks {} '{}'", sig.kind, sig.name));
       }
-      if (t.sizes().vec() != sig.shape || std::string(c10::toString(t.scalar_type())) != sig.dtype) {
+      if (t.sizes().vec() != sig.shape ||
+          std::string(c10::toString(t.scalar_type())) != sig.dtype) {
         throw bad(fmt::format("{} '{}' is {} {} in the payload, {} {} in the metadata", sig.kind,
                               sig.name, c10::toString(t.scalar_type()), shape_str(t.sizes().vec()),
                               sig.dtype, shape_str(sig.shape)));

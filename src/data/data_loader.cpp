@@ -38,8 +38,8 @@ int64_t batches_in(int64_t samples, int64_t batch_size, bool drop_last) {
 }
 
 void check_options(const LoaderOptions& o) {
-  DDP_CHECK(o.batch_size >= 1, ConfigError,
-            "DataLoader: batch_size is {}; it must be at least 1", o.batch_size);
+  DDP_CHECK(o.batch_size >= 1, ConfigError, "DataLoader: batch_size is {}; it must be at least 1",
+            o.batch_size);
   DDP_CHECK(o.num_workers >= 0, ConfigError,
             "DataLoader: num_workers is {}; use 0 to build batches in the calling thread",
             o.num_workers);
@@ -110,8 +110,8 @@ struct DataLoader::Pass {
 
   Batch build(int64_t k) const {
     const auto [b, e] = range(k);
-    Batch batch = dataset->get_batch(std::vector<int64_t>(indices.begin() + b,
-                                                          indices.begin() + e));
+    Batch batch =
+        dataset->get_batch(std::vector<int64_t>(indices.begin() + b, indices.begin() + e));
     if (to_device) {
       batch.data = batch.data.pin_memory();
       batch.target = batch.target.pin_memory();
@@ -200,8 +200,8 @@ struct DataLoader::Pass {
     if (to_device) {
       item.batch.data = item.batch.data.to(item.batch.data.options().device(*options.device),
                                            /*non_blocking=*/true);
-      item.batch.target = item.batch.target.to(
-          item.batch.target.options().device(*options.device), /*non_blocking=*/true);
+      item.batch.target = item.batch.target.to(item.batch.target.options().device(*options.device),
+                                               /*non_blocking=*/true);
     }
     current = std::move(item.batch);
     const auto [b, e] = range(next);
@@ -225,22 +225,22 @@ struct DataLoader::Pass {
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DistributedSampler sampler,
                        LoaderOptions options)
-    : dataset_(std::move(dataset)),
-      sampler_(std::move(sampler)),
-      options_(std::move(options)),
+    : dataset_(std::move(dataset)), sampler_(std::move(sampler)), options_(std::move(options)),
       pass_alive_(std::make_shared<std::atomic<bool>>(false)) {
   DDP_CHECK(dataset_ != nullptr, ConfigError, "DataLoader: the dataset is null");
   check_options(options_);
   DDP_CHECK(sampler_.dataset_size() == dataset_->size(), ConfigError,
             "DataLoader: the sampler was built for {} samples but the dataset has {}; build "
-            "the sampler with dataset.size()", sampler_.dataset_size(), dataset_->size());
+            "the sampler with dataset.size()",
+            sampler_.dataset_size(), dataset_->size());
 }
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     : DataLoader(dataset,
-                 DistributedSampler(dataset ? dataset->size() : 1,
-                                    {.num_replicas = 1, .rank = 0, .shuffle = options.shuffle,
-                                     .seed = options.seed}),
+                 DistributedSampler(dataset ? dataset->size() : 1, {.num_replicas = 1,
+                                                                    .rank = 0,
+                                                                    .shuffle = options.shuffle,
+                                                                    .seed = options.seed}),
                  options) {
   owns_sampler_ = true;
 }
@@ -262,8 +262,8 @@ DataLoader::Iterator DataLoader::begin() {
   auto pass = std::make_unique<Pass>(dataset_, sampler_, options_, pass_alive_);
   pass->epoch = sampler_.epoch();
   pass->indices = sampler_.begin_pass();
-  pass->num_batches = batches_in(static_cast<int64_t>(pass->indices.size()),
-                                 options_.batch_size, options_.drop_last);
+  pass->num_batches = batches_in(static_cast<int64_t>(pass->indices.size()), options_.batch_size,
+                                 options_.drop_last);
   pass->to_device = options_.device && options_.device->is_cuda();
   pass->window = options_.num_workers * options_.prefetch_factor;
   pass->start();

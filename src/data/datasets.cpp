@@ -17,12 +17,12 @@ std::string find_file(const std::string& dir, const std::string& name) {
   std::error_code ec;
   if (fs::is_regular_file(gz, ec)) return gz.string();
   if (fs::is_regular_file(raw, ec)) return raw.string();
-  throw DataError(fmt::format(
-      "Fashion-MNIST not found: {} does not exist (nor {}). Install Debian's copy with "
-      "`apt-get install dataset-fashion-mnist` (files in {}), or point "
-      "FashionMnistOptions::dir at a folder holding "
-      "{{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte.gz",
-      gz.string(), raw.string(), kFashionMnistDefaultDir));
+  throw DataError(
+      fmt::format("Fashion-MNIST not found: {} does not exist (nor {}). Install Debian's copy with "
+                  "`apt-get install dataset-fashion-mnist` (files in {}), or point "
+                  "FashionMnistOptions::dir at a folder holding "
+                  "{{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte.gz",
+                  gz.string(), raw.string(), kFashionMnistDefaultDir));
 }
 
 }  // namespace
@@ -33,7 +33,8 @@ TensorDataset::TensorDataset(at::Tensor data, at::Tensor targets)
             "TensorDataset: data and targets must both be defined tensors");
   DDP_CHECK(data_.dim() >= 1 && targets_.dim() >= 1, ConfigError,
             "TensorDataset: data ({}-D) and targets ({}-D) need a first dimension that "
-            "indexes the samples", data_.dim(), targets_.dim());
+            "indexes the samples",
+            data_.dim(), targets_.dim());
   DDP_CHECK(data_.size(0) == targets_.size(0), ConfigError,
             "TensorDataset: data has {} samples (first dimension) but targets has {}",
             data_.size(0), targets_.size(0));
@@ -52,9 +53,9 @@ Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
               indices[i], i, n);
   }
   // from_blob borrows the vector; index_select has copied the rows before we return.
-  at::Tensor idx = at::from_blob(const_cast<int64_t*>(indices.data()),
-                                 {static_cast<int64_t>(indices.size())},
-                                 at::TensorOptions().dtype(at::kLong));
+  at::Tensor idx =
+      at::from_blob(const_cast<int64_t*>(indices.data()), {static_cast<int64_t>(indices.size())},
+                    at::TensorOptions().dtype(at::kLong));
   if (!data_.device().is_cpu()) idx = idx.to(data_.device());
   return {data_.index_select(0, idx), targets_.index_select(0, idx)};
 }
@@ -74,7 +75,8 @@ TensorDataset load_fashion_mnist(Split split, const FashionMnistOptions& options
             images.size(2));
   DDP_CHECK(images.size(0) == labels.size(0), DataError,
             "Fashion-MNIST: {} holds {} images but {} holds {} labels; the files do not belong "
-            "together", images_path, images.size(0), labels_path, labels.size(0));
+            "together",
+            images_path, images.size(0), labels_path, labels.size(0));
   const int64_t max_label = labels.numel() ? labels.max().item<int64_t>() : 0;
   DDP_CHECK(max_label < FashionMnist::kNumClasses, DataError,
             "{}: label {} is outside [0, {}): the file is corrupt", labels_path, max_label,

@@ -91,7 +91,8 @@ class IdxFile {
     const int64_t more = read(extra, sizeof(extra));  // also makes zlib verify the CRC
     DDP_CHECK(more == 0, DataError,
               "{}: data continues after the {} bytes of {} the header declares: the count in "
-              "the header is wrong or the file is corrupt", path_, len, what);
+              "the header is wrong or the file is corrupt",
+              path_, len, what);
   }
 
  private:
@@ -102,7 +103,8 @@ class IdxFile {
     if (msg.rfind(path_ + ": ", 0) == 0) msg.erase(0, path_.size() + 2);  // zlib prefixes it
     return DataError(fmt::format(
         "{}: the gzip stream is corrupt after {} bytes of data ({}): re-download the file or "
-        "reinstall its package", path_, bytes_read_ + at, msg));
+        "reinstall its package",
+        path_, bytes_read_ + at, msg));
   }
 
   std::string path_;
@@ -114,7 +116,8 @@ class IdxFile {
 void check_magic(const IdxFile& f, uint32_t magic, uint32_t expected, const char* kind) {
   DDP_CHECK(magic == expected, DataError,
             "{}: magic number {} (0x{:08x}), expected {} for IDX {}: not an IDX {} file, or "
-            "a corrupt one", f.path(), magic, magic, expected, kind,
+            "a corrupt one",
+            f.path(), magic, magic, expected, kind,
             std::string(kind).substr(0, std::strlen(kind) - 1));  // "images" -> "image"
 }
 
@@ -129,8 +132,8 @@ at::Tensor read_idx_images(const std::string& path) {
             "{}: the header declares {}x{} images: the file is corrupt", path, rows, cols);
   const int64_t bytes = count * rows * cols;
   DDP_CHECK(bytes <= kMaxPayloadBytes, DataError,
-            "{}: the header declares {} images of {}x{} ({} bytes): the count is corrupt",
-            path, count, rows, cols, bytes);
+            "{}: the header declares {} images of {}x{} ({} bytes): the count is corrupt", path,
+            count, rows, cols, bytes);
   at::Tensor images = at::empty({count, rows, cols}, at::TensorOptions().dtype(at::kByte));
   f.payload(images.data_ptr<uint8_t>(), bytes, "pixels");
   return images;

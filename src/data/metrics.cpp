@@ -10,11 +10,11 @@ namespace ddp {
 
 void EvalStats::add(const at::Tensor& output, const at::Tensor& target,
                     const at::Tensor& per_sample_loss) {
-  DDP_CHECK(output.dim() == 2 && target.dim() == 1 && output.size(0) == target.size(0),
-            ConfigError,
+  DDP_CHECK(output.dim() == 2 && target.dim() == 1 && output.size(0) == target.size(0), ConfigError,
             "EvalStats::add: expected output [B, C] and target [B], got {}-D output with {} "
-            "rows and {}-D target with {} entries", output.dim(),
-            output.dim() ? output.size(0) : 0, target.dim(), target.dim() ? target.size(0) : 0);
+            "rows and {}-D target with {} entries",
+            output.dim(), output.dim() ? output.size(0) : 0, target.dim(),
+            target.dim() ? target.size(0) : 0);
   const int64_t b = target.size(0);
   DDP_CHECK(!per_sample_loss.defined() || per_sample_loss.numel() == b, ConfigError,
             "EvalStats::add: per_sample_loss has {} values for a batch of {}; compute it with "
@@ -40,14 +40,12 @@ double EvalStats::accuracy() const {
   return count ? static_cast<double>(correct) / static_cast<double>(count) : 0.0;
 }
 
-double EvalStats::mean_loss() const {
-  return count ? loss_sum / static_cast<double>(count) : 0.0;
-}
+double EvalStats::mean_loss() const { return count ? loss_sum / static_cast<double>(count) : 0.0; }
 
 EvalStats all_reduce(const EvalStats& local, ProcessGroup& pg) {
   at::Tensor sums = at::tensor({local.loss_sum}, at::TensorOptions().dtype(at::kDouble));
-  at::Tensor counts = at::tensor({local.correct, local.count},
-                                 at::TensorOptions().dtype(at::kLong));
+  at::Tensor counts =
+      at::tensor({local.correct, local.count}, at::TensorOptions().dtype(at::kLong));
   Work a = pg.all_reduce(sums, ReduceOp::kSum);
   Work c = pg.all_reduce(counts, ReduceOp::kSum);
   a.wait();

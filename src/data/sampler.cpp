@@ -16,8 +16,8 @@ namespace {
 // Samples per rank for a plan over m remaining samples (Python's num_samples when m = n).
 int64_t plan_num_samples(int64_t m, int num_replicas, int rank, bool drop_last, bool pad) {
   if (m <= 0) return 0;
-  if (drop_last) return m / num_replicas;                           // ceil((m - R) / R) if m % R
-  if (pad) return (m + num_replicas - 1) / num_replicas;            // ceil(m / R)
+  if (drop_last) return m / num_replicas;                              // ceil((m - R) / R) if m % R
+  if (pad) return (m + num_replicas - 1) / num_replicas;               // ceil(m / R)
   return m > rank ? (m - rank + num_replicas - 1) / num_replicas : 0;  // |list[r::R]|
 }
 
@@ -63,10 +63,10 @@ struct DistributedSampler::Shared {
   SamplerOptions options;  // num_replicas and rank resolved
 
   mutable std::mutex mu;
-  int64_t epoch = 0;       // guarded by mu
-  int64_t position = 0;    // guarded by mu; samples of this epoch consumed by this rank
-  int64_t offset = 0;      // guarded by mu; Note [Sampler position and resume]
-  bool restored = false;   // guarded by mu; load_state() since the last begin_pass()
+  int64_t epoch = 0;      // guarded by mu
+  int64_t position = 0;   // guarded by mu; samples of this epoch consumed by this rank
+  int64_t offset = 0;     // guarded by mu; Note [Sampler position and resume]
+  bool restored = false;  // guarded by mu; load_state() since the last begin_pass()
 
   int R() const { return *options.num_replicas; }
   int r() const { return *options.rank; }
@@ -86,17 +86,20 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, SamplerOptions opti
     : shared_(std::make_shared<Shared>()) {
   DDP_CHECK(dataset_size > 0, ConfigError,
             "DistributedSampler: dataset_size is {}; it must be at least 1 (an empty dataset "
-            "gives every rank nothing to train on)", dataset_size);
+            "gives every rank nothing to train on)",
+            dataset_size);
   if (!options.num_replicas) options.num_replicas = get_world_size();
   if (!options.rank) options.rank = get_rank();
   const int R = *options.num_replicas;
   const int r = *options.rank;
   DDP_CHECK(R > 0, ConfigError,
             "DistributedSampler: num_replicas is {}; it must be at least 1 (leave it unset to "
-            "use the default process group's world size)", R);
+            "use the default process group's world size)",
+            R);
   DDP_CHECK(r >= 0 && r < R, ConfigError,
             "DistributedSampler: rank {} is outside [0, {}] for num_replicas {}; pass the "
-            "group's rank (leave both unset to use the default process group)", r, R - 1, R);
+            "group's rank (leave both unset to use the default process group)",
+            r, R - 1, R);
   DDP_CHECK(options.pad || !options.drop_last, ConfigError,
             "DistributedSampler: pad=false (evaluation: every sample once, uneven shards) and "
             "drop_last=true (drop the tail) contradict each other; choose one");
@@ -151,8 +154,8 @@ void DistributedSampler::advance(int64_t count) {
   const int64_t total = shared_->num_samples_locked();
   DDP_CHECK(count >= 0 && shared_->position + count <= total, ConfigError,
             "DistributedSampler::advance({}): position {} + {} exceeds the {} samples of "
-            "epoch {} on rank {}", count, shared_->position, count, total, shared_->epoch,
-            shared_->r());
+            "epoch {} on rank {}",
+            count, shared_->position, count, total, shared_->epoch, shared_->r());
   shared_->position += count;
 }
 
@@ -187,7 +190,8 @@ void DistributedSampler::Iterator::hand_out() {
             "DistributedSampler iteration: rank {} already consumed all {} samples of epoch {} "
             "while this pass still had {} to hand out; another pass over the same sampler (a "
             "second loop, or a DataLoader sharing it) ran at the same time; run one pass at a "
-            "time", s.r(), total, s.epoch, indices_.size() - next_);
+            "time",
+            s.r(), total, s.epoch, indices_.size() - next_);
   ++s.position;
 }
 
@@ -226,29 +230,30 @@ void DistributedSampler::load_state(const SamplerState& st) {
   Shared& s = *shared_;
   const SamplerOptions& o = s.options;
   auto mismatch = [&](const char* what, auto saved, auto here) {
-    return fmt::format("DistributedSampler::load_state: the state was saved with {} = {}, this "
-                       "sampler has {}; build the sampler with the options of the run being "
-                       "resumed (only num_replicas and rank may change)", what, saved, here);
+    return fmt::format(
+        "DistributedSampler::load_state: the state was saved with {} = {}, this "
+        "sampler has {}; build the sampler with the options of the run being "
+        "resumed (only num_replicas and rank may change)",
+        what, saved, here);
   };
   DDP_CHECK(st.dataset_size == s.n, ConfigError, "{}",
             mismatch("dataset_size", st.dataset_size, s.n));
   DDP_CHECK(st.seed == o.seed, ConfigError, "{}", mismatch("seed", st.seed, o.seed));
-  DDP_CHECK(st.shuffle == o.shuffle, ConfigError, "{}",
-            mismatch("shuffle", st.shuffle, o.shuffle));
+  DDP_CHECK(st.shuffle == o.shuffle, ConfigError, "{}", mismatch("shuffle", st.shuffle, o.shuffle));
   DDP_CHECK(st.drop_last == o.drop_last, ConfigError, "{}",
             mismatch("drop_last", st.drop_last, o.drop_last));
   DDP_CHECK(st.pad == o.pad, ConfigError, "{}", mismatch("pad", st.pad, o.pad));
-  DDP_CHECK(st.epoch >= 0 && st.num_replicas > 0 && st.offset >= 0 && st.offset <= s.n,
-            ConfigError,
+  DDP_CHECK(st.epoch >= 0 && st.num_replicas > 0 && st.offset >= 0 && st.offset <= s.n, ConfigError,
             "DistributedSampler::load_state: corrupt state (epoch {}, num_replicas {}, offset "
-            "{} of {} samples)", st.epoch, st.num_replicas, st.offset, s.n);
+            "{} of {} samples)",
+            st.epoch, st.num_replicas, st.offset, s.n);
   // Rank 0 has the most samples when shards are uneven (pad=false), so it bounds the position.
-  const int64_t saved_total = plan_num_samples(s.n - st.offset, static_cast<int>(st.num_replicas),
-                                               0, st.drop_last, st.pad);
+  const int64_t saved_total =
+      plan_num_samples(s.n - st.offset, static_cast<int>(st.num_replicas), 0, st.drop_last, st.pad);
   DDP_CHECK(st.position >= 0 && st.position <= saved_total, ConfigError,
             "DistributedSampler::load_state: position {} is outside [0, {}], the samples per "
-            "rank of epoch {} at world size {}: the state is corrupt", st.position, saved_total,
-            st.epoch, st.num_replicas);
+            "rank of epoch {} at world size {}: the state is corrupt",
+            st.position, saved_total, st.epoch, st.num_replicas);
 
   std::lock_guard<std::mutex> lock(s.mu);
   s.epoch = st.epoch;

@@ -194,9 +194,9 @@ void check_records(const at::Tensor& records, const SyncArgs& a) {
     for (int r = 0; r < pg.size(); ++r) {
       per_rank.push_back(static_cast<int64_t>(counts[r].item<double>()));
     }
-    too_few_values(
-        where, c, total,
-        fmt::format(" over {} ranks (per rank: {})", pg.size(), fmt::join(per_rank, ", ")));
+    too_few_values(where, c, total,
+                   fmt::format(" over {} ranks (per rank: {})", pg.size(),
+                               fmt::join(per_rank, ", ")));
   }
 }
 

@@ -15,7 +15,7 @@ namespace ddp {
 struct Future::State {
   Work work;  // may be empty (already completed)
   bool has_work = false;
-  at::Tensor value;                             // written by `done`'s step only
+  at::Tensor value;                            // written by `done`'s step only
   std::function<at::Tensor(at::Tensor)> then;  // run by `done`'s step only
   Completion done;
 };

@@ -56,9 +56,7 @@ namespace {
 
 int64_t megabytes(double mb) { return ReducerOptions::megabytes(mb); }
 
-DebugLevel debug_level(const DDPOptions& o) {
-  return o.debug ? *o.debug : debug_level_from_env();
-}
+DebugLevel debug_level(const DDPOptions& o) { return o.debug ? *o.debug : debug_level_from_env(); }
 
 // Named tensors, each once (a tensor registered under two names is the same parameter).
 void collect(const torch::OrderedDict<std::string, at::Tensor>& named, bool trainable_only,
@@ -111,9 +109,9 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, DDPOptions options)
     broadcast_coalesced(*s.group, state, 0, megabytes(kDefaultBroadcastChunkMb));
   }
 
-  s.reducer = std::make_unique<Reducer>(
-      s.params, s.param_names, *s.group,
-      ReducerOptions{.ddp = s.options, .debug = debug_level(s.options)});
+  s.reducer =
+      std::make_unique<Reducer>(s.params, s.param_names, *s.group,
+                                ReducerOptions{.ddp = s.options, .debug = debug_level(s.options)});
 }
 
 DdpCore::~DdpCore() = default;
@@ -133,9 +131,8 @@ void DdpCore::before_forward() {
               "[rank {}] ddp::Join(throw_on_early_termination): another rank ran out of data; "
               "{} of {} ranks are still training",
               s.group->rank(), active.size(), s.group->size());
-    s.reducer->set_divisor(s.join->divide_by_initial_world_size
-                               ? s.group->size()
-                               : static_cast<int>(active.size()));
+    s.reducer->set_divisor(s.join->divide_by_initial_world_size ? s.group->size()
+                                                                : static_cast<int>(active.size()));
     buffer_root = active.back();  // the highest rank still training (this one is)
   }
   s.reducer->prepare_for_forward(require_sync_);
@@ -187,11 +184,15 @@ void DdpCore::sync_model_from(int root) {
 
 int DdpCore::last_active_rank() const { return state_->last_active.back(); }
 
-void DdpCore::register_comm_hook(CommHook hook) { state_->reducer->register_comm_hook(std::move(hook)); }
+void DdpCore::register_comm_hook(CommHook hook) {
+  state_->reducer->register_comm_hook(std::move(hook));
+}
 
 ProcessGroup& DdpCore::process_group() { return *state_->group; }
 
-const IterationStats& DdpCore::last_iteration_stats() const { return state_->reducer->last_stats(); }
+const IterationStats& DdpCore::last_iteration_stats() const {
+  return state_->reducer->last_stats();
+}
 
 std::vector<std::vector<std::string>> DdpCore::bucket_layout() const {
   return state_->reducer->layout();

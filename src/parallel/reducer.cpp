@@ -49,8 +49,8 @@ struct Reducer::Bucket {
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  ProcessGroup& group, ReducerOptions options)
-    : params_(std::move(params)), names_(std::move(names)), group_(group),
-      options_(options), hook_(comm_hooks::allreduce()) {
+    : params_(std::move(params)), names_(std::move(names)), group_(group), options_(options),
+      hook_(comm_hooks::allreduce()) {
   const size_t n = params_.size();
   DDP_ASSERT(names_.size() == n, "{} names for {} parameters", names_.size(), n);
   fired_.assign(n, 0);
@@ -69,12 +69,13 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   for (size_t i = 0; i < n; ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     DDP_ASSERT(acc != nullptr, "parameter {} has no gradient accumulator", names_[i]);
-    hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          on_gradient(i);
-          return outputs;
-        })));
+    hook_keys_.push_back(
+        acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+              on_gradient(i);
+              return outputs;
+            })));
     accumulators_.push_back(std::move(acc));
   }
 }
@@ -180,8 +181,8 @@ std::vector<int64_t> Reducer::bucket_order() const {
 void Reducer::restore_bucket_order(const std::vector<int64_t>& order) {
   check_not_in_hook("restore_bucket_order");
   MutexLock lock(&mu_);
-  DDP_CHECK(phase_ != Phase::kBackward, Error,
-            "[rank {}] restore_bucket_order during a backward", group_.rank());
+  DDP_CHECK(phase_ != Phase::kBackward, Error, "[rank {}] restore_bucket_order during a backward",
+            group_.rank());
   if (passthrough_ || order.empty()) return;
   std::vector<char> seen(params_.size(), 0);
   bool permutation = order.size() == params_.size();
@@ -200,11 +201,11 @@ void Reducer::restore_bucket_order(const std::vector<int64_t>& order) {
 
 void Reducer::log_layout(const char* when) const {
   if (options_.debug == DebugLevel::kOff) return;
-  std::string s = fmt::format("[rank {}] ddp: {} bucket layout: {} parameters in {} buckets "
-                              "(first {:.2f} MB, cap {:.2f} MB)",
-                              group_.rank(), when, params_.size(), buckets_.size(),
-                              options_.first_bucket_bytes() / 1048576.0,
-                              options_.bucket_bytes() / 1048576.0);
+  std::string s = fmt::format(
+      "[rank {}] ddp: {} bucket layout: {} parameters in {} buckets "
+      "(first {:.2f} MB, cap {:.2f} MB)",
+      group_.rank(), when, params_.size(), buckets_.size(),
+      options_.first_bucket_bytes() / 1048576.0, options_.bucket_bytes() / 1048576.0);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const auto& bucket = buckets_[b];
     std::vector<std::string> names;

@@ -147,12 +147,12 @@ class Reducer {
     size_t slot = 0;
   };
   std::vector<Location> location_ GUARDED_BY(mu_);  // per parameter
-  bool passthrough_ GUARDED_BY(mu_) = false;  // world size 1, default hook: nothing to reduce
-  int divisor_ GUARDED_BY(mu_) = 1;           // see set_divisor()
+  bool passthrough_ GUARDED_BY(mu_) = false;        // world size 1, default hook: nothing to reduce
+  int divisor_ GUARDED_BY(mu_) = 1;                 // see set_divisor()
   Phase phase_ GUARDED_BY(mu_) = Phase::kIdle;
   bool sync_ GUARDED_BY(mu_) = false;
-  std::vector<int> fired_ GUARDED_BY(mu_);   // hook firings this iteration, per parameter
-  std::vector<char> ready_ GUARDED_BY(mu_);  // marked ready this iteration, per parameter
+  std::vector<int> fired_ GUARDED_BY(mu_);          // hook firings this iteration, per parameter
+  std::vector<char> ready_ GUARDED_BY(mu_);         // marked ready this iteration, per parameter
   std::vector<size_t> hook_order_ GUARDED_BY(mu_);  // in the order their hooks first fired
   size_t next_launch_ GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point start_ GUARDED_BY(mu_);

@@ -66,16 +66,18 @@ std::string first_shape_difference(const std::vector<at::Tensor>& params,
   size_t pos = 1;
   for (size_t i = 0; i < params.size(); ++i) {
     if (static_cast<int64_t>(i) >= their_count) {
-      return fmt::format("parameter #{} '{}' ({}) exists here but rank 0 has only {} "
-                         "parameters", i, names[i], describe(params[i]), their_count);
+      return fmt::format(
+          "parameter #{} '{}' ({}) exists here but rank 0 has only {} "
+          "parameters",
+          i, names[i], describe(params[i]), their_count);
     }
     const int64_t dtype = theirs[pos], ndim = theirs[pos + 1];
     std::vector<int64_t> dims(theirs.begin() + pos + 2, theirs.begin() + pos + 2 + ndim);
     pos += 2 + ndim;
     if (dtype != static_cast<int64_t>(params[i].scalar_type()) || dims != params[i].sizes().vec()) {
       return fmt::format("parameter #{} '{}' is {} here but {} [{}] on rank 0", i, names[i],
-                         describe(params[i]),
-                         c10::toString(static_cast<c10::ScalarType>(dtype)), fmt::join(dims, ", "));
+                         describe(params[i]), c10::toString(static_cast<c10::ScalarType>(dtype)),
+                         fmt::join(dims, ", "));
     }
   }
   return fmt::format("rank 0 has {} parameters, this rank {}", their_count, params.size());
@@ -85,8 +87,10 @@ std::string first_name_difference(const std::vector<std::string>& names,
                                   const std::vector<int64_t>& theirs) {
   std::vector<std::string> their_names(1);
   for (int64_t c : theirs) {
-    if (c == 0) their_names.emplace_back();
-    else their_names.back() += static_cast<char>(c);
+    if (c == 0)
+      their_names.emplace_back();
+    else
+      their_names.back() += static_cast<char>(c);
   }
   for (size_t i = 0; i < names.size() && i < their_names.size(); ++i) {
     if (names[i] != their_names[i]) {
@@ -137,19 +141,21 @@ void verify_same_parameters(ProcessGroup& group, const std::vector<at::Tensor>& 
   const auto shapes = shape_signature(params);
   const auto name_words = name_bytes(names);
   // Per rank: [signature length, signature fingerprint, names length, names fingerprint].
-  at::Tensor mine = at::tensor({static_cast<int64_t>(shapes.size()),
-                                static_cast<int64_t>(fingerprint(shapes)),
-                                static_cast<int64_t>(name_words.size()),
-                                static_cast<int64_t>(fingerprint(name_words))},
-                               at::kLong);
+  at::Tensor mine =
+      at::tensor({static_cast<int64_t>(shapes.size()), static_cast<int64_t>(fingerprint(shapes)),
+                  static_cast<int64_t>(name_words.size()),
+                  static_cast<int64_t>(fingerprint(name_words))},
+                 at::kLong);
   std::vector<at::Tensor> all(group.size());
   for (auto& t : all) t = at::empty_like(mine);
   group.all_gather(all, mine).wait();
 
   std::vector<int> shape_differs, name_differs;
   for (int r = 1; r < group.size(); ++r) {
-    if (!at::equal(all[r].narrow(0, 0, 2), all[0].narrow(0, 0, 2))) shape_differs.push_back(r);
-    else if (!at::equal(all[r].narrow(0, 2, 2), all[0].narrow(0, 2, 2))) name_differs.push_back(r);
+    if (!at::equal(all[r].narrow(0, 0, 2), all[0].narrow(0, 0, 2)))
+      shape_differs.push_back(r);
+    else if (!at::equal(all[r].narrow(0, 2, 2), all[0].narrow(0, 2, 2)))
+      name_differs.push_back(r);
   }
   if (shape_differs.empty() && name_differs.empty()) return;
 
@@ -162,9 +168,12 @@ void verify_same_parameters(ProcessGroup& group, const std::vector<at::Tensor>& 
   const bool i_differ_in_name =
       std::find(name_differs.begin(), name_differs.end(), me) != name_differs.end();
   std::string detail;
-  if (i_differ_in_shape) detail = first_shape_difference(params, names, theirs_shapes);
-  else if (i_differ_in_name) detail = first_name_difference(names, theirs_names);
-  else detail = "this rank matches rank 0";
+  if (i_differ_in_shape)
+    detail = first_shape_difference(params, names, theirs_shapes);
+  else if (i_differ_in_name)
+    detail = first_name_difference(names, theirs_names);
+  else
+    detail = "this rank matches rank 0";
   throw Error(fmt::format(
       "[rank {}] DistributedDataParallel: ranks hold different parameters, so gradients cannot "
       "be averaged: ranks [{}] differ from rank 0 in shapes/dtypes/count, ranks [{}] in names. "

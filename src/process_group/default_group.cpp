@@ -43,8 +43,7 @@ bool is_initialized() {
 
 std::shared_ptr<ProcessGroup> default_group() {
   std::lock_guard<std::mutex> lock(g_mu);
-  DDP_CHECK(g_default, Error,
-            "no default process group: call ddp::init_process_group() first");
+  DDP_CHECK(g_default, Error, "no default process group: call ddp::init_process_group() first");
   return g_default;
 }
 

@@ -54,8 +54,7 @@ std::string standing(const std::vector<Record>& records) {
   if (issued == nullptr) return "it has issued no collective yet";
   std::string out;
   if (issued->state != State::kCompleted) {
-    out = fmt::format("it {} {}{}; ",
-                      issued->state == State::kFailed ? "failed in" : "waits in",
+    out = fmt::format("it {} {}{}; ", issued->state == State::kFailed ? "failed in" : "waits in",
                       issued->describe(),
                       issued->step >= 0 ? fmt::format(" at step {}", issued->step) : "");
   }
@@ -107,8 +106,7 @@ int64_t now_us() {
 
 Ring::Ring(size_t capacity) : slots_(std::max<size_t>(capacity, 1)) {}
 
-void Ring::issue(uint64_t seq, const char* op, const char* dtype, int64_t count,
-                 const Note* note) {
+void Ring::issue(uint64_t seq, const char* op, const char* dtype, int64_t count, const Note* note) {
   const int64_t step = current_step();
   const int64_t now = now_us();
   std::lock_guard<std::mutex> lock(mu_);
@@ -151,10 +149,14 @@ std::vector<Record> Ring::snapshot() const {
 }
 
 nlohmann::json to_json(const Record& r) {
-  nlohmann::json j = {{"seq", r.seq},       {"op", r.op},
-                      {"dtype", r.dtype},   {"count", r.count},
-                      {"state", to_string(r.state)}, {"issued_us", r.issued_us},
-                      {"completed_us", r.completed_us}, {"step", r.step}};
+  nlohmann::json j = {{"seq", r.seq},
+                      {"op", r.op},
+                      {"dtype", r.dtype},
+                      {"count", r.count},
+                      {"state", to_string(r.state)},
+                      {"issued_us", r.issued_us},
+                      {"completed_us", r.completed_us},
+                      {"step", r.step}};
   if (r.bucket >= 0) {
     j["bucket"] = r.bucket;
     j["params"] = r.params;
@@ -208,14 +210,16 @@ std::string verdict(int my_rank, const Record& failed, const std::vector<PeerVie
   for (const PeerView& p : peers) {
     if (!p.records) {
       if (p.liveness == Liveness::kStopped) {
-        dead.push_back(fmt::format(
-            "rank {} (pid {}) is stopped (SIGSTOP or a debugger) and did not answer", p.rank,
-            p.pid));
+        dead.push_back(
+            fmt::format("rank {} (pid {}) is stopped (SIGSTOP or a debugger) and did not answer",
+                        p.rank, p.pid));
       } else if (p.liveness == Liveness::kGone) {
         dead.push_back(fmt::format("rank {} (pid {}) has exited", p.rank, p.pid));
       } else if (p.asked) {
-        silent.push_back(fmt::format("rank {} {} (no records): it may be stopped, dead or "
-                                     "unreachable", p.rank, p.silence));
+        silent.push_back(
+            fmt::format("rank {} {} (no records): it may be stopped, dead or "
+                        "unreachable",
+                        p.rank, p.silence));
       }
       continue;
     }
@@ -228,8 +232,8 @@ std::string verdict(int my_rank, const Record& failed, const std::vector<PeerVie
     }
     const Record* last = last_issued(*p.records);
     if (last == nullptr || last->seq < failed.seq) {
-      behind.push_back(fmt::format("rank {} never issued {} #{}; {}", p.rank, failed.op,
-                                   failed.seq, standing(*p.records)));
+      behind.push_back(fmt::format("rank {} never issued {} #{}; {}", p.rank, failed.op, failed.seq,
+                                   standing(*p.records)));
     }
   }
   std::vector<std::string> all;

@@ -34,16 +34,16 @@ enum class State : uint8_t { kIssued, kCompleted, kFailed };
 const char* to_string(State s);
 
 struct Record {
-  uint64_t seq = 0;           // the group's sequence number (from 1); 0: an empty slot
-  std::string op;             // "all_reduce"
-  std::string dtype;          // "Float"
-  int64_t count = 0;          // elements
+  uint64_t seq = 0;   // the group's sequence number (from 1); 0: an empty slot
+  std::string op;     // "all_reduce"
+  std::string dtype;  // "Float"
+  int64_t count = 0;  // elements
   State state = State::kIssued;
-  int64_t issued_us = 0;      // wall clock, unix microseconds
-  int64_t completed_us = 0;   // when it completed or failed; 0 while issued
-  int64_t step = -1;          // training step when it was issued; -1: none set
-  int bucket = -1;            // DDP bucket index; -1: not a bucket
-  std::string params;         // the bucket's first parameter names, "fc.weight, fc.bias, ..."
+  int64_t issued_us = 0;     // wall clock, unix microseconds
+  int64_t completed_us = 0;  // when it completed or failed; 0 while issued
+  int64_t step = -1;         // training step when it was issued; -1: none set
+  int bucket = -1;           // DDP bucket index; -1: not a bucket
+  std::string params;        // the bucket's first parameter names, "fc.weight, fc.bias, ..."
 
   // "all_reduce #12 (4 x Float)"
   std::string describe() const;
@@ -100,11 +100,11 @@ Liveness process_state(int pid);
 // What the rank whose collective failed knows about one peer.
 struct PeerView {
   int rank = 0;
-  int pid = 0;                         // 0: unknown
+  int pid = 0;                                 // 0: unknown
   std::optional<std::vector<Record>> records;  // absent: it did not answer in time
   Liveness liveness = Liveness::kUnknown;      // known for peers on this host only
-  std::string silence;                 // why records are absent: "did not answer within 3.0 s"
-  bool asked = true;                   // false: the store failed before it could be asked
+  std::string silence;  // why records are absent: "did not answer within 3.0 s"
+  bool asked = true;    // false: the store failed before it could be asked
 };
 
 // The one-line verdict about `failed` (this rank's record of the failed collective), e.g.

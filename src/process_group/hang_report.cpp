@@ -85,9 +85,9 @@ void HangReporter::publish(const std::string& verdict) {
     // The store may be what failed; the dump file still tells.
   }
   if (o_.dump_dir.empty()) return;
-  const std::string name =
-      o_.group == "default" ? fmt::format("flight_recorder_rank{}.json", o_.rank)
-                            : fmt::format("flight_recorder_{}_rank{}.json", o_.group, o_.rank);
+  const std::string name = o_.group == "default"
+                               ? fmt::format("flight_recorder_rank{}.json", o_.rank)
+                               : fmt::format("flight_recorder_{}_rank{}.json", o_.group, o_.rank);
   const std::string path = (std::filesystem::path(o_.dump_dir) / name).string();
   const std::string tmp = path + ".tmp";
   if (FILE* f = std::fopen(tmp.c_str(), "w")) {
@@ -141,9 +141,10 @@ std::string HangReporter::check_local_peers() {
     }
     const auto since = stopped_since_.try_emplace(r, now).first->second;
     if (now - since >= shm::kStoppedLimit) {
-      return fmt::format("rank {} (pid {}) is stopped (SIGSTOP or a debugger) and has not run "
-                         "for {:.1f} s",
-                         r, all[r].pid, std::chrono::duration<double>(now - since).count());
+      return fmt::format(
+          "rank {} (pid {}) is stopped (SIGSTOP or a debugger) and has not run "
+          "for {:.1f} s",
+          r, all[r].pid, std::chrono::duration<double>(now - since).count());
     }
   }
   return "";
@@ -220,9 +221,10 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
     report.details = "flight recorder, per rank:\n" + flight::table(o_.rank, mine, views);
     if (!report.verdict.empty()) publish(report.verdict);  // the dump file carries it too
     if (!o_.dump_dir.empty()) {
-      report.details += fmt::format("  (each rank's records: flight_recorder_rank<R>.json in "
-                                    "its log folder; this rank's in {})\n",
-                                    o_.dump_dir);
+      report.details += fmt::format(
+          "  (each rank's records: flight_recorder_rank<R>.json in "
+          "its log folder; this rank's in {})\n",
+          o_.dump_dir);
     }
   } catch (const std::exception& e) {
     report.details = fmt::format("flight recorder: no report ({})\n", e.what());

@@ -78,7 +78,7 @@ class HangReporter {
   };
   void watch();
   void publish(const std::string& verdict);  // records to the store and the dump file
-  std::vector<Peer> peers();  // read once from the store (bounded), then remembered
+  std::vector<Peer> peers();                 // read once from the store (bounded), then remembered
 
   // Constant after construction.
   const Options o_;

@@ -20,7 +20,7 @@ namespace ddp {
 
 struct detail::ProcessGroupImpl {
   // Constant after construction.
-  DistEnv env;  // rank, size, local placement as the group was formed
+  DistEnv env;               // rank, size, local placement as the group was formed
   std::string backend_name;  // "shm", "gloo" or "nccl"
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<::c10d::Store> store;
@@ -34,8 +34,8 @@ struct detail::ProcessGroupImpl {
   c10::intrusive_ptr<c10d_compat::Backend> backend;
   std::shared_ptr<shm::Group> local_shm;
   c10::intrusive_ptr<c10d_compat::Backend> rail;
-  ShmPeers shm_peers;  // the ranks sharing `shm` or `local_shm` (comm_buffer's exchange)
-  int host_index = 0;  // "shm+gloo": this rank's host, its rank in the rail
+  ShmPeers shm_peers;           // the ranks sharing `shm` or `local_shm` (comm_buffer's exchange)
+  int host_index = 0;           // "shm+gloo": this rank's host, its rank in the rail
   std::vector<int> rail_peers;  // "shm+gloo": the other ranks of the rail (one per other host)
 
   // Diagnostics (Notes [Flight recorder], [Hang reports]): null when DDP_FLIGHT_RECORDER=0;
@@ -54,7 +54,7 @@ struct detail::ProcessGroupImpl {
   // Sequence number of the last collective issued (first is 1); written under issue_mu.
   std::mutex issue_mu;
   std::atomic<uint64_t> seq{0};
-  std::atomic<uint64_t> comm_buffers{0};  // comm_buffer() calls so far (shm buffer ids)
+  std::atomic<uint64_t> comm_buffers{0};        // comm_buffer() calls so far (shm buffer ids)
   std::atomic<uint64_t> monitored_barriers{0};  // monitored_barrier() calls so far (store keys)
 };
 
@@ -75,8 +75,8 @@ struct detail::WorkState {
   std::shared_ptr<shm::Group> shm_group;  // the shared-memory transport's
   std::shared_ptr<shm::Op> shm_op;
   std::function<void()> then;  // local completion step; may be empty; run by `done` only
-  std::shared_ptr<flight::Ring> recorder;     // the group's (may be null)
-  std::shared_ptr<HangReporter> reporter;     // the group's (may be null)
+  std::shared_ptr<flight::Ring> recorder;  // the group's (may be null)
+  std::shared_ptr<HangReporter> reporter;  // the group's (may be null)
 
   Completion done;
 };

@@ -27,7 +27,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-
 // The launch environment, with explicit options applied on top: options become variables and
 // go through the same validation as a launcher's.
 DistEnv resolve_env(const InitOptions& o) {
@@ -39,10 +38,9 @@ DistEnv resolve_env(const InitOptions& o) {
     // Explicit placement replaces whatever launcher variables the process inherited.
     std::erase_if(env, [](const auto& kv) {
       const std::string& k = kv.first;
-      return k == "RANK" || k == "WORLD_SIZE" || k.starts_with("LOCAL_") ||
-             k == "GROUP_RANK" || k.starts_with("TORCHELASTIC_") ||
-             k.starts_with("OMPI_COMM_WORLD_") || k.starts_with("PMI_") ||
-             k.starts_with("SLURM_");
+      return k == "RANK" || k == "WORLD_SIZE" || k.starts_with("LOCAL_") || k == "GROUP_RANK" ||
+             k.starts_with("TORCHELASTIC_") || k.starts_with("OMPI_COMM_WORLD_") ||
+             k.starts_with("PMI_") || k.starts_with("SLURM_");
     });
     env["RANK"] = std::to_string(*o.rank);
     env["WORLD_SIZE"] = std::to_string(*o.world_size);
@@ -163,7 +161,7 @@ bool debug_info(const DistEnv& env) { return env.debug != DebugLevel::kOff; }
 // bounded one), its calls bounded by kStoreCallLimit: hang reports must not wait on a frozen
 // store for the rendezvous timeout.
 c10::intrusive_ptr<::c10d::Store> diagnostics_store(const c10::intrusive_ptr<::c10d::Store>& store,
-                                                   const std::string& prefix) {
+                                                    const std::string& prefix) {
   auto* prefixed = dynamic_cast<::c10d::PrefixStore*>(store.get());
   if (prefixed == nullptr) return store;  // a group of one: an in-process store
   const c10::intrusive_ptr<::c10d::Store> under = prefixed->getUnderlyingStore();
@@ -186,17 +184,21 @@ std::string dump_dir() {
 
 // The flight recorder and the hang reporter (Notes [Flight recorder], [Hang reports]), and
 // DDP_DEBUG=detail's fingerprint check.
-void add_diagnostics(detail::ProcessGroupImpl& impl, const InitOptions& o, const std::string& prefix) {
+void add_diagnostics(detail::ProcessGroupImpl& impl, const InitOptions& o,
+                     const std::string& prefix) {
   const DistEnv& env = impl.env;
   impl.diag_store = diagnostics_store(impl.store, prefix);
   const int entries = env.flight_recorder_entries.value_or(flight::kDefaultEntries);
   if (entries > 0) impl.recorder = std::make_shared<flight::Ring>(entries);
   if (impl.recorder && env.world_size > 1) {
-    impl.reporter = std::make_shared<HangReporter>(
-        c10::make_intrusive<::c10d::PrefixStore>("flight_recorder", impl.diag_store),
-        impl.recorder,
-        HangReporter::Options{.rank = env.rank, .size = env.world_size, .group = o.group_name,
-                              .dump_dir = dump_dir()});
+    impl.reporter =
+        std::make_shared<HangReporter>(c10::make_intrusive<::c10d::PrefixStore>("flight_recorder",
+                                                                                impl.diag_store),
+                                       impl.recorder,
+                                       HangReporter::Options{.rank = env.rank,
+                                                             .size = env.world_size,
+                                                             .group = o.group_name,
+                                                             .dump_dir = dump_dir()});
   }
   // shm compares fingerprints before every collective anyway; NCCL would need CUDA tensors.
   impl.check_fingerprints = env.debug == DebugLevel::kDetail && env.world_size > 1 &&
@@ -231,7 +233,8 @@ std::string form_hierarchy(detail::ProcessGroupImpl& impl, const Locality& where
   std::string why_not;
   for (int r = 0; r < env.world_size && why_not.empty(); ++r) {
     const std::vector<uint8_t> v = impl.store->get(fmt::format("shm/hierarchy/{}", r));
-    if (!v.empty()) why_not = fmt::format("on rank {}'s host: {}", r, std::string(v.begin(), v.end()));
+    if (!v.empty())
+      why_not = fmt::format("on rank {}'s host: {}", r, std::string(v.begin(), v.end()));
   }
   if (why_not.empty()) impl.local_shm = std::move(local.group);
   return why_not;
@@ -244,8 +247,8 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   impl->env = resolve_env(o);
   const DistEnv& env = impl->env;
   impl->backend_name = choose_backend(requested_backend(o));
-  impl->timeout = o.timeout.value_or(
-      env.collective_timeout.value_or(milliseconds(kDefaultCollectiveTimeout)));
+  impl->timeout =
+      o.timeout.value_or(env.collective_timeout.value_or(milliseconds(kDefaultCollectiveTimeout)));
   const milliseconds rdzv_timeout = o.rendezvous_timeout.value_or(
       env.rdzv_timeout.value_or(milliseconds(kDefaultRendezvousTimeout)));
   DDP_CHECK(impl->timeout.count() > 0 && rdzv_timeout.count() > 0, ConfigError,
@@ -281,9 +284,10 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
       if (where.uniform() && where.host_size.front() > 1) {
         why_not = form_hierarchy(*impl, where);
       } else if (env.rank == 0 && debug_info(env)) {
-        fmt::print(stderr, "ddp: {} hosts with {} ranks; a hierarchy needs the same number, "
-                   "more than one, on each; using gloo\n", where.hosts(),
-                   fmt::join(where.host_size, "/"));
+        fmt::print(stderr,
+                   "ddp: {} hosts with {} ranks; a hierarchy needs the same number, "
+                   "more than one, on each; using gloo\n",
+                   where.hosts(), fmt::join(where.host_size, "/"));
       }
     }
     if (impl->shm) {
@@ -317,15 +321,15 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
     }
 #endif
     if (c10d_backend == "gloo") {
-      impl->backend = c10d_compat::make_gloo(backend_store, env.rank, env.world_size,
-                                             impl->timeout, gloo_device(o, env));
+      impl->backend = c10d_compat::make_gloo(backend_store, env.rank, env.world_size, impl->timeout,
+                                             gloo_device(o, env));
     }
     if (impl->local_shm) {
       // The rail: the ranks of this local index, one per host, in host order.
       const int index = impl->shm_peers.rank;
       const int hosts = env.world_size / impl->shm_peers.size;
-      auto rail_store = c10::make_intrusive<::c10d::PrefixStore>(
-          fmt::format("gloo-rail{}", index), impl->store);
+      auto rail_store =
+          c10::make_intrusive<::c10d::PrefixStore>(fmt::format("gloo-rail{}", index), impl->store);
       impl->rail = c10d_compat::make_gloo(rail_store, impl->host_index, hosts, impl->timeout,
                                           gloo_device(o, env));
     }

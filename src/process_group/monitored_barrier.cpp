@@ -56,33 +56,32 @@ void ProcessGroup::monitored_barrier(std::optional<milliseconds> timeout) {
     if (me != 0) {
       store.set(fmt::format("{}arrived/{}", base, me), bytes("1"));
       // Rank 0 answers at its own deadline at the latest: wait a little longer for that answer.
-      const bool released = poll_until(deadline + kReleaseGrace,
-                                       [&] { return store.check({base + "release"}); });
+      const bool released =
+          poll_until(deadline + kReleaseGrace, [&] { return store.check({base + "release"}); });
       DDP_CHECK(released, TimeoutError,
                 "[rank {}] monitored_barrier #{}: rank 0 did not release it within {:.1f} s; "
                 "rank 0 has not reached this barrier (it may be stuck, stopped or dead).",
                 me, number, seconds(limit));
       const std::string verdict = text(store.get(base + "release"));
-      DDP_CHECK(verdict == "ok", TimeoutError, "[rank {}] monitored_barrier #{} failed on rank 0: {}",
-                me, number, verdict);
+      DDP_CHECK(verdict == "ok", TimeoutError,
+                "[rank {}] monitored_barrier #{} failed on rank 0: {}", me, number, verdict);
       return;
     }
     std::vector<int> missing;
     for (int r = 1; r < n; ++r) missing.push_back(r);
     poll_until(deadline, [&] {
-      std::erase_if(missing, [&](int r) {
-        return store.check({fmt::format("{}arrived/{}", base, r)});
-      });
+      std::erase_if(missing,
+                    [&](int r) { return store.check({fmt::format("{}arrived/{}", base, r)}); });
       return missing.empty();
     });
     if (missing.empty()) {
       store.set(base + "release", bytes("ok"));
       return;
     }
-    const std::string verdict = fmt::format(
-        "rank{} {} did not arrive within {:.1f} s ({} of {} ranks arrived)",
-        missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), seconds(limit),
-        n - static_cast<int>(missing.size()), n);
+    const std::string verdict =
+        fmt::format("rank{} {} did not arrive within {:.1f} s ({} of {} ranks arrived)",
+                    missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), seconds(limit),
+                    n - static_cast<int>(missing.size()), n);
     store.set(base + "release", bytes(verdict));
     throw TimeoutError(fmt::format(
         "[rank 0] monitored_barrier #{}: {}\nThe missing ranks are stuck before the barrier, "
@@ -91,9 +90,9 @@ void ProcessGroup::monitored_barrier(std::optional<milliseconds> timeout) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw CollectiveError(fmt::format(
-        "[rank {}] monitored_barrier #{}: the store did not answer after {:.1f} s: {}", me,
-        number, seconds(Clock::now() - start), e.what()));
+    throw CollectiveError(
+        fmt::format("[rank {}] monitored_barrier #{}: the store did not answer after {:.1f} s: {}",
+                    me, number, seconds(Clock::now() - start), e.what()));
   }
 }
 

@@ -95,7 +95,8 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
+    : impl_(std::move(impl)) {}
 detail::ProcessGroupImpl& detail::impl_of(ProcessGroup& pg) { return *pg.impl_; }
 
 ProcessGroup::~ProcessGroup() = default;
@@ -144,8 +145,10 @@ at::Tensor fingerprint(const detail::WorkState& s, const at::Tensor* t, int64_t 
 std::string describe_fingerprint(const int64_t* w) {
   const char* op = w[1] >= 0 && w[1] < 5 ? kOpNames[w[1]] : "?";
   if (w[2] < 0) return fmt::format("{} #{}", op, w[0]);
-  std::string shape = w[4] == 0 ? "[]" : fmt::format("[{}{}{}]", w[5], w[4] > 1 ? fmt::format(", {}", w[6]) : "",
-                                                    w[4] > 2 ? ", ..." : "");
+  std::string shape = w[4] == 0
+                          ? "[]"
+                          : fmt::format("[{}{}{}]", w[5], w[4] > 1 ? fmt::format(", {}", w[6]) : "",
+                                        w[4] > 2 ? ", ..." : "");
   std::string extra;
   if (w[1] == 0 || w[1] == 3) extra = fmt::format(", {}", to_string(static_cast<ReduceOp>(w[7])));
   if (w[1] == 1) extra = fmt::format(", root {}", w[7]);
@@ -195,8 +198,9 @@ void compare_fingerprints(detail::ProcessGroupImpl& pg, detail::WorkState& s, co
 // User errors found before anything is sent (bad shapes, bad root) are thrown here, naming
 // the operation and its sequence number.
 template <typename Start>
-detail::WorkState* issue(detail::ProcessGroupImpl& pg, std::shared_ptr<detail::WorkState>& state, const char* op,
-                   std::string detail, const at::Tensor* t, int64_t extra, Start&& start) {
+detail::WorkState* issue(detail::ProcessGroupImpl& pg, std::shared_ptr<detail::WorkState>& state,
+                         const char* op, std::string detail, const at::Tensor* t, int64_t extra,
+                         Start&& start) {
   state = std::make_shared<detail::WorkState>();
   state->op = op;
   state->detail = std::move(detail);
@@ -221,8 +225,8 @@ detail::WorkState* issue(detail::ProcessGroupImpl& pg, std::shared_ptr<detail::W
     throw;
   } catch (const std::exception& e) {
     if (pg.recorder) pg.recorder->finish(state->seq, false);
-    throw CollectiveError(fmt::format("[rank {}] {} #{} ({}) could not start: {}", pg.env.rank,
-                                      op, state->seq, state->detail, e.what()));
+    throw CollectiveError(fmt::format("[rank {}] {} #{} ({}) could not start: {}", pg.env.rank, op,
+                                      state->seq, state->detail, e.what()));
   }
   return state.get();
 }
@@ -238,8 +242,7 @@ Work ProcessGroup::hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op,
   DDP_CHECK(dtype, Error, "[rank {}] all_reduce #{}: the shm+gloo backend cannot reduce {} tensors",
             pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
   at::Tensor buf = shm_buffer(pg, "all_reduce", tensor);
-  shm::Placement placement =
-      pg.local_shm->find(buf.data_ptr(), buf.numel() * buf.element_size());
+  shm::Placement placement = pg.local_shm->find(buf.data_ptr(), buf.numel() * buf.element_size());
   // Sums travel between hosts (kAvg divides once at the end); Gloo in LibTorch 1.13 cannot
   // reduce bfloat16, so such slices cross in float32.
   const ReduceOp across = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
@@ -248,54 +251,55 @@ Work ProcessGroup::hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op,
     return [shm = pg.local_shm.get(), rail = pg.rail, buf, dtype = *dtype, op, across, widen,
             placement, local = pg.shm_peers, n = pg.env.world_size, rank = pg.env.rank,
             peers = pg.rail_peers, timeout = pg.timeout, detail, seq]() mutable {
-    const size_t count = static_cast<size_t>(buf.numel());
-    const size_t es = buf.element_size();
-    char* data = static_cast<char*>(buf.data_ptr());
-    shm->all_reduce_here(data, count, dtype, to_shm(across), placement);
-    const size_t per = (count + local.size - 1) / local.size;
-    auto slice = [&](int p) {
-      const size_t lo = std::min(count, per * p);
-      return std::pair<size_t, size_t>{lo, std::min(count, lo + per)};
-    };
-    const auto [lo, hi] = slice(local.rank);
-    if (hi > lo) {
-      at::Tensor mine = buf.view(-1).narrow(0, static_cast<int64_t>(lo),
-                                            static_cast<int64_t>(hi - lo));
-      std::vector<at::Tensor> wire{widen ? mine.to(at::kFloat) : mine};
-      ::c10d::AllreduceOptions opts;
-      opts.reduceOp = to_c10d(across);
-      std::string failure;
-      try {
-        rail->allreduce(wire, opts)->wait(timeout);
-      } catch (const c10::Error& e) {
-        failure = e.what_without_backtrace();
-      } catch (const std::exception& e) {
-        failure = e.what();
+      const size_t count = static_cast<size_t>(buf.numel());
+      const size_t es = buf.element_size();
+      char* data = static_cast<char*>(buf.data_ptr());
+      shm->all_reduce_here(data, count, dtype, to_shm(across), placement);
+      const size_t per = (count + local.size - 1) / local.size;
+      auto slice = [&](int p) {
+        const size_t lo = std::min(count, per * p);
+        return std::pair<size_t, size_t>{lo, std::min(count, lo + per)};
+      };
+      const auto [lo, hi] = slice(local.rank);
+      if (hi > lo) {
+        at::Tensor mine =
+            buf.view(-1).narrow(0, static_cast<int64_t>(lo), static_cast<int64_t>(hi - lo));
+        std::vector<at::Tensor> wire{widen ? mine.to(at::kFloat) : mine};
+        ::c10d::AllreduceOptions opts;
+        opts.reduceOp = to_c10d(across);
+        std::string failure;
+        try {
+          rail->allreduce(wire, opts)->wait(timeout);
+        } catch (const c10::Error& e) {
+          failure = e.what_without_backtrace();
+        } catch (const std::exception& e) {
+          failure = e.what();
+        }
+        DDP_CHECK(failure.empty(), CollectiveError,
+                  "[rank {}] all_reduce #{} ({}) failed between hosts: this rank exchanges its "
+                  "slice with rank{} {} (the same local rank on the other host{}), and that "
+                  "failed: {}. A rank on another host has exited, or the network between the "
+                  "hosts is down: look for that rank's own error.",
+                  rank, seq, detail, peers.size() > 1 ? "s" : "", fmt::join(peers, ", "),
+                  peers.size() > 1 ? "s" : "", first_line(failure));
+        if (widen) mine.copy_(wire[0]);
+        shm->restart_deadline();
       }
-      DDP_CHECK(failure.empty(), CollectiveError,
-                "[rank {}] all_reduce #{} ({}) failed between hosts: this rank exchanges its "
-                "slice with rank{} {} (the same local rank on the other host{}), and that "
-                "failed: {}. A rank on another host has exited, or the network between the "
-                "hosts is down: look for that rank's own error.",
-                rank, seq, detail, peers.size() > 1 ? "s" : "", fmt::join(peers, ", "),
-                peers.size() > 1 ? "s" : "", first_line(failure));
-      if (widen) mine.copy_(wire[0]);
-      shm->restart_deadline();
-    }
-    for (int p = 0; p < local.size; ++p) {
-      const auto [plo, phi] = slice(p);
-      if (phi > plo) shm->broadcast_here(data + plo * es, (phi - plo) * es, p);
-    }
-    if (op == ReduceOp::kAvg) buf.div_(n);
+      for (int p = 0; p < local.size; ++p) {
+        const auto [plo, phi] = slice(p);
+        if (phi > plo) shm->broadcast_here(data + plo * es, (phi - plo) * es, p);
+      }
+      if (op == ReduceOp::kAvg) buf.div_(n);
     };
   };
   std::shared_ptr<detail::WorkState> state;
-  issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op), [&](detail::WorkState& s) {
-    s.shm_group = pg.local_shm;
-    shm::Fingerprint fp{shm::OpKind::kAllReduce, *dtype, to_shm(op), 0,
-                        static_cast<uint64_t>(buf.numel())};
-    s.shm_op = pg.local_shm->run(s.seq, fp, make_body(s.seq), std::move(placement));
-  });
+  issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op),
+        [&](detail::WorkState& s) {
+          s.shm_group = pg.local_shm;
+          shm::Fingerprint fp{shm::OpKind::kAllReduce, *dtype, to_shm(op), 0,
+                              static_cast<uint64_t>(buf.numel())};
+          s.shm_op = pg.local_shm->run(s.seq, fp, make_body(s.seq), std::move(placement));
+        });
   if (!buf.is_same(tensor)) state->then = [tensor, buf]() mutable { tensor.copy_(buf); };
   return Work(std::move(state));
 }
@@ -318,21 +322,21 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
     shm::Placement placement = pg.shm->find(buf.data_ptr(), buf.numel() * buf.element_size());
     issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op),
           [&](detail::WorkState& s) {
-      s.shm_group = pg.shm;
-      s.shm_op = pg.shm->all_reduce(s.seq, buf.data_ptr(), buf.numel(), *dtype, to_shm(op),
-                                    std::make_shared<at::Tensor>(buf), std::move(placement));
-    });
+            s.shm_group = pg.shm;
+            s.shm_op = pg.shm->all_reduce(s.seq, buf.data_ptr(), buf.numel(), *dtype, to_shm(op),
+                                          std::make_shared<at::Tensor>(buf), std::move(placement));
+          });
     if (!buf.is_same(tensor)) state->then = [tensor, buf]() mutable { tensor.copy_(buf); };
     return Work(std::move(state));
   }
   const bool avg_here = op == ReduceOp::kAvg && !c10d_compat::backend_supports_avg(pg.backend_name);
   issue(pg, state, "all_reduce", detail, &tensor, static_cast<int64_t>(op),
-          [&](detail::WorkState& s) {
-    std::vector<at::Tensor> tensors{tensor};
-    ::c10d::AllreduceOptions opts;
-    opts.reduceOp = to_c10d(avg_here ? ReduceOp::kSum : op);
-    s.work = pg.backend->allreduce(tensors, opts);
-  });
+        [&](detail::WorkState& s) {
+          std::vector<at::Tensor> tensors{tensor};
+          ::c10d::AllreduceOptions opts;
+          opts.reduceOp = to_c10d(avg_here ? ReduceOp::kSum : op);
+          s.work = pg.backend->allreduce(tensors, opts);
+        });
   if (avg_here) {
     const int n = pg.env.world_size;
     state->then = [tensor, n]() mutable { tensor.div_(n); };
@@ -373,8 +377,8 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
 Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
   detail::ProcessGroupImpl& pg = *impl_;
   const int n = pg.env.world_size;
-  DDP_CHECK(input.defined(), Error, "[rank {}] all_gather #{}: the input is undefined",
-            pg.env.rank, pg.seq + 1);
+  DDP_CHECK(input.defined(), Error, "[rank {}] all_gather #{}: the input is undefined", pg.env.rank,
+            pg.seq + 1);
   DDP_CHECK(static_cast<int>(outputs.size()) == n, Error,
             "[rank {}] all_gather #{}: expected {} output tensors (one per rank), got {}",
             pg.env.rank, pg.seq + 1, n, outputs.size());
@@ -396,8 +400,8 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
     issue(pg, state, "all_gather", shape_of(input), &input, -1, [&](detail::WorkState& s) {
       s.shm_group = pg.shm;
       const auto [count, dtype] = shm_extent(input);
-      s.shm_op = pg.shm->all_gather(s.seq, std::move(out_ptrs), (*keep)[0].data_ptr(), count,
-                                    dtype, keep);
+      s.shm_op =
+          pg.shm->all_gather(s.seq, std::move(out_ptrs), (*keep)[0].data_ptr(), count, dtype, keep);
     });
     state->then = [outputs, keep]() mutable {
       for (size_t r = 0; r < outputs.size(); ++r) {
@@ -437,8 +441,8 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   if (pg.shm) {
     const auto dtype = to_shm(output.scalar_type());
     DDP_CHECK(dtype, Error,
-              "[rank {}] reduce_scatter #{}: the shm backend cannot reduce {} tensors",
-              pg.env.rank, pg.seq + 1, c10::toString(output.scalar_type()));
+              "[rank {}] reduce_scatter #{}: the shm backend cannot reduce {} tensors", pg.env.rank,
+              pg.seq + 1, c10::toString(output.scalar_type()));
     auto keep = std::make_shared<std::vector<at::Tensor>>();
     keep->push_back(shm_buffer(pg, "reduce_scatter", output));
     std::vector<const void*> in_ptrs;
@@ -448,10 +452,10 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
     }
     issue(pg, state, "reduce_scatter", detail, &output, static_cast<int64_t>(op),
           [&](detail::WorkState& s) {
-      s.shm_group = pg.shm;
-      s.shm_op = pg.shm->reduce_scatter(s.seq, (*keep)[0].data_ptr(), std::move(in_ptrs),
-                                        output.numel(), *dtype, to_shm(op), keep);
-    });
+            s.shm_group = pg.shm;
+            s.shm_op = pg.shm->reduce_scatter(s.seq, (*keep)[0].data_ptr(), std::move(in_ptrs),
+                                              output.numel(), *dtype, to_shm(op), keep);
+          });
     if (!(*keep)[0].is_same(output)) {
       state->then = [output, keep]() mutable { output.copy_((*keep)[0]); };
     }
@@ -463,11 +467,11 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   at::Tensor send = at::stack(inputs).reshape({n, -1});
   at::Tensor recv = at::empty_like(send);
   issue(pg, state, "reduce_scatter", detail, &output, static_cast<int64_t>(op),
-          [&](detail::WorkState& s) {
-    std::vector<int64_t> equal_splits;  // empty: equal split along dim 0
-    ::c10d::AllToAllOptions opts;
-    s.work = pg.backend->alltoall_base(recv, send, equal_splits, equal_splits, opts);
-  });
+        [&](detail::WorkState& s) {
+          std::vector<int64_t> equal_splits;  // empty: equal split along dim 0
+          ::c10d::AllToAllOptions opts;
+          s.work = pg.backend->alltoall_base(recv, send, equal_splits, equal_splits, opts);
+        });
   state->then = [output, recv, op, n]() mutable {
     at::Tensor reduced = reduce_rows(recv, op);
     if (op == ReduceOp::kAvg) reduced.div_(n);
@@ -481,14 +485,14 @@ Work ProcessGroup::barrier() {
   std::shared_ptr<detail::WorkState> state;
   issue(pg, state, "barrier", fmt::format("{} ranks", pg.env.world_size), nullptr, -1,
         [&](detail::WorkState& s) {
-    if (pg.shm) {
-      s.shm_group = pg.shm;
-      s.shm_op = pg.shm->barrier(s.seq);
-      return;
-    }
-    ::c10d::BarrierOptions opts;
-    s.work = pg.backend->barrier(opts);
-  });
+          if (pg.shm) {
+            s.shm_group = pg.shm;
+            s.shm_op = pg.shm->barrier(s.seq);
+            return;
+          }
+          ::c10d::BarrierOptions opts;
+          s.work = pg.backend->barrier(opts);
+        });
   return Work(std::move(state));
 }
 
@@ -500,13 +504,14 @@ at::Tensor ProcessGroup::comm_buffer(int64_t numel, const at::TensorOptions& opt
   if (group == nullptr || !options.device().is_cpu() || numel == 0 || pg.shm_peers.size == 1) {
     return at::zeros({numel}, options);
   }
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(
-                           c10::typeMetaToScalarType(options.dtype()));
+  const size_t bytes =
+      static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
   std::shared_ptr<shm::SharedBuffer> buffer =
       make_shared_buffer(*pg.store, *group, pg.shm_peers, id, bytes);
   if (!buffer) return at::zeros({numel}, options);
   char* mine = buffer->base[pg.shm_peers.rank];  // zeroed: a fresh memfd
-  return at::from_blob(mine, {numel}, [buffer](void*) mutable { buffer.reset(); }, options);
+  return at::from_blob(
+      mine, {numel}, [buffer](void*) mutable { buffer.reset(); }, options);
 }
 
 bool ProcessGroup::is_comm_buffer(const at::Tensor& t) const {

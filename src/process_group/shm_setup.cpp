@@ -25,8 +25,8 @@ size_t chunk_bytes(int size) {
   char* end = nullptr;
   const long long b = std::strtoll(v->c_str(), &end, 10);
   DDP_CHECK(*end == '\0' && b >= 64 * size && b % 64 == 0, ConfigError,
-            "DDP_SHM_CHUNK_BYTES={} must be a multiple of 64 and at least 64 x world size ({})",
-            *v, 64 * size);
+            "DDP_SHM_CHUNK_BYTES={} must be a multiple of 64 and at least 64 x world size ({})", *v,
+            64 * size);
   return static_cast<size_t>(b);
 }
 
@@ -42,8 +42,7 @@ std::string host_identity() {
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
   char ns[128] = {0};
   const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
-  return fmt::format("{} {} {} uid {}", host, boot_id, n > 0 ? std::string(ns, n) : "?",
-                     getuid());
+  return fmt::format("{} {} {} uid {}", host, boot_id, n > 0 ? std::string(ns, n) : "?", getuid());
 }
 
 bool Locality::uniform() const {
@@ -83,8 +82,8 @@ Locality exchange_locality(::c10d::Store& store, const DistEnv& env,
     out.host.push_back(h);
     out.local_rank.push_back(out.host_size[h]++);
     if (h > 0 && out.first_difference.empty()) {
-      out.first_difference = fmt::format("ranks 0 and {} are on different hosts ('{}' vs '{}')",
-                                         r, seen[0], ids[r]);
+      out.first_difference =
+          fmt::format("ranks 0 and {} are on different hosts ('{}' vs '{}')", r, seen[0], ids[r]);
     }
   }
   return out;
@@ -108,16 +107,16 @@ ShmSetup make_shm_group(::c10d::Store& store, const ShmPeers& peers,
       status = e.what();
     }
     if (n > 1) {
-      store.set(key("segment"), bytes_of(status == "ok"
-                                             ? fmt::format("ok {} {}", getpid(), segment.fd())
-                                             : "error " + status));
+      store.set(key("segment"),
+                bytes_of(status == "ok" ? fmt::format("ok {} {}", getpid(), segment.fd())
+                                        : "error " + status));
     }
   } else {
     const std::string where = text(store.get(key("segment")));
     int pid = 0, fd = -1;
     if (where.starts_with("error ")) {
-      status = fmt::format("rank {} could not create the segment: {}", peers.global[0],
-                           where.substr(6));
+      status =
+          fmt::format("rank {} could not create the segment: {}", peers.global[0], where.substr(6));
     } else if (std::sscanf(where.c_str(), "ok %d %d", &pid, &fd) != 2) {
       status = fmt::format("malformed segment record '{}'", where);
     } else {
@@ -178,9 +177,9 @@ std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm:
   }
   if (n > 1) {
     store.set(key("part", rank),
-              bytes_of(status == "ok" ? fmt::format("ok {} {} {}", getpid(),
-                                                    buffer->parts[rank].fd(), bytes)
-                                      : fmt::format("error {} {}", bytes, status)));
+              bytes_of(status == "ok"
+                           ? fmt::format("ok {} {} {}", getpid(), buffer->parts[rank].fd(), bytes)
+                           : fmt::format("error {} {}", bytes, status)));
   }
   // 2. Every rank maps every peer's part.
   for (int r = 0; r < n && status == "ok"; ++r) {

@@ -20,13 +20,13 @@ namespace ddp {
 // LOCAL_WORLD_SIZE (cpu-collectives.md §3.4): ranks may share memory when they run on the same
 // kernel in the same pid namespace. Every rank reads every identity, so all agree.
 struct Locality {
-  std::vector<int> host;        // per rank: its host, numbered in order of their first rank
-  std::vector<int> local_rank;  // per rank: its position among its host's ranks (rank order)
-  std::vector<int> host_size;   // per host: how many ranks run there
-  std::string first_difference; // with several hosts: "ranks 0 and 2 are on different hosts..."
+  std::vector<int> host;         // per rank: its host, numbered in order of their first rank
+  std::vector<int> local_rank;   // per rank: its position among its host's ranks (rank order)
+  std::vector<int> host_size;    // per host: how many ranks run there
+  std::string first_difference;  // with several hosts: "ranks 0 and 2 are on different hosts..."
 
   int hosts() const { return static_cast<int>(host_size.size()); }
-  bool uniform() const;         // every host runs the same number of ranks
+  bool uniform() const;                    // every host runs the same number of ranks
   std::vector<int> ranks_on(int h) const;  // in rank order
 };
 
@@ -39,8 +39,8 @@ Locality exchange_locality(::c10d::Store& store, const DistEnv& env,
 
 // The ranks that share one segment: `rank` of `size`, their keys under `prefix` in the store.
 struct ShmPeers {
-  std::string prefix;       // e.g. "shm/" (the whole group) or "shm/host1/"
-  int rank = 0;             // within the peers
+  std::string prefix;  // e.g. "shm/" (the whole group) or "shm/host1/"
+  int rank = 0;        // within the peers
   int size = 1;
   std::vector<int> global;  // each peer's rank in the whole group, for messages
   std::string run_id;       // names the memfds (/proc/<pid>/maps), nothing else

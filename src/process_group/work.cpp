@@ -100,11 +100,10 @@ std::exception_ptr explain_failure(const detail::WorkState& s, std::exception_pt
     timed_out = true;
   } catch (...) {
   }
-  const std::string head =
-      report.verdict.empty()
-          ? ""
-          : fmt::format("[rank {}] {} #{} {}: {}", s.rank, s.op, s.seq,
-                        timed_out ? "timed out" : "failed", report.verdict);
+  const std::string head = report.verdict.empty()
+                               ? ""
+                               : fmt::format("[rank {}] {} #{} {}: {}", s.rank, s.op, s.seq,
+                                             timed_out ? "timed out" : "failed", report.verdict);
   return reworded(error, head, report.details);
 }
 

@@ -72,8 +72,8 @@ c10::intrusive_ptr<::c10d::Store> connect_agent_tcpstore(const Config& c) {
   };
   try {
     return c10::make_intrusive<store::BoundedStore>(make, c.timeout,
-                                                    fmt::format("[rank {}]", c.rank),
-                                                    endpoint(c), who_hosts(c));
+                                                    fmt::format("[rank {}]", c.rank), endpoint(c),
+                                                    who_hosts(c));
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -106,7 +106,8 @@ std::shared_ptr<store::Server> host_store(const Config& c, const std::string& ke
         endpoint(c), e.what()));
   }
   if (!plan.why_every_interface.empty()) {
-    fmt::print(stderr, "ddp: the rendezvous store listens on every interface ({}): {}; set "
+    fmt::print(stderr,
+               "ddp: the rendezvous store listens on every interface ({}): {}; set "
                "DDP_STORE_BIND=<address of this host> to listen on one\n",
                server->listening(), plan.why_every_interface);
   }
@@ -116,7 +117,8 @@ std::shared_ptr<store::Server> host_store(const Config& c, const std::string& ke
     loopback_only = loopback_only && store::parse_ip(a, 0, parsed) && parsed.is_loopback();
   }
   if (c.store_secret.empty() && !loopback_only) {
-    fmt::print(stderr, "ddp: the rendezvous store on {} has no secret (DDP_STORE_SECRET is not "
+    fmt::print(stderr,
+               "ddp: the rendezvous store on {} has no secret (DDP_STORE_SECRET is not "
                "set): any process that reaches it and knows the run id can join the job. Give "
                "every process the same DDP_STORE_SECRET (ddprun does for single-node jobs; "
                "with several nodes, export one on each)\n",
@@ -135,8 +137,8 @@ c10::intrusive_ptr<::c10d::Store> connect(const Config& c) {
   o.host = server ? server->local_address() : c.master_addr;
   o.port = server ? server->port() : c.master_port;
   o.key = key;
-  o.identity = fmt::format("rank {}, pid {} on {}", c.rank, static_cast<int>(getpid()),
-                           this_host());
+  o.identity =
+      fmt::format("rank {}, pid {} on {}", c.rank, static_cast<int>(getpid()), this_host());
   o.who = fmt::format("[rank {}]", c.rank);
   o.owner = who_hosts(c);
   auto s = c10::make_intrusive<store::DdpStore>(o, c.timeout, server);
@@ -177,8 +179,7 @@ void count(::c10d::Store& prefixed, ::c10d::Store& raw, const Config& c) {
     bounded().add("abort_ack", 1);
     if (!hosting) return;
     const auto until = Clock::now() + kAbortLinger;
-    while (Clock::now() < until &&
-           bounded().add("abort_ack", 0) < bounded().add("connected", 0)) {
+    while (Clock::now() < until && bounded().add("abort_ack", 0) < bounded().add("connected", 0)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   };
@@ -239,8 +240,7 @@ void count(::c10d::Store& prefixed, ::c10d::Store& raw, const Config& c) {
           "[rank {}] rendezvous timed out: {}/{} ranks joined after {:.1f} s; missing ranks: {}. "
           "Start every rank with the same MASTER_ADDR:MASTER_PORT ({}), or raise the timeout "
           "(DDP_RDZV_TIMEOUT, ddprun --rdzv-timeout) if they start slowly.",
-          c.rank, joined, c.world_size, seconds(c.timeout), fmt::join(missing, ", "),
-          endpoint(c)));
+          c.rank, joined, c.world_size, seconds(c.timeout), fmt::join(missing, ", "), endpoint(c)));
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(50));

@@ -53,8 +53,10 @@ bool can_bind(const SocketAddress& a) {
   Fd fd(::socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return false;
   SocketAddress any_port = a;
-  if (a.family() == AF_INET) reinterpret_cast<sockaddr_in*>(&any_port.storage)->sin_port = 0;
-  else reinterpret_cast<sockaddr_in6*>(&any_port.storage)->sin6_port = 0;
+  if (a.family() == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&any_port.storage)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&any_port.storage)->sin6_port = 0;
   return ::bind(fd.get(), any_port.get(), any_port.length) == 0;
 }
 
@@ -84,9 +86,9 @@ BindPlan plan_bind(const std::string& master_addr, bool single_host,
       plan.addresses.push_back(ip_of(literal));
       return plan;
     }
-    plan.why_every_interface = fmt::format(
-        "MASTER_ADDR={} is not an address of this host (a NAT or a forwarded port?)",
-        master_addr);
+    plan.why_every_interface =
+        fmt::format("MASTER_ADDR={} is not an address of this host (a NAT or a forwarded port?)",
+                    master_addr);
     return plan;
   }
   std::string error;
@@ -109,17 +111,18 @@ BindPlan plan_bind(const std::string& master_addr, bool single_host,
     }
   }
   if (!single_host && !reachable_from_elsewhere) {
-    plan.why_every_interface = fmt::format(
-        "MASTER_ADDR={} resolves here to {}, {}", master_addr, fmt::join(names, ", "),
-        local.empty() ? "not an address of this host"
-                      : "loopback only, which ranks on other hosts cannot reach (they must "
-                        "resolve the name otherwise)");
+    plan.why_every_interface =
+        fmt::format("MASTER_ADDR={} resolves here to {}, {}", master_addr, fmt::join(names, ", "),
+                    local.empty()
+                        ? "not an address of this host"
+                        : "loopback only, which ranks on other hosts cannot reach (they must "
+                          "resolve the name otherwise)");
     return plan;
   }
   if (local.empty()) {
-    plan.why_every_interface = fmt::format(
-        "MASTER_ADDR={} resolves to {}, not an address of this host", master_addr,
-        fmt::join(names, ", "));
+    plan.why_every_interface =
+        fmt::format("MASTER_ADDR={} resolves to {}, not an address of this host", master_addr,
+                    fmt::join(names, ", "));
     return plan;
   }
   plan.addresses = local;

@@ -29,11 +29,10 @@ struct BindPlan {
 };
 
 // `is_local(a)`: whether `a` is an address of this host (default: it can be bound).
-BindPlan plan_bind(const std::string& master_addr, bool single_host,
-                   const std::string& bind_override,
-                   const std::function<bool(const SocketAddress&)>& is_local = {},
-                   const std::function<std::vector<SocketAddress>(const std::string&)>& resolver =
-                       {});
+BindPlan plan_bind(
+    const std::string& master_addr, bool single_host, const std::string& bind_override,
+    const std::function<bool(const SocketAddress&)>& is_local = {},
+    const std::function<std::vector<SocketAddress>(const std::string&)>& resolver = {});
 
 // True when a socket can be bound to `a` (port 0) on this host.
 bool can_bind(const SocketAddress& a);

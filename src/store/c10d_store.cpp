@@ -40,8 +40,7 @@ milliseconds answer_grace(milliseconds wait) {
 // DdpStore
 
 DdpStore::DdpStore(ClientOptions options, milliseconds timeout, std::shared_ptr<Server> server)
-    : StoreBase(timeout),
-      server_(std::move(server)),
+    : StoreBase(timeout), server_(std::move(server)),
       client_(std::make_unique<Client>(std::move(options))) {}
 
 milliseconds DdpStore::bound() const { return bounded(timeout_); }
@@ -126,11 +125,8 @@ struct BoundedStore::Worker {
 BoundedStore::BoundedStore(std::function<c10::intrusive_ptr<::c10d::Store>()> make,
                            milliseconds timeout, std::string who, std::string endpoint,
                            std::string owner)
-    : StoreBase(timeout),
-      make_(std::move(make)),
-      who_(std::move(who)),
-      endpoint_(std::move(endpoint)),
-      owner_(std::move(owner)),
+    : StoreBase(timeout), make_(std::move(make)), who_(std::move(who)),
+      endpoint_(std::move(endpoint)), owner_(std::move(owner)),
       worker_(std::make_shared<Worker>()) {
   thread_ = std::thread([w = worker_] { w->loop(); });
   // The first task builds the inner store (a TCPStore client connects, and from 2.x
@@ -155,8 +151,10 @@ void BoundedStore::shutdown() {
   }
   // A call still stuck inside the inner store cannot be interrupted: its thread is left to
   // finish (or to die with the process); it owns what it uses through `worker_`.
-  if (worker_->broken.empty()) thread_.join();
-  else thread_.detach();
+  if (worker_->broken.empty())
+    thread_.join();
+  else
+    thread_.detach();
 }
 
 milliseconds BoundedStore::bound() const { return bounded(timeout_); }
@@ -166,9 +164,9 @@ void BoundedStore::run(const std::string& what, milliseconds limit, std::functio
   const auto deadline = started + limit;
   std::unique_lock<std::timed_mutex> call(call_mu_, std::defer_lock);
   if (!call.try_lock_until(deadline)) {
-    throw RendezvousError(fmt::format(
-        "{} {} on the rendezvous store at {} waited {:.1f} s for another thread's call", who_,
-        what, endpoint_, seconds(Clock::now() - started)));
+    throw RendezvousError(
+        fmt::format("{} {} on the rendezvous store at {} waited {:.1f} s for another thread's call",
+                    who_, what, endpoint_, seconds(Clock::now() - started)));
   }
   if (!worker_->broken.empty()) throw RendezvousError(worker_->broken);
   std::unique_lock<std::mutex> lock(worker_->mu);

@@ -75,8 +75,7 @@ std::string Client::read_frame(size_t limit, Clock::time_point deadline) {
     const size_t want = data.size() + n;
     char buf[64 * 1024];
     while (data.size() < want) {
-      const ssize_t got =
-          ::recv(fd_.get(), buf, std::min(sizeof buf, want - data.size()), 0);
+      const ssize_t got = ::recv(fd_.get(), buf, std::min(sizeof buf, want - data.size()), 0);
       if (got > 0) {
         data.append(buf, static_cast<size_t>(got));
         continue;
@@ -95,10 +94,11 @@ std::string Client::read_frame(size_t limit, Clock::time_point deadline) {
   read_exact(kFrameHeaderBytes);
   const uint32_t length = frame_length(data);
   if (length > limit) {
-    fail(fmt::format("{} {} is not a ddp-cpp rendezvous store, or is a broken one: it sent \"{}\" "
-                     "(as a frame of {} bytes, more than the {} expected here). Check "
-                     "MASTER_ADDR and MASTER_PORT.",
-                     o_.who, endpoint(), printable(data), length, limit));
+    fail(
+        fmt::format("{} {} is not a ddp-cpp rendezvous store, or is a broken one: it sent \"{}\" "
+                    "(as a frame of {} bytes, more than the {} expected here). Check "
+                    "MASTER_ADDR and MASTER_PORT.",
+                    o_.who, endpoint(), printable(data), length, limit));
   }
   data.clear();
   read_exact(length);
@@ -111,21 +111,24 @@ void Client::handshake(Clock::time_point deadline, Clock::time_point started) {
   try {
     body = read_frame(kMagic.size() + 1 + kNonceBytes, deadline);
   } catch (const NoAnswer&) {
-    fail(fmt::format("{} the rendezvous store at {} accepted the connection but did not answer "
-                     "(no greeting) within {:.1f} s: {}.",
-                     o_.who, ep, seconds(Clock::now() - started), silent_host_hint()));
+    fail(
+        fmt::format("{} the rendezvous store at {} accepted the connection but did not answer "
+                    "(no greeting) within {:.1f} s: {}.",
+                    o_.who, ep, seconds(Clock::now() - started), silent_host_hint()));
   }
   const std::optional<Nonce> server_nonce = parse_greeting(body);
   if (!server_nonce) {
-    fail(fmt::format("{} {} is not a ddp-cpp rendezvous store: it greeted with \"{}\". Check "
-                     "MASTER_ADDR and MASTER_PORT.",
-                     o_.who, ep, printable(body)));
+    fail(
+        fmt::format("{} {} is not a ddp-cpp rendezvous store: it greeted with \"{}\". Check "
+                    "MASTER_ADDR and MASTER_PORT.",
+                    o_.who, ep, printable(body)));
   }
   if (static_cast<uint8_t>(body[kMagic.size()]) != kVersion) {
-    fail(fmt::format("{} the rendezvous store at {} speaks protocol version {}, this process {}: "
-                     "the ranks run different builds of ddp-cpp.",
-                     o_.who, ep, static_cast<int>(static_cast<uint8_t>(body[kMagic.size()])),
-                     kVersion));
+    fail(
+        fmt::format("{} the rendezvous store at {} speaks protocol version {}, this process {}: "
+                    "the ranks run different builds of ddp-cpp.",
+                    o_.who, ep, static_cast<int>(static_cast<uint8_t>(body[kMagic.size()])),
+                    kVersion));
   }
   const Nonce nonce = random_nonce();
   send_all(hello(nonce, client_proof(o_.key, *server_nonce, nonce), o_.identity), deadline);
@@ -133,27 +136,27 @@ void Client::handshake(Clock::time_point deadline, Clock::time_point started) {
   try {
     welcome = read_frame(kMaxWelcomeBytes, deadline);
   } catch (const NoAnswer&) {
-    fail(fmt::format("{} the rendezvous store at {} stopped answering during the handshake "
-                     "({:.1f} s): {}.",
-                     o_.who, ep, seconds(Clock::now() - started), silent_host_hint()));
+    fail(
+        fmt::format("{} the rendezvous store at {} stopped answering during the handshake "
+                    "({:.1f} s): {}.",
+                    o_.who, ep, seconds(Clock::now() - started), silent_host_hint()));
   }
   Reader r(welcome);
   try {
     const auto status = static_cast<Status>(r.u8());
     if (status == Status::kError) {
       const std::string why(r.bytes(kMaxWelcomeBytes));
-      fail(fmt::format("{} the rendezvous store at {} refused this process: {}.", o_.who, ep,
-                       why));
+      fail(fmt::format("{} the rendezvous store at {} refused this process: {}.", o_.who, ep, why));
     }
     const std::string_view proof = r.raw(kProofBytes);
     r.expect_done();
-    if (status != Status::kOk ||
-        !proofs_equal(proof, server_proof(o_.key, nonce, *server_nonce))) {
-      fail(fmt::format("{} the server at {} does not hold this job's key: it is another job's "
-                       "rendezvous store, or was given another DDP_STORE_SECRET. Check "
-                       "MASTER_ADDR and MASTER_PORT, and give every process of the job the same "
-                       "DDP_STORE_SECRET.",
-                       o_.who, ep));
+    if (status != Status::kOk || !proofs_equal(proof, server_proof(o_.key, nonce, *server_nonce))) {
+      fail(
+          fmt::format("{} the server at {} does not hold this job's key: it is another job's "
+                      "rendezvous store, or was given another DDP_STORE_SECRET. Check "
+                      "MASTER_ADDR and MASTER_PORT, and give every process of the job the same "
+                      "DDP_STORE_SECRET.",
+                      o_.who, ep));
     }
   } catch (const ProtocolError& e) {
     fail(fmt::format("{} the rendezvous store at {} sent a malformed answer to the handshake: {}",
@@ -200,14 +203,13 @@ void Client::connect_locked(Clock::time_point deadline, Clock::time_point starte
         // Closed before the handshake ended: the host may be starting or stopping, or it
         // shed this connection under a flood of others; try again while there is time.
         fd_.reset();
-        cause = fmt::format("the store closed the connection during the handshake ({})",
-                            c.cause);
+        cause = fmt::format("the store closed the connection during the handshake ({})", c.cause);
       } catch (const NoAnswer&) {
         fd_.reset();
-        fail(fmt::format("{} the rendezvous store at {} stopped answering during the handshake "
-                         "({:.1f} s): {}.",
-                         o_.who, endpoint(), seconds(Clock::now() - started),
-                         silent_host_hint()));
+        fail(
+            fmt::format("{} the rendezvous store at {} stopped answering during the handshake "
+                        "({:.1f} s): {}.",
+                        o_.who, endpoint(), seconds(Clock::now() - started), silent_host_hint()));
       }
     }
     if (Clock::now() + backoff >= deadline) {
@@ -258,13 +260,13 @@ Client::Answer Client::call(const std::string& request, const std::string& what,
     send_all(request, deadline);
     frame = read_frame(kFrameHeaderBytes + o_.limits.max_frame_bytes(), deadline);
   } catch (const NoAnswer&) {
-    fail(fmt::format("{} the rendezvous store at {} did not answer {} within {:.1f} s: {}.",
-                     o_.who, endpoint(), what, seconds(Clock::now() - started),
-                     silent_host_hint()));
+    fail(fmt::format("{} the rendezvous store at {} did not answer {} within {:.1f} s: {}.", o_.who,
+                     endpoint(), what, seconds(Clock::now() - started), silent_host_hint()));
   } catch (const Closed& c) {
-    fail(fmt::format("{} lost the connection to the rendezvous store at {} during {}: {}; {}, "
-                     "which hosts it, has probably exited or failed: look for its own error.",
-                     o_.who, endpoint(), what, c.cause, o_.owner));
+    fail(
+        fmt::format("{} lost the connection to the rendezvous store at {} during {}: {}; {}, "
+                    "which hosts it, has probably exited or failed: look for its own error.",
+                    o_.who, endpoint(), what, c.cause, o_.owner));
   }
   if (frame.empty()) fail(fmt::format("{} empty answer to {} from {}", o_.who, what, endpoint()));
   Answer a{static_cast<Status>(static_cast<uint8_t>(frame[0])), frame.substr(1)};
@@ -276,8 +278,8 @@ Client::Answer Client::call(const std::string& request, const std::string& what,
     } catch (const ProtocolError&) {
       why = printable(a.body);
     }
-    throw RendezvousError(fmt::format("{} the rendezvous store at {} refused {}: {}", o_.who,
-                                      endpoint(), what, why));
+    throw RendezvousError(
+        fmt::format("{} the rendezvous store at {} refused {}: {}", o_.who, endpoint(), what, why));
   }
   return a;
 }
@@ -293,8 +295,7 @@ void check_size(const ClientOptions& o, const std::string& what, size_t n, size_
 }
 
 template <typename F>
-auto parse_answer(const std::string& body, const std::string& what, const ClientOptions& o,
-                  F&& f) {
+auto parse_answer(const std::string& body, const std::string& what, const ClientOptions& o, F&& f) {
   try {
     Reader r(body);
     auto v = f(r);
@@ -337,9 +338,8 @@ std::string Client::get(const std::string& key, std::chrono::milliseconds wait,
   if (a.status == Status::kTimeout) {
     throw RendezvousError(timed_out(o_, endpoint(), wait, quoted(key)));
   }
-  return parse_answer(a.body, what, o_, [&](Reader& r) {
-    return std::string(r.bytes(o_.limits.max_value_bytes));
-  });
+  return parse_answer(a.body, what, o_,
+                      [&](Reader& r) { return std::string(r.bytes(o_.limits.max_value_bytes)); });
 }
 
 int64_t Client::add(const std::string& key, int64_t delta, Clock::time_point deadline) {
@@ -362,9 +362,8 @@ std::string Client::compare_set(const std::string& key, std::string_view expecte
   Writer w;
   w.u8(static_cast<uint8_t>(Op::kCompareSet)).bytes(key).bytes(expected).bytes(desired);
   Answer a = call(w.frame(), what, deadline, started);
-  return parse_answer(a.body, what, o_, [&](Reader& r) {
-    return std::string(r.bytes(o_.limits.max_value_bytes));
-  });
+  return parse_answer(a.body, what, o_,
+                      [&](Reader& r) { return std::string(r.bytes(o_.limits.max_value_bytes)); });
 }
 
 bool Client::check(const std::vector<std::string>& keys, Clock::time_point deadline) {

@@ -25,10 +25,9 @@ Proof hmac(std::string_view key, std::string_view label, const Nonce& a, const N
   message.append(reinterpret_cast<const char*>(b.data()), b.size());
   Proof out{};
   unsigned int len = 0;
-  const unsigned char* ok =
-      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-           reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(),
-           &len);
+  const unsigned char* ok = HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+                                 reinterpret_cast<const unsigned char*>(message.data()),
+                                 message.size(), out.data(), &len);
   DDP_ASSERT(ok != nullptr && len == out.size(), "HMAC-SHA256 failed");
   return out;
 }
@@ -94,8 +93,8 @@ std::string Writer::frame() const {
 
 std::string_view Reader::raw(size_t n) {
   if (rest_.size() < n) {
-    throw ProtocolError(fmt::format("frame ends early: {} more bytes expected, {} left", n,
-                                    rest_.size()));
+    throw ProtocolError(
+        fmt::format("frame ends early: {} more bytes expected, {} left", n, rest_.size()));
   }
   std::string_view out = rest_.substr(0, n);
   rest_.remove_prefix(n);
@@ -201,9 +200,10 @@ Hello parse_hello(std::string_view body) {
   }
   const uint8_t version = r.u8();
   if (version != kVersion) {
-    throw ProtocolError(fmt::format("protocol version {} (this store speaks {}: the ranks run "
-                                    "different builds of ddp-cpp)",
-                                    version, kVersion));
+    throw ProtocolError(
+        fmt::format("protocol version {} (this store speaks {}: the ranks run "
+                    "different builds of ddp-cpp)",
+                    version, kVersion));
   }
   Hello h;
   std::memcpy(h.nonce.data(), r.raw(kNonceBytes).data(), kNonceBytes);
@@ -217,11 +217,16 @@ std::string printable(std::string_view bytes, size_t max) {
   std::string out;
   for (size_t i = 0; i < bytes.size() && i < max; ++i) {
     const auto c = static_cast<unsigned char>(bytes[i]);
-    if (c == '\r') out += "\\r";
-    else if (c == '\n') out += "\\n";
-    else if (c == '"' || c == '\\') out += fmt::format("\\{}", static_cast<char>(c));
-    else if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
-    else out += fmt::format("\\x{:02x}", c);
+    if (c == '\r')
+      out += "\\r";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '"' || c == '\\')
+      out += fmt::format("\\{}", static_cast<char>(c));
+    else if (c >= 0x20 && c < 0x7f)
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("\\x{:02x}", c);
   }
   if (bytes.size() > max) out += "...";
   return out;

@@ -59,8 +59,8 @@ inline constexpr size_t kMaxHelloBytes =
 // and far below what would hurt rank 0 (a 1 GiB length prefix is refused unread).
 struct Limits {
   size_t max_key_bytes = 4096;
-  size_t max_value_bytes = size_t{16} << 20;   // 16 MiB
-  size_t max_keys_per_request = 4096;          // check/wait lists
+  size_t max_value_bytes = size_t{16} << 20;  // 16 MiB
+  size_t max_keys_per_request = 4096;         // check/wait lists
   // The largest request or response body that can respect the limits above (a compareSet
   // carries a key and two values; a key list must fit in it too).
   size_t max_frame_bytes() const { return 64 + 2 * max_key_bytes + 2 * max_value_bytes; }

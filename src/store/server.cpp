@@ -204,8 +204,8 @@ void Server::Loop::accept_all(int listener) {
       fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&peer.storage), &peer.length,
                      SOCK_CLOEXEC);
       if (fd >= 0) {
-        log_refusal(fmt::format("refused {}: this process has no file descriptor left",
-                                to_string(peer)));
+        log_refusal(
+            fmt::format("refused {}: this process has no file descriptor left", to_string(peer)));
         ::close(fd);
       }
       reserve.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -218,8 +218,8 @@ void Server::Loop::accept_all(int listener) {
 void Server::Loop::add_connection(Fd fd, const SocketAddress& peer_address) {
   const std::string peer = to_string(peer_address);
   if (conns.size() >= o.max_connections) {
-    log_refusal(fmt::format("refused {}: {} connections already open (the limit)", peer,
-                            conns.size()));
+    log_refusal(
+        fmt::format("refused {}: {} connections already open (the limit)", peer, conns.size()));
     return;  // fd closes here
   }
   if (pending() >= o.max_pending) {
@@ -298,8 +298,8 @@ void Server::Loop::answer(Conn& c, const std::string& frame) {
 void Server::Loop::flush(Conn& c) {
   const uint64_t id = c.id;
   while (c.out_pending()) {
-    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off,
-                             MSG_NOSIGNAL);
+    const ssize_t n =
+        ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
     if (n > 0) {
       c.out_off += static_cast<size_t>(n);
       c.last_progress = Clock::now();
@@ -404,8 +404,10 @@ void Server::Loop::process(Conn& c) {
       c.in.erase(0, c.in_off);
       c.in_off = 0;
     }
-    if (c.state == Conn::State::kHandshake) handle_hello(c, body);
-    else handle_request(c, body);
+    if (c.state == Conn::State::kHandshake)
+      handle_hello(c, body);
+    else
+      handle_request(c, body);
     if (!conns.count(id)) return;
   }
   update_interest(c);
@@ -419,9 +421,10 @@ void Server::Loop::handle_hello(Conn& c, std::string_view body) {
     const bool version = std::string_view(e.what()).find("version") != std::string_view::npos;
     Writer w;
     w.u8(static_cast<uint8_t>(Status::kError)).bytes(e.what());
-    refuse(c, version ? e.what()
-                      : fmt::format("not the store's handshake ({}): it sent \"{}\"", e.what(),
-                                    printable(c.first_bytes)),
+    refuse(c,
+           version ? e.what()
+                   : fmt::format("not the store's handshake ({}): it sent \"{}\"", e.what(),
+                                 printable(c.first_bytes)),
            version ? w.frame() : "");
     return;
   }
@@ -429,11 +432,13 @@ void Server::Loop::handle_hello(Conn& c, std::string_view body) {
   if (!proofs_equal(h.proof, client_proof(o.key, c.server_nonce, h.nonce))) {
     Writer w;
     w.u8(static_cast<uint8_t>(Status::kError))
-        .bytes("it does not hold this job's key: its DDP_STORE_SECRET (or, without one, its run "
-               "id) differs from the store's. Every process of one job needs the same "
-               "DDP_STORE_SECRET; a process of another job, or a stranger, cannot join");
-    refuse(c, "wrong job key (a different DDP_STORE_SECRET or run id: another job, or a "
-              "stranger)",
+        .bytes(
+            "it does not hold this job's key: its DDP_STORE_SECRET (or, without one, its run "
+            "id) differs from the store's. Every process of one job needs the same "
+            "DDP_STORE_SECRET; a process of another job, or a stranger, cannot join");
+    refuse(c,
+           "wrong job key (a different DDP_STORE_SECRET or run id: another job, or a "
+           "stranger)",
            w.frame());
     return;
   }
@@ -455,9 +460,10 @@ std::string Server::Loop::store_set(const std::string& key, std::string value) {
   const size_t old_cost = it == data.end() ? 0 : key.size() + it->second.size() + kEntryOverhead;
   const size_t new_cost = key.size() + value.size() + kEntryOverhead;
   if (stored - old_cost + new_cost > o.max_stored_bytes) {
-    return fmt::format("the store holds {} bytes and storing this {}-byte value would pass its "
-                       "limit of {} bytes (DDP_STORE_MAX_BYTES)",
-                       stored, value.size(), o.max_stored_bytes);
+    return fmt::format(
+        "the store holds {} bytes and storing this {}-byte value would pass its "
+        "limit of {} bytes (DDP_STORE_MAX_BYTES)",
+        stored, value.size(), o.max_stored_bytes);
   }
   stored = stored - old_cost + new_cost;
   if (it != data.end()) {
@@ -629,8 +635,7 @@ void Server::Loop::handle_request(Conn& c, std::string_view body) {
         r.expect_done();
         ok().i64(static_cast<int64_t>(data.size()));
         break;
-      default:
-        throw ProtocolError(fmt::format("unknown request {}", static_cast<int>(op)));
+      default: throw ProtocolError(fmt::format("unknown request {}", static_cast<int>(op)));
     }
   } catch (const ProtocolError& e) {
     return refuse(c, fmt::format("malformed request: {}", e.what()));
@@ -664,12 +669,12 @@ void Server::Loop::scan(Clock::time_point now) {
         if ((c.buffered() > 0 && !c.parked && !c.out_pending()) || c.out_pending()) {
           if (now - c.last_progress >= o.stall_timeout) {
             expired.emplace_back(
-                id, c.out_pending()
-                        ? fmt::format("has not read its answers for {:.1f} s",
-                                      seconds(o.stall_timeout))
-                        : fmt::format("stopped in the middle of a request ({} bytes of it) for "
-                                      "{:.1f} s",
-                                      c.buffered(), seconds(o.stall_timeout)));
+                id,
+                c.out_pending()
+                    ? fmt::format("has not read its answers for {:.1f} s", seconds(o.stall_timeout))
+                    : fmt::format("stopped in the middle of a request ({} bytes of it) for "
+                                  "{:.1f} s",
+                                  c.buffered(), seconds(o.stall_timeout)));
           }
         }
         break;
@@ -681,8 +686,10 @@ void Server::Loop::scan(Clock::time_point now) {
   for (auto& [id, why] : expired) {
     auto it = conns.find(id);
     if (it == conns.end()) continue;
-    if (why.empty()) close_conn(id);
-    else refuse(*it->second, why);
+    if (why.empty())
+      close_conn(id);
+    else
+      refuse(*it->second, why);
   }
   for (uint64_t id : waits_over) {
     auto it = conns.find(id);
@@ -710,8 +717,8 @@ void Server::Loop::run() {
     }
     const int timeout_ms = static_cast<int>(
         std::max<int64_t>(1, std::chrono::duration_cast<milliseconds>(next_scan - now).count()));
-    const int n = ::epoll_wait(epoll.get(), events.data(), static_cast<int>(events.size()),
-                               timeout_ms);
+    const int n =
+        ::epoll_wait(epoll.get(), events.data(), static_cast<int>(events.size()), timeout_ms);
     if (n < 0 && errno != EINTR) break;
     for (int i = 0; i < n; ++i) {
       const uint64_t id = events[i].data.u64;

@@ -50,8 +50,8 @@ struct ServerOptions {
   std::string key;  // job_key(): what clients must prove they hold
   Limits limits;
   size_t max_stored_bytes = size_t{256} << 20;  // DDP_STORE_MAX_BYTES
-  size_t max_pending = 64;        // connections not yet authenticated, at once
-  size_t max_connections = 4096;  // all connections, at once
+  size_t max_pending = 64;                      // connections not yet authenticated, at once
+  size_t max_connections = 4096;                // all connections, at once
   std::chrono::milliseconds handshake_timeout{10'000};
   std::chrono::milliseconds stall_timeout{30'000};  // mid-frame, or not reading its answers
   // Receives each log line (no newline). Unset: "ddp: ..." lines on stderr.

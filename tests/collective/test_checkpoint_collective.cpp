@@ -88,9 +88,9 @@ TEST(CheckpointCollective, RankZeroWritesAllRanksResumeFromTheSameFile) {
                                   torch::optim::SGDOptions(0.5).momentum(0.9));
       DistributedSampler fresh_sampler(kDatasetSize,
                                        {.num_replicas = pg.size(), .rank = pg.rank(), .seed = 5});
-      const LoadedCheckpoint got = c.load(
-          *rp.path, {.model = me.fresh.get(), .optimizer = &fresh_opt, .sampler = &fresh_sampler},
-          pg);
+      const LoadedCheckpoint got =
+          c.load(*rp.path,
+                 {.model = me.fresh.get(), .optimizer = &fresh_opt, .sampler = &fresh_sampler}, pg);
       EXPECT_EQ(got.meta.step, 7);
       EXPECT_FALSE(got.world_size_changed);
       EXPECT_TRUE(got.rng_exact);
@@ -111,10 +111,10 @@ TEST(CheckpointCollective, RankZeroWriteFailureIsThrownOnEveryRank) {
     std::vector<std::string> errors(world);
     run_ranks(world, [&](ProcessGroup& pg) {
       Checkpointer c(dir.path(), {.fault_hook = [](std::string_view stage, const fs::path& f) {
-                                    if (stage == "rename") {
-                                      throw CheckpointError(f.string() + ": simulated EIO");
-                                    }
-                                  }});
+                       if (stage == "rename") {
+                         throw CheckpointError(f.string() + ": simulated EIO");
+                       }
+                     }});
       try {
         c.save({.model = ranks[pg.rank()].net.get()}, {.step = 1}, pg);
       } catch (const CheckpointError& e) {
@@ -160,8 +160,8 @@ TEST(CheckpointCollective, ResumeAtAnotherWorldSizeIsReported) {
   run_ranks(2, [&](ProcessGroup& pg) {
     DistributedSampler sampler(kDatasetSize, {.num_replicas = 2, .rank = pg.rank(), .seed = 5});
     sampler.advance(4);  // 8 of 30 consumed
-    Checkpointer(dir.path()).save(
-        {.model = two[pg.rank()].net.get(), .sampler = &sampler}, {.step = 4}, pg);
+    Checkpointer(dir.path())
+        .save({.model = two[pg.rank()].net.get(), .sampler = &sampler}, {.step = 4}, pg);
   });
   auto three = make_ranks(3);
   std::vector<std::vector<int64_t>> rest(3);

@@ -51,8 +51,10 @@ TEST_P(ExactEval, ReducedMetricsEqualTheSingleProcessValues) {
   ASSERT_GT(ref.correct, 0);
   run_ranks(world, [&](ProcessGroup& pg) {
     for (bool shuffle : {false, true}) {
-      DistributedSampler sampler(kN, {.num_replicas = pg.size(), .rank = pg.rank(),
-                                      .shuffle = shuffle, .pad = false});
+      DistributedSampler sampler(kN, {.num_replicas = pg.size(),
+                                      .rank = pg.rank(),
+                                      .shuffle = shuffle,
+                                      .pad = false});
       DataLoader loader(data, sampler, {.batch_size = 8, .num_workers = 1});
       const EvalStats all = all_reduce(evaluate(loader), pg);
       EXPECT_EQ(all.count, ref.count) << "rank " << pg.rank();
@@ -81,8 +83,8 @@ TEST(EvalStats, AddChecksShapesAndAllReduceWithoutAGroupIsLocal) {
   EXPECT_EQ(s.accuracy(), 0.5);
   EXPECT_EQ(s.mean_loss(), 1.0);
   EXPECT_THROW(s.add(torch::zeros({2, 2}), torch::zeros({3}, torch::kLong)), ConfigError);
-  EXPECT_THROW(s.add(torch::zeros({2, 2}), torch::zeros({2}, torch::kLong),
-                     torch::zeros({})), ConfigError);  // a mean loss cannot be reduced exactly
+  EXPECT_THROW(s.add(torch::zeros({2, 2}), torch::zeros({2}, torch::kLong), torch::zeros({})),
+               ConfigError);             // a mean loss cannot be reduced exactly
   const EvalStats same = all_reduce(s);  // no default group: world size 1
   EXPECT_EQ(same.count, 2);
   EXPECT_EQ(EvalStats{}.accuracy(), 0.0);

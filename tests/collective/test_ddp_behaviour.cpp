@@ -24,8 +24,8 @@ void expect_contains(const std::string& message, std::initializer_list<std::stri
 }
 
 // Runs fn(rank, group) on `world` thread-ranks; returns each rank's exception.
-std::vector<std::exception_ptr> on_ranks(int world,
-                                         const std::function<void(int, std::shared_ptr<ProcessGroup>)>& fn) {
+std::vector<std::exception_ptr> on_ranks(
+    int world, const std::function<void(int, std::shared_ptr<ProcessGroup>)>& fn) {
   const int port = free_port();
   return run_threads(world, [&](int r) {
     auto pg = make_process_group(thread_rank(r, world, port, /*timeout=*/20s));
@@ -76,8 +76,8 @@ TEST_F(Behaviour, SecondBackwardAfterOneForwardIsAnError) {
       loss.backward();
       ADD_FAILURE() << "second backward was accepted";
     } catch (const std::exception& e) {
-      expect_contains(e.what(), {fmt::format("[rank {}]", r), "already reduced",
-                                 "exactly one backward"});
+      expect_contains(e.what(),
+                      {fmt::format("[rank {}]", r), "already reduced", "exactly one backward"});
     }
     // The next iteration works normally.
     model(torch::randn({4, 20})).sum().backward();
@@ -179,7 +179,10 @@ TEST_F(Behaviour, FutureWhoseTransformThrowsStaysFailed) {
 
     // And a transform that succeeds is applied exactly once, however often one waits.
     auto u = torch::ones({2});
-    Future g(pg->all_reduce(u), u, [&calls](at::Tensor v) { ++calls; return v * 10; });
+    Future g(pg->all_reduce(u), u, [&calls](at::Tensor v) {
+      ++calls;
+      return v * 10;
+    });
     EXPECT_TRUE(torch::equal(g.wait(), torch::full({2}, 20.0f)));
     EXPECT_TRUE(torch::equal(g.wait(), torch::full({2}, 20.0f)));
     EXPECT_EQ(calls, 2);
@@ -248,7 +251,8 @@ TEST_F(Behaviour, ACommHookThatCallsBackIntoDdpIsAnErrorNotADeadlock) {
     message = e.what();
   }
   expect_contains(message, {"[rank 0] DistributedDataParallel: the bucket layout was called "
-                            "from inside a comm hook", "use only its GradBucket"});
+                            "from inside a comm hook",
+                            "use only its GradBucket"});
 }
 
 TEST_F(Behaviour, CommHookMustBeRegisteredBeforeTheFirstForward) {
@@ -341,8 +345,7 @@ TEST_F(Behaviour, DebugModeLogsLayoutAndReadyOrder) {
   auto net = Mlp();
   ::testing::internal::CaptureStderr();
   {
-    DistributedDataParallel model(net.ptr(),
-                                  {.process_group = pg, .debug = DebugLevel::kDetail});
+    DistributedDataParallel model(net.ptr(), {.process_group = pg, .debug = DebugLevel::kDetail});
     model.register_comm_hook(comm_hooks::allreduce());  // world size 1 would pass through
     for (int i = 0; i < 2; ++i) model(torch::randn({2, 20})).sum().backward();
   }

@@ -40,16 +40,15 @@ Data make_data(int n, std::vector<int64_t> sample_shape, int64_t micro = 1) {
 }
 
 // Rank r's rows of a global batch (rank-major, like a sharded loader).
-torch::Tensor shard(const torch::Tensor& t, int r, int n) {
-  return t.chunk(n)[r];
-}
+torch::Tensor shard(const torch::Tensor& t, int r, int n) { return t.chunk(n)[r]; }
 
 // Trains `world` thread-ranks with DDP. make() builds a fresh replica; init is copied into
 // rank 0's replica only (the others start random). step(model, rank, step) returns the loss.
 // Returns each rank's trained replica.
 template <typename M, typename Step>
-std::vector<std::shared_ptr<M>> train_ddp(int world, const std::function<std::shared_ptr<M>()>& make,
-                                          M& init, DDPOptions options, const Step& step) {
+std::vector<std::shared_ptr<M>> train_ddp(int world,
+                                          const std::function<std::shared_ptr<M>()>& make, M& init,
+                                          DDPOptions options, const Step& step) {
   std::vector<std::shared_ptr<M>> replicas(world);
   const int port = free_port();
   auto errors = run_threads(world, [&](int r) {
@@ -106,11 +105,11 @@ class Equivalence : public ::testing::TestWithParam<int> {
 
 void check_mlp(int n, DDPOptions options) {
   Data data = make_data(n, {20});
-  auto [reference, init] = reference_and_init<Mlp>([&](Mlp& m, int s) {
-    return torch::cross_entropy_loss(m(data.x[s]), data.y[s]);
-  });
+  auto [reference, init] = reference_and_init<Mlp>(
+      [&](Mlp& m, int s) { return torch::cross_entropy_loss(m(data.x[s]), data.y[s]); });
   auto replicas = train_ddp<MlpImpl>(
-      n, [] { return Mlp().ptr(); }, *init, options, [&](auto& model, int r, int s) {
+      n, [] { return Mlp().ptr(); }, *init, options,
+      [&](auto& model, int r, int s) {
         return torch::cross_entropy_loss(model(shard(data.x[s], r, n)), shard(data.y[s], r, n));
       });
   expect_all_equal(replicas, *reference);
@@ -158,7 +157,8 @@ TEST_P(Equivalence, CnnWithBatchNormBuffersFromRankZero) {
     opt.step();
   }
   auto replicas = train_ddp<CnnImpl>(
-      n, [] { return Cnn().ptr(); }, *init, {}, [&](auto& model, int r, int s) {
+      n, [] { return Cnn().ptr(); }, *init, {},
+      [&](auto& model, int r, int s) {
         return torch::cross_entropy_loss(model(shard(data.x[s], r, n)), shard(data.y[s], r, n));
       });
   expect_all_equal(replicas, *reference);
@@ -166,7 +166,9 @@ TEST_P(Equivalence, CnnWithBatchNormBuffersFromRankZero) {
   auto ref_bufs = reference->named_buffers();
   for (const auto& item : replicas[0]->named_buffers()) {
     EXPECT_LE((item.value().to(torch::kDouble) - ref_bufs[item.key()].to(torch::kDouble))
-                  .abs().max().item<double>(),
+                  .abs()
+                  .max()
+                  .item<double>(),
               kTolerance)
         << item.key();
   }
@@ -188,7 +190,8 @@ TEST_P(Equivalence, UnusedParametersWithFindUnused) {
   auto replicas = train_ddp<BranchyImpl>(
       n, [] { return Branchy().ptr(); }, *init, {.find_unused_parameters = true},
       [&](auto& model, int r, int s) {
-        return torch::cross_entropy_loss(model(shard(data.x[s], r, n), std::vector<bool>{branch_use(s, n)[r]}),
+        return torch::cross_entropy_loss(model(shard(data.x[s], r, n),
+                                               std::vector<bool>{branch_use(s, n)[r]}),
                                          shard(data.y[s], r, n));
       });
   expect_all_equal(replicas, *reference);
@@ -204,9 +207,8 @@ TEST_P(Equivalence, UnusedParametersWithStaticGraph) {
   // Static per rank: even ranks use the branch, odd ranks never do.
   std::vector<bool> use;
   for (int k = 0; k < n; ++k) use.push_back(k % 2 == 0);
-  auto [reference, init] = reference_and_init<Branchy>([&](Branchy& m, int s) {
-    return torch::cross_entropy_loss(m(data.x[s], use), data.y[s]);
-  });
+  auto [reference, init] = reference_and_init<Branchy>(
+      [&](Branchy& m, int s) { return torch::cross_entropy_loss(m(data.x[s], use), data.y[s]); });
   auto replicas = train_ddp<BranchyImpl>(
       n, [] { return Branchy().ptr(); }, *init, {.static_graph = true},
       [&](auto& model, int r, int s) {
@@ -219,14 +221,14 @@ TEST_P(Equivalence, UnusedParametersWithStaticGraph) {
 TEST_P(Equivalence, ManySmallParametersInManyBuckets) {
   const int n = GetParam();
   Data data = make_data(n, {20});
-  auto [reference, init] = reference_and_init<ManySmall>([&](ManySmall& m, int s) {
-    return torch::cross_entropy_loss(m(data.x[s]), data.y[s]);
-  });
+  auto [reference, init] = reference_and_init<ManySmall>(
+      [&](ManySmall& m, int s) { return torch::cross_entropy_loss(m(data.x[s]), data.y[s]); });
   size_t buckets = 0;
   // ~300 bytes per bucket: about one Linear(8, 8) each.
   DDPOptions tiny{.bucket_cap_mb = 0.0003, .first_bucket_mb = 0.0001};
   auto replicas = train_ddp<ManySmallImpl>(
-      n, [] { return ManySmall().ptr(); }, *init, tiny, [&](auto& model, int r, int s) {
+      n, [] { return ManySmall().ptr(); }, *init, tiny,
+      [&](auto& model, int r, int s) {
         if (s == kSteps - 1 && r == 0) buckets = model.bucket_layout().size();
         return torch::cross_entropy_loss(model(shard(data.x[s], r, n)), shard(data.y[s], r, n));
       });
@@ -238,11 +240,11 @@ TEST_P(Equivalence, NoSyncAccumulationOfFourMicroBatchesEqualsOneBigBatch) {
   const int n = GetParam();
   constexpr int kMicro = 4;
   Data data = make_data(n, {20}, kMicro);  // per step: n ranks x 4 micro-batches x b rows
-  auto [reference, init] = reference_and_init<Mlp>([&](Mlp& m, int s) {
-    return torch::cross_entropy_loss(m(data.x[s]), data.y[s]);
-  });
+  auto [reference, init] = reference_and_init<Mlp>(
+      [&](Mlp& m, int s) { return torch::cross_entropy_loss(m(data.x[s]), data.y[s]); });
   auto replicas = train_ddp<MlpImpl>(
-      n, [] { return Mlp().ptr(); }, *init, {}, [&](auto& model, int r, int s) {
+      n, [] { return Mlp().ptr(); }, *init, {},
+      [&](auto& model, int r, int s) {
         auto x = shard(data.x[s], r, n).chunk(kMicro);
         auto y = shard(data.y[s], r, n).chunk(kMicro);
         {

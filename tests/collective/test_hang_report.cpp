@@ -134,8 +134,8 @@ TEST(HangReport, MonitoredBarrierNamesTheRanksThatDidNotArrive) {
 TEST(HangReport, DdpBucketsAreRecordedWithTheirParametersAndStep) {
   testing::run_ranks(2, [](ProcessGroup& pg) {
     torch::manual_seed(0);
-    auto net = torch::nn::Sequential(torch::nn::Linear(8, 4), torch::nn::ReLU(),
-                                     torch::nn::Linear(4, 2));
+    auto net =
+        torch::nn::Sequential(torch::nn::Linear(8, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
     std::shared_ptr<ProcessGroup> shared(&pg, [](ProcessGroup*) {});
     DistributedDataParallel model(net.ptr(), {.process_group = shared});
     set_training_step(7);

@@ -126,7 +126,8 @@ TEST_F(JoinTest, ShadowsHooksBucketsAndBitmapsWithoutHanging) {
   torch::manual_seed(7);
   Mlp init;
   auto replicas = train_uneven({3, 1, 2}, {},
-                               {.bucket_cap_mb = 0.002, .first_bucket_mb = 0.001,
+                               {.bucket_cap_mb = 0.002,
+                                .first_bucket_mb = 0.001,
                                 .find_unused_parameters = true},
                                init, nullptr, comm_hooks::fp16_compress());
   for (size_t r = 0; r < replicas.size(); ++r) ASSERT_TRUE(replicas[r]) << "rank " << r;

@@ -55,8 +55,7 @@ TEST_P(Collectives, BroadcastFromEveryRoot) {
     for (int root = 0; root < n; ++root) {
       auto t = torch::full({2, 3}, static_cast<double>(pg.rank()), torch::kDouble);
       pg.broadcast(t, root).wait();
-      EXPECT_TRUE(torch::equal(t, torch::full({2, 3}, static_cast<double>(root),
-                                              torch::kDouble)));
+      EXPECT_TRUE(torch::equal(t, torch::full({2, 3}, static_cast<double>(root), torch::kDouble)));
     }
   });
 }

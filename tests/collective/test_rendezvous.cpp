@@ -45,9 +45,8 @@ TEST(Rendezvous, MissingRankIsNamedOnEveryRankWithinTheTimeout) {
   const std::vector<int> started = {0, 2};
   // 3 s: connecting alone can take a second on a loaded 2-core machine (CI runs tests while
   // other work competes), and both present ranks must have joined before the timeout.
-  auto errors = testing::run_threads(2, [&](int i) {
-    make_process_group(quick(started[i], 3, port, 3s));
-  });
+  auto errors =
+      testing::run_threads(2, [&](int i) { make_process_group(quick(started[i], 3, port, 3s)); });
   const double took = seconds_since(start);
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(errors[i]) << "rank " << started[i] << " formed a group with a rank missing";
@@ -102,8 +101,8 @@ TEST(Rendezvous, PortInUseIsAClearError) {
     make_process_group(quick(0, 2, port, 2s));
     FAIL() << "hosted a store on a busy port";
   } catch (const RendezvousError& e) {
-    expect_contains(e.what(), {"[rank 0]", std::to_string(port), "already in use",
-                               "--master-port", "--standalone"});
+    expect_contains(e.what(), {"[rank 0]", std::to_string(port), "already in use", "--master-port",
+                               "--standalone"});
   }
   close(fd);
 }
@@ -112,9 +111,8 @@ TEST(Rendezvous, DuplicateRankFailsEveryRank) {
   const int port = testing::free_port();
   const std::vector<int> ranks = {0, 1, 1};  // WORLD_SIZE 3 but rank 2 is missing, 1 doubled
   const auto start = Clock::now();
-  auto errors = testing::run_threads(3, [&](int i) {
-    make_process_group(quick(ranks[i], 3, port, 5s));
-  });
+  auto errors =
+      testing::run_threads(3, [&](int i) { make_process_group(quick(ranks[i], 3, port, 5s)); });
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(errors[i]) << "thread " << i << " formed a group";
     expect_contains(message_of(errors[i]), {"duplicate RANK", "RANK=1"});

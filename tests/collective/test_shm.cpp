@@ -228,8 +228,7 @@ TEST_P(ShmCollectives, CommBufferMixedPlacementsFallBackTogether) {
     const int r = pg.rank();
     at::Tensor buffer = pg.comm_buffer(30000, torch::kFloat);
     for (int64_t size : kSizes) {
-      at::Tensor t = r % 2 == 1 ? torch::empty({size})
-                                : buffer.narrow(0, r == 2 ? 17 : 0, size);
+      at::Tensor t = r % 2 == 1 ? torch::empty({size}) : buffer.narrow(0, r == 2 ? 17 : 0, size);
       t.fill_(static_cast<float>(r + 1));
       pg.all_reduce(t).wait();
       EXPECT_TRUE(torch::equal(t, torch::full({size}, n * (n + 1) / 2.0f))) << size;
@@ -285,7 +284,8 @@ TEST(ShmCommBuffers, SizesThatDifferBetweenRanksAreNamed) {
     }
   });
   expect_contains(messages[0], {"[rank 0] comm buffer #1: this rank asked for 400 bytes, rank 1 "
-                                "for 800", "collective"});
+                                "for 800",
+                                "collective"});
   expect_contains(messages[1], {"[rank 1]", "rank 0 for 400"});
 }
 
@@ -359,8 +359,9 @@ TEST(ShmErrors, DesyncIsNamedAtOnceOnEveryRank) {
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(errors[r]) << message_of(errors[r]);
     EXPECT_LT(waited[r], 2.0);
-    expect_contains(messages[r], {"collectives differ between ranks", "all_reduce #2 (sum, 4 x Float)",
-                                  "broadcast #2 (from rank 0, 3 x Long)"});
+    expect_contains(messages[r],
+                    {"collectives differ between ranks", "all_reduce #2 (sum, 4 x Float)",
+                     "broadcast #2 (from rank 0, 3 x Long)"});
   }
   expect_contains(messages[0], {"[rank 0]", "rank 1 issued broadcast #2"});
   expect_contains(messages[1], {"[rank 1]", "rank 0 issued all_reduce #2"});
@@ -386,8 +387,9 @@ TEST(ShmErrors, RankThatLeftFailsPeersFastAndTheGroupStaysFailed) {
     } catch (const CollectiveError& e) {
       if (r == 0) first = e.what();
     }
-    waited_s = std::max(waited_s, std::chrono::duration<double>(
-                                      std::chrono::steady_clock::now() - start).count());
+    waited_s =
+        std::max(waited_s,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     try {
       pg->barrier().wait();
     } catch (const CollectiveError& e) {
@@ -414,7 +416,8 @@ TEST(ShmSelection, RanksAskingForDifferentBackendsFailTogetherNamingBoth) {
     }
   });
   expect_contains(messages[0], {"[rank 0] ranks ask for different backends: this rank 'shm', "
-                                "rank 1 'gloo'", "DDP_BACKEND"});
+                                "rank 1 'gloo'",
+                                "DDP_BACKEND"});
   expect_contains(messages[1], {"[rank 1]", "this rank 'gloo', rank 0 'shm'"});
 }
 

@@ -240,9 +240,10 @@ TEST_F(StoreTest, AHugeLengthPrefixFromAMemberIsRefusedUnread) {
   ASSERT_TRUE(partial.authenticate(key));
   partial.send(Writer().u32(15u << 20).body() + std::string(1 << 20, 'x'));  // 1 of 15 MiB
   std::this_thread::sleep_for(200ms);
-  std::printf("[ measured ] RSS after a member's 1 GiB prefix and 1 MiB of a 15 MiB frame: "
-              "+%ld KiB\n",
-              rss_kib() - rss_before);
+  std::printf(
+      "[ measured ] RSS after a member's 1 GiB prefix and 1 MiB of a 15 MiB frame: "
+      "+%ld KiB\n",
+      rss_kib() - rss_before);
   EXPECT_LT(rss_kib() - rss_before, 8 * 1024) << "KiB grown";
   EXPECT_TRUE(served_within(3.0));
 }
@@ -253,7 +254,10 @@ TEST_F(StoreTest, AHalfFrameStallsOnlyItsOwnConnectionAndIsDroppedInTime) {
   o.stall_timeout = 1s;
   start(o);
   RawPeer stranger(server_->port());
-  stranger.send(std::string("\x46\x00\x00\x00" "DDPST", 9));  // half a hello, then silence
+  stranger.send(
+      std::string("\x46\x00\x00\x00"
+                  "DDPST",
+                  9));  // half a hello, then silence
   RawPeer member(server_->port());
   ASSERT_TRUE(member.authenticate(key));
   Writer set;
@@ -322,8 +326,8 @@ TEST_F(StoreTest, AWrongSecretIsRefusedAndNamed) {
     stranger->set("k", bytes("v"));
     FAIL() << "a process without the secret wrote a key";
   } catch (const RendezvousError& e) {
-    expect_contains(e.what(), {"[rank 1]", "refused this process",
-                               "does not hold this job's key", "DDP_STORE_SECRET"});
+    expect_contains(e.what(), {"[rank 1]", "refused this process", "does not hold this job's key",
+                               "DDP_STORE_SECRET"});
   }
   EXPECT_TRUE(logged("wrong job key")) << log();
   expect_contains(log(), {"refused 127.0.0.1:", "(rank 1 of a test)"});
@@ -385,8 +389,8 @@ TEST_F(StoreTest, StoredBytesAndValuesAreCapped) {
     c->set("b", bytes(big));
     FAIL() << "stored past the limit";
   } catch (const RendezvousError& e) {
-    expect_contains(e.what(), {"refused set(\"b\")", "limit of 1048576 bytes",
-                               "DDP_STORE_MAX_BYTES"});
+    expect_contains(e.what(),
+                    {"refused set(\"b\")", "limit of 1048576 bytes", "DDP_STORE_MAX_BYTES"});
   }
   EXPECT_FALSE(c->check({"b"}));
   c->set("a", bytes("small"));  // replacing frees its bytes
@@ -418,8 +422,7 @@ TEST_F(StoreTest, ASilentEndpointIsABoundedErrorNamingIt) {
     FAIL();
   } catch (const RendezvousError& e) {
     expect_contains(e.what(), {"[rank 1]", fmt::format("127.0.0.1:{}", silent.port()),
-                               "accepted the connection but did not answer", "rank 0",
-                               "SIGSTOP"});
+                               "accepted the connection but did not answer", "rank 0", "SIGSTOP"});
   }
   EXPECT_LT(seconds_since(start), 3.0);
 }
@@ -446,7 +449,8 @@ TEST_F(StoreTest, AHostThatFreezesMidSessionIsABoundedErrorNamingTheCall) {
     const Hello h = parse_hello(std::string_view(buf + 4, static_cast<size_t>(n) - 4));
     const Proof p = server_proof(key, h.nonce, server_nonce);
     Writer w;
-    w.u8(static_cast<uint8_t>(Status::kOk)).raw({reinterpret_cast<const char*>(p.data()), p.size()});
+    w.u8(static_cast<uint8_t>(Status::kOk))
+        .raw({reinterpret_cast<const char*>(p.data()), p.size()});
     const std::string welcome = w.frame();
     ::send(c, welcome.data(), welcome.size(), MSG_NOSIGNAL);
     while (!done) std::this_thread::sleep_for(10ms);
@@ -492,8 +496,8 @@ TEST(BoundedStore, ASilentAgentStoreIsABoundedError) {
   const auto start = Clock::now();
   const std::string endpoint = fmt::format("127.0.0.1:{}", silent.port());
   try {
-    auto store = c10::make_intrusive<BoundedStore>(make, 1s, "[rank 1]", endpoint,
-                                                   "the launcher's agent");
+    auto store =
+        c10::make_intrusive<BoundedStore>(make, 1s, "[rank 1]", endpoint, "the launcher's agent");
     store->add("joined", 1);
     FAIL() << "add() returned from a store that never answers";
   } catch (const RendezvousError& e) {

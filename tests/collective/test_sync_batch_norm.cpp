@@ -634,8 +634,8 @@ TEST(ConvertSyncBatchNorm, RefusesBatchNormsItCannotRewire) {
   EXPECT_NE(msg.find("1.bn is a torch::nn::BatchNorm1dImpl"), std::string::npos) << msg;
   EXPECT_NE(msg.find("Construct ddp::SyncBatchNorm there"), std::string::npos) << msg;
   // Inside a nested block (a Sequential subclass: its forward() is user code).
-  msg = message(torch::nn::Sequential(
-      torch::nn::Linear(4, 10), Block(torch::nn::Linear(10, 10), torch::nn::BatchNorm1d(10))));
+  msg = message(torch::nn::Sequential(torch::nn::Linear(4, 10), Block(torch::nn::Linear(10, 10),
+                                                                      torch::nn::BatchNorm1d(10))));
   EXPECT_NE(msg.find("1.1 is a torch::nn::BatchNorm1dImpl"), std::string::npos) << msg;
   // A Sequential subclass at the top.
   msg = message(torch::nn::Sequential(

@@ -54,7 +54,8 @@ void train(Net net, ddp::DDPOptions options, int64_t total_chunks, int steps,
     for (const auto& item : net->named_parameters()) state.insert(item.key(), item.value());
     for (const auto& item : net->named_buffers()) state.insert(item.key(), item.value());
     auto bytes = torch::pickle_save(c10::IValue(state));
-    std::ofstream(out, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(out, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
 }
 
@@ -78,14 +79,15 @@ int main(int argc, char** argv) {
     } else if (kind == "cnn") {
       train(Cnn(/*sync_bn=*/true).ptr(), {}, chunks, steps, {1, 12, 12}, plain, out);
     } else if (kind == "branchy") {
-      train(Branchy().ptr(), {.find_unused_parameters = true}, chunks, steps, {20},
-            [](auto& model, const at::Tensor& x, int s, int64_t first, int64_t mine) {
-              return model(x, branch_use(s, first, mine));
-            },
-            out);
+      train(
+          Branchy().ptr(), {.find_unused_parameters = true}, chunks, steps, {20},
+          [](auto& model, const at::Tensor& x, int s, int64_t first, int64_t mine) {
+            return model(x, branch_use(s, first, mine));
+          },
+          out);
     } else if (kind == "many") {
-      train(ManySmall().ptr(), {.bucket_cap_mb = 0.0003, .first_bucket_mb = 0.0001}, chunks,
-            steps, {20}, plain, out);
+      train(ManySmall().ptr(), {.bucket_cap_mb = 0.0003, .first_bucket_mb = 0.0001}, chunks, steps,
+            {20}, plain, out);
     } else {
       throw ddp::ConfigError("unknown kind " + kind);
     }

@@ -188,7 +188,7 @@ void write_error_file(const std::string& message) {
 }
 
 struct ActionDef {
-  int arity;  // -1: a list running up to the next action word
+  int arity;                      // -1: a list running up to the next action word
   void (*run)(const Args& args);  // nullptr: only-rank / end, handled by main
 };
 
@@ -197,38 +197,45 @@ const std::map<std::string, ActionDef> kActions = {
     {"echo", {1, [](const Args& a) { put(STDOUT_FILENO, a[0] + "\n"); }}},
     {"echo-partial", {1, [](const Args& a) { put(STDOUT_FILENO, a[0]); }}},
     {"stderr", {1, [](const Args& a) { put(STDERR_FILENO, a[0] + "\n"); }}},
-    {"lines", {2, [](const Args& a) {
-       for (int i = 0; i < std::atoi(a[0].c_str()); ++i) {
-         put(STDOUT_FILENO, fmt::format("{} {}\n", a[1], i));
-       }
-     }}},
-    {"print-env", {-1, [](const Args& a) {
-       for (const std::string& var : a) {
-         const char* v = std::getenv(var.c_str());
-         put(STDOUT_FILENO, fmt::format("{}={}\n", var, v != nullptr ? v : "<unset>"));
-       }
-     }}},
+    {"lines",
+     {2,
+      [](const Args& a) {
+        for (int i = 0; i < std::atoi(a[0].c_str()); ++i) {
+          put(STDOUT_FILENO, fmt::format("{} {}\n", a[1], i));
+        }
+      }}},
+    {"print-env",
+     {-1,
+      [](const Args& a) {
+        for (const std::string& var : a) {
+          const char* v = std::getenv(var.c_str());
+          put(STDOUT_FILENO, fmt::format("{}={}\n", var, v != nullptr ? v : "<unset>"));
+        }
+      }}},
     {"sleep", {1, [](const Args& a) { sleep_s(std::atof(a[0].c_str())); }}},
     {"exit", {1, [](const Args& a) { std::exit(std::atoi(a[0].c_str())); }}},
     {"kill-self", {1, [](const Args& a) { ::kill(::getpid(), signal_number(a[0])); }}},
     {"ignore-sigterm", {0, [](const Args&) { ::signal(SIGTERM, SIG_IGN); }}},
     {"touch", {1, [](const Args& a) { write_file(a[0], ""); }}},
     {"wait-file", {1, [](const Args& a) { wait_file(a[0]); }}},
-    {"touch-pidfile", {1, [](const Args& a) {
-       write_file(fmt::format("{}/{}.pid", a[0], rank()), std::to_string(::getpid()));
-     }}},
+    {"touch-pidfile",
+     {1,
+      [](const Args& a) {
+        write_file(fmt::format("{}/{}.pid", a[0], rank()), std::to_string(::getpid()));
+      }}},
     {"wait-reaped", {1, [](const Args& a) { wait_reaped(a[0]); }}},
     {"spawn-sleeper", {1, [](const Args& a) { spawn_sleeper(a[0]); }}},
-    {"fail-once", {1, [](const Args& a) {
-       if (exists(a[0])) return;
-       write_file(a[0], "");
-       std::exit(1);
-     }}},
+    {"fail-once",
+     {1,
+      [](const Args& a) {
+        if (exists(a[0])) return;
+        write_file(a[0], "");
+        std::exit(1);
+      }}},
     {"write-error-file", {1, [](const Args& a) { write_error_file(a[0]); }}},
     {"record-error", {1, [](const Args& a) { ddp::record_error(a[0]); }}},
-    {"record-relayed-error", {2, [](const Args& a) {
-       ddp::record_error(a[1], std::atoi(a[0].c_str()));
-     }}},
+    {"record-relayed-error",
+     {2, [](const Args& a) { ddp::record_error(a[1], std::atoi(a[0].c_str())); }}},
     {"stop-self", {0, [](const Args&) { ::kill(::getpid(), SIGSTOP); }}},
     {"wait-stopped", {1, [](const Args& a) { wait_stopped(a[0]); }}},
     {"only-rank", {1, nullptr}},

@@ -68,12 +68,12 @@ TEST(MultiProcessData, SamplerDefaultsAndExactEvalUnderDdprun) {
   DataLoader one(logits_dataset(), {.batch_size = 7});
   const EvalStats ref = evaluate(one);
   for (int n : {1, 2, 3}) {
-    auto r = testing::run_command(
-        {.argv = {ddprun, "--standalone", "--nproc-per-node", std::to_string(n),
-                  self, "--gtest_also_run_disabled_tests",
-                  "--gtest_filter=MultiProcessData.DISABLED_Worker"},
-         .env = {{"OMP_NUM_THREADS", "1"}},
-         .timeout_s = 60});
+    auto r =
+        testing::run_command({.argv = {ddprun, "--standalone", "--nproc-per-node",
+                                       std::to_string(n), self, "--gtest_also_run_disabled_tests",
+                                       "--gtest_filter=MultiProcessData.DISABLED_Worker"},
+                              .env = {{"OMP_NUM_THREADS", "1"}},
+                              .timeout_s = 60});
     ASSERT_TRUE(r.exited(0)) << r.describe();
     std::map<int, std::vector<int64_t>> shards;
     int evals = 0;

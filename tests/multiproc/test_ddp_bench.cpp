@@ -85,9 +85,9 @@ class BenchTest : public ::testing::Test {
 };
 
 TEST_F(BenchTest, CollectivesAloneVerifyEveryResult) {
-  Result r = run_command(bench(1, {"collectives", "--backend", "gloo", "--max-bytes", "64K",
-                                   "--iters", "3", "--warmup", "1", "--ring-bytes", "1M",
-                                   "--csv", (dir_ / "c.csv").string()}));
+  Result r = run_command(
+      bench(1, {"collectives", "--backend", "gloo", "--max-bytes", "64K", "--iters", "3",
+                "--warmup", "1", "--ring-bytes", "1M", "--csv", (dir_ / "c.csv").string()}));
   ASSERT_TRUE(r.exited(0)) << r.describe();
   EXPECT_NE(r.out.find("# verified: 0 results wrong"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("memcpy floor"), std::string::npos) << r.out;
@@ -95,11 +95,10 @@ TEST_F(BenchTest, CollectivesAloneVerifyEveryResult) {
 }
 
 TEST_F(BenchTest, CollectivesTwoRanksVerifyAndSkipAnUnavailableBackend) {
-  Result r = run_command(bench(2, {"collectives", "--backend", "no-such-backend,gloo",
-                                   "--dtype", "float32,int64", "--max-bytes", "16K",
-                                   "--iters", "3", "--warmup", "1", "--ring-bytes", "1M",
-                                   "--csv", (dir_ / "c.csv").string(),
-                                   "--png", (dir_ / "c.png").string()}));
+  Result r = run_command(
+      bench(2, {"collectives", "--backend", "no-such-backend,gloo", "--dtype", "float32,int64",
+                "--max-bytes", "16K", "--iters", "3", "--warmup", "1", "--ring-bytes", "1M",
+                "--csv", (dir_ / "c.csv").string(), "--png", (dir_ / "c.png").string()}));
   ASSERT_TRUE(r.exited(0)) << r.describe();
   EXPECT_NE(r.out.find("backend no-such-backend: unavailable, skipped: "), std::string::npos)
       << r.out;
@@ -119,9 +118,9 @@ TEST_F(BenchTest, ShmEveryCollectiveAndDtypeAcrossProcesses) {
     SCOPED_TRACE(ranks);
     const fs::path csv = dir_ / fmt::format("shm{}.csv", ranks);
     Command c = bench(ranks, {"collectives", "--backend", "shm,shm-inplace", "--dtype",
-                              "float32,float64,bfloat16,float16,int32,int64", "--max-bytes",
-                              "64K", "--iters", "2", "--warmup", "1", "--ring-bytes", "256K",
-                              "--csv", csv.string()});
+                              "float32,float64,bfloat16,float16,int32,int64", "--max-bytes", "64K",
+                              "--iters", "2", "--warmup", "1", "--ring-bytes", "256K", "--csv",
+                              csv.string()});
     c.env["DDP_SHM_CHUNK_BYTES"] = "16384";
     Result r = run_command(c);
     ASSERT_TRUE(r.exited(0)) << r.describe();
@@ -144,22 +143,21 @@ TEST_F(BenchTest, ShmEveryCollectiveAndDtypeAcrossProcesses) {
 
 TEST_F(BenchTest, TrainTwoRanksWithCompare) {
   const fs::path csv = dir_ / "t.csv";
-  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
-                                   "--steps", "3", "--warmup", "1", "--backend", "gloo",
-                                   "--compare", "--csv", csv.string(),
-                                   "--png", (dir_ / "t.png").string()}));
+  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",
+                                   "3", "--warmup", "1", "--backend", "gloo", "--compare", "--csv",
+                                   csv.string(), "--png", (dir_ / "t.png").string()}));
   ASSERT_TRUE(r.exited(0)) << r.describe();
-  for (const char* s : {"2 ranks x 1 thread (gloo)", "1 process x 1 thread",
-                        "1 process x 2 threads", "2 ranks x 1 thread (no comm)",
-                        "scaling efficiency at 2 ranks", "vs 1 process x 2 threads",
-                        "of the communication-free ceiling"}) {
+  for (const char* s :
+       {"2 ranks x 1 thread (gloo)", "1 process x 1 thread", "1 process x 2 threads",
+        "2 ranks x 1 thread (no comm)", "scaling efficiency at 2 ranks", "vs 1 process x 2 threads",
+        "of the communication-free ceiling"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   }
   const auto rows = read_csv(csv);
   ASSERT_EQ(rows.size(), 5u) << "header and 4 configurations";
   EXPECT_EQ(rows[1][3], "2");  // world size
   EXPECT_EQ(rows[2][3], "1");
-  EXPECT_EQ(rows[3][4], "2");  // threads
+  EXPECT_EQ(rows[3][4], "2");        // threads
   EXPECT_EQ(rows[4][2], "no comm");  // backend column of the ceiling
   EXPECT_EQ(rows[4][3], "2");
   for (size_t i = 1; i < rows.size(); ++i) EXPECT_GT(std::stod(rows[i][7]), 0) << "samples/s";
@@ -168,9 +166,8 @@ TEST_F(BenchTest, TrainTwoRanksWithCompare) {
 
 TEST_F(BenchTest, TrainWithoutDdpIsTheCeiling) {
   const fs::path csv = dir_ / "n.csv";
-  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
-                                   "--steps", "3", "--warmup", "1", "--no-ddp", "--csv",
-                                   csv.string()}));
+  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",
+                                   "3", "--warmup", "1", "--no-ddp", "--csv", csv.string()}));
   ASSERT_TRUE(r.exited(0)) << r.describe();
   const auto rows = read_csv(csv);
   ASSERT_EQ(rows.size(), 2u);

@@ -33,11 +33,11 @@ TEST_P(Processes, EqualOneProcessOnTheWholeBatch) {
     SCOPED_TRACE(fmt::format("{} at {} processes", kind, n));
     const std::string chunks = std::to_string(n);
     const fs::path one = dir / "one.pt", many = dir / "many.pt";
-    Result ref = run_command({.argv = {worker, kind, one.string(), "--chunks", chunks},
-                              .timeout_s = 60});
+    Result ref =
+        run_command({.argv = {worker, kind, one.string(), "--chunks", chunks}, .timeout_s = 60});
     ASSERT_TRUE(ref.exited(0)) << ref.describe();
-    Result ddp = run_command({.argv = {ddprun, "--standalone", "--nproc-per-node", chunks,
-                                       worker, kind, many.string(), "--chunks", chunks},
+    Result ddp = run_command({.argv = {ddprun, "--standalone", "--nproc-per-node", chunks, worker,
+                                       kind, many.string(), "--chunks", chunks},
                               .timeout_s = 120});
     ASSERT_TRUE(ddp.exited(0)) << ddp.describe();
     auto a = testing::load_state(one), b = testing::load_state(many);
@@ -62,8 +62,8 @@ TEST(TwoHosts, HierarchicalTransportEqualsOneProcess) {
   char tmpl[] = "/tmp/ddp_two_hosts_XXXXXX";
   const fs::path dir = mkdtemp(tmpl);
   const fs::path one = dir / "one.pt", many = dir / "many.pt";
-  Result ref = run_command({.argv = {worker, "mlp", one.string(), "--chunks", "4"},
-                            .timeout_s = 60});
+  Result ref =
+      run_command({.argv = {worker, "mlp", one.string(), "--chunks", "4"}, .timeout_s = 60});
   ASSERT_TRUE(ref.exited(0)) << ref.describe();
   const std::string port = std::to_string(testing::free_port());
   auto node = [&](int k) {
@@ -81,8 +81,7 @@ TEST(TwoHosts, HierarchicalTransportEqualsOneProcess) {
   Result r0 = host0.wait(), r1 = host1.wait();
   ASSERT_TRUE(r0.exited(0)) << r0.describe();
   ASSERT_TRUE(r1.exited(0)) << r1.describe();
-  EXPECT_NE((r0.out + r0.err).find("of 4 ranks over shm+gloo"), std::string::npos)
-      << r0.describe();
+  EXPECT_NE((r0.out + r0.err).find("of 4 ranks over shm+gloo"), std::string::npos) << r0.describe();
   auto a = testing::load_state(one), b = testing::load_state(many);
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, tensor] : a) {
@@ -92,8 +91,7 @@ TEST(TwoHosts, HierarchicalTransportEqualsOneProcess) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Processes,
-                         ::testing::Values("mlp", "cnn", "branchy", "many"),
+INSTANTIATE_TEST_SUITE_P(Models, Processes, ::testing::Values("mlp", "cnn", "branchy", "many"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

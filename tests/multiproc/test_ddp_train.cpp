@@ -62,9 +62,9 @@ TEST_F(TrainTest, ShortRunLearnsAndWritesItsFilesAndPythonAgrees) {
 }
 
 TEST_F(TrainTest, SyncBatchNormGradAccumulationAndBf16Run) {
-  Result r = run_command(train("run", {"--model", "resnet", "--sync-bn", "--grad-accum", "2",
-                                       "--precision", "bf16", "--epochs", "1", "--max-steps",
-                                       "8", "--no-plots"}));
+  Result r = run_command(
+      train("run", {"--model", "resnet", "--sync-bn", "--grad-accum", "2", "--precision", "bf16",
+                    "--epochs", "1", "--max-steps", "8", "--no-plots"}));
   ASSERT_TRUE(r.exited(0)) << r.describe();
   EXPECT_NE(r.out.find("done: test accuracy"), std::string::npos) << r.out;
 }
@@ -83,9 +83,9 @@ TEST_F(TrainTest, HelpAndBadFlags) {
   Result bad = run_command({.argv = {kTrain, "--model", "vgg"}, .timeout_s = 30});
   EXPECT_EQ(bad.exit_code, 2) << bad.describe();
   EXPECT_NE(bad.err.find("--model"), std::string::npos) << bad.err;
-  Result fp16 = run_command({.argv = {kTrain, "--precision", "fp16", "--output-dir",
-                                      (dir_ / "x").string()},
-                             .timeout_s = 60});
+  Result fp16 =
+      run_command({.argv = {kTrain, "--precision", "fp16", "--output-dir", (dir_ / "x").string()},
+                   .timeout_s = 60});
   EXPECT_EQ(fp16.exit_code, 2) << fp16.describe();
   EXPECT_NE(fp16.err.find("needs CUDA"), std::string::npos) << fp16.err;
   // Numbers: one short line naming the flag, not CLI11's range of doubles.
@@ -98,8 +98,10 @@ TEST_F(TrainTest, HelpAndBadFlags) {
 TEST_F(TrainTest, MissingDatasetNamesTheFlagAndThePackageWithOneRankPrefix) {
   Result r = run_command(train("run", {"--data-dir", (dir_ / "nowhere").string()}));
   EXPECT_EQ(r.exit_code, 1) << r.describe();  // ddprun: the group failed
-  const std::string want = fmt::format("[rank 0]: ddp-train: Fashion-MNIST not found: {} has no "
-                                       "train-images-idx3-ubyte.gz", (dir_ / "nowhere").string());
+  const std::string want = fmt::format(
+      "[rank 0]: ddp-train: Fashion-MNIST not found: {} has no "
+      "train-images-idx3-ubyte.gz",
+      (dir_ / "nowhere").string());
   EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("Check --data-dir"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("dataset-fashion-mnist"), std::string::npos) << r.err;
@@ -111,8 +113,8 @@ TEST_F(TrainTest, MissingDatasetNamesTheFlagAndThePackageWithOneRankPrefix) {
 // (trainer.h): the rest of the schedule is exactly the end of an uninterrupted run at `to`
 // ranks (so the rate neither jumps nor ends early), steps go on counting, both epochs end.
 void resume_at_another_world_size(TrainTest& t, const fs::path& dir, int to) {
-  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "2", "--log-every",
-                                           "1", "--no-plots"};
+  const std::vector<std::string> common = {"--model",     "mlp", "--epochs",  "2",
+                                           "--log-every", "1",   "--no-plots"};
   const std::string whole = fmt::format("whole{}", to), moved = fmt::format("moved{}", to);
   Result uninterrupted = run_command(t.train(whole, common, to));
   ASSERT_TRUE(uninterrupted.exited(0)) << uninterrupted.describe();
@@ -169,7 +171,8 @@ TEST_F(TrainTest, ResumingAFinishedRunReportsItAndTrainsNothing) {
   Result r = run_command(train("run", again));
   ASSERT_TRUE(r.exited(0)) << r.describe();
   EXPECT_NE(r.out.find("run already finished at step 24 (epoch 1/1); nothing to do"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find(fmt::format("({}/{})", correct, total)), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("(0/0)"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("epoch 1/1:"), std::string::npos) << "trained again:\n" << r.out;
@@ -182,7 +185,8 @@ TEST_F(TrainTest, ResumingAFinishedRunReportsItAndTrainsNothing) {
   ASSERT_TRUE(r2.exited(0)) << r2.describe();
   EXPECT_NE(r2.out.find("run already finished at step 6 (--max-steps 6, in epoch 1/1; raise "
                         "--max-steps to train on); nothing to do"),
-            std::string::npos) << r2.out;
+            std::string::npos)
+      << r2.out;
   EXPECT_EQ(r2.out.find("(0/0)"), std::string::npos) << r2.out;
 }
 

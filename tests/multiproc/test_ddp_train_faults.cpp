@@ -32,8 +32,8 @@ using testing::wait_until;
 
 // The CNN has dropout (RNG) and BatchNorm (buffers): the hard case for exact resume. 24 steps
 // per epoch here; about 1.5 s per epoch on 2 cores.
-const std::vector<std::string> kCnn = {"--model", "cnn", "--epochs", "2", "--checkpoint-every",
-                                       "5", "--no-plots"};
+const std::vector<std::string> kCnn =
+    {"--model", "cnn", "--epochs", "2", "--checkpoint-every", "5", "--no-plots"};
 
 std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -73,8 +73,7 @@ TEST_F(TrainFaultTest, KilledMidEpochAndResumedEndsBitwiseIdentical) {
   auto first = testing::Subprocess::start(train("killed", common));
   // Kill once a mid-epoch checkpoint exists (24 steps per epoch here; 10 is mid-epoch 1).
   const fs::path ckpt = dir_ / "killed" / "checkpoints" / "epoch=0-step=10.ckpt";
-  ASSERT_TRUE(testing::wait_until([&] { return fs::exists(ckpt); }, 200))
-      << first.err_so_far();
+  ASSERT_TRUE(testing::wait_until([&] { return fs::exists(ckpt); }, 200)) << first.err_so_far();
   ::kill(first.pid(), SIGKILL);  // ddprun dies; its workers die with it (PR_SET_PDEATHSIG)
   first.wait();
 
@@ -84,18 +83,16 @@ TEST_F(TrainFaultTest, KilledMidEpochAndResumedEndsBitwiseIdentical) {
   ASSERT_TRUE(resumed.exited(0)) << resumed.describe();
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
 
-  testing::expect_same_weights(whole() / "model_state.pt",
-                                dir_ / "killed" / "model_state.pt");
+  testing::expect_same_weights(whole() / "model_state.pt", dir_ / "killed" / "model_state.pt");
   // The killed attempt's rows after its checkpoint are gone: the steps are the whole run's.
   EXPECT_EQ(column(dir_ / "killed" / "metrics.csv", "train", 0),
             column(whole() / "metrics.csv", "train", 0));
 }
 
-
 TEST_F(TrainFaultTest, CorruptNewestCheckpointIsSkippedAndOtherModelsAreRefused) {
-  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1",
-                                           "--checkpoint-every", "6", "--no-plots",
-                                           "--max-steps", "18"};
+  const std::vector<std::string> common =
+      {"--model", "mlp",        "--epochs",    "1", "--checkpoint-every",
+       "6",       "--no-plots", "--max-steps", "18"};
   Result r = run_command(train("run", common));
   ASSERT_TRUE(r.exited(0)) << r.describe();
   const fs::path ckpts = dir_ / "run" / "checkpoints";
@@ -113,8 +110,13 @@ TEST_F(TrainFaultTest, CorruptNewestCheckpointIsSkippedAndOtherModelsAreRefused)
       << again.out;
 
   // A CNN run pointed at the MLP's checkpoints is refused, with the reason.
-  std::vector<std::string> other = {"--model", "cnn", "--epochs", "1", "--no-plots",
-                                    "--resume", (ckpts / "epoch=0-step=12.ckpt").string()};
+  std::vector<std::string> other = {"--model",
+                                    "cnn",
+                                    "--epochs",
+                                    "1",
+                                    "--no-plots",
+                                    "--resume",
+                                    (ckpts / "epoch=0-step=12.ckpt").string()};
   Result refused = run_command(train("run", other));
   EXPECT_EQ(refused.exit_code, 1) << refused.describe();
   EXPECT_NE(refused.err.find("--model mlp"), std::string::npos) << refused.err;
@@ -123,10 +125,10 @@ TEST_F(TrainFaultTest, CorruptNewestCheckpointIsSkippedAndOtherModelsAreRefused)
   EXPECT_EQ(refused.err.find("ddp-train: [rank 0]"), std::string::npos) << refused.err;
 }
 
-
 TEST_F(TrainFaultTest, EveryCheckpointCorruptIsRefusedNamingEachFile) {
-  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1", "--no-plots",
-                                           "--checkpoint-every", "6", "--max-steps", "12"};
+  const std::vector<std::string> common = {"--model", "mlp",         "--epochs",
+                                           "1",       "--no-plots",  "--checkpoint-every",
+                                           "6",       "--max-steps", "12"};
   ASSERT_TRUE(run_command(train("run", common)).exited(0));
   const fs::path ckpts = dir_ / "run" / "checkpoints";
   fs::resize_file(ckpts / "epoch=0-step=6.ckpt", 100);
@@ -135,20 +137,19 @@ TEST_F(TrainFaultTest, EveryCheckpointCorruptIsRefusedNamingEachFile) {
   again.insert(again.end(), {"--resume", "auto", "--max-steps", "18"});
   Result r = run_command(train("run", again));
   EXPECT_EQ(r.exit_code, 1) << r.describe();  // ddprun: the group failed (workers: 2)
-  for (const char* want :
-       {"--resume auto: none of the 2 checkpoint(s) in", "epoch=0-step=12.ckpt: ",
-        "epoch=0-step=6.ckpt: ", "truncated", "not starting over from step 0",
-        "move or delete that folder"}) {
+  for (const char* want : {"--resume auto: none of the 2 checkpoint(s) in",
+                           "epoch=0-step=12.ckpt: ", "epoch=0-step=6.ckpt: ", "truncated",
+                           "not starting over from step 0", "move or delete that folder"}) {
     EXPECT_NE(r.err.find(want), std::string::npos) << want << "\n" << r.err;
   }
   EXPECT_NE(r.err.find("exit code 2"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("epoch 1/1"), std::string::npos) << "trained:\n" << r.out;
 }
 
-
 TEST_F(TrainFaultTest, MetricsRowsAfterTheResumedCheckpointAreDropped) {
-  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1", "--log-every",
-                                           "1", "--checkpoint-every", "5", "--no-plots"};
+  const std::vector<std::string> common = {"--model",     "mlp", "--epochs",           "1",
+                                           "--log-every", "1",   "--checkpoint-every", "5",
+                                           "--no-plots"};
   std::vector<std::string> first = common;
   first.insert(first.end(), {"--max-steps", "12"});
   ASSERT_TRUE(run_command(train("run", first)).exited(0));
@@ -160,14 +161,12 @@ TEST_F(TrainFaultTest, MetricsRowsAfterTheResumedCheckpointAreDropped) {
   again.insert(again.end(), {"--max-steps", "14", "--resume", "auto"});
   Result r = run_command(train("run", again));
   ASSERT_TRUE(r.exited(0)) << r.describe();
-  EXPECT_NE(r.out.find("metrics.csv: dropped 3 row(s) after step 10"), std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("metrics.csv: dropped 3 row(s) after step 10"), std::string::npos) << r.out;
   std::vector<double> want;
   for (int s = 1; s <= 14; ++s) want.push_back(s);
   EXPECT_EQ(column(dir_ / "run" / "metrics.csv", "train", 0), want);
   EXPECT_EQ(column(dir_ / "run" / "metrics.csv", "test", 0), std::vector<double>{14});
 }
-
 
 TEST_F(TrainFaultTest, PreemptedBySigtermCheckpointsAndResumesBitwise) {
   ASSERT_TRUE(whole_ok_) << whole_error_;
@@ -182,10 +181,10 @@ TEST_F(TrainFaultTest, PreemptedBySigtermCheckpointsAndResumesBitwise) {
   EXPECT_EQ(r.term_signal, SIGTERM) << r.describe();
   EXPECT_LT(r.wall_s - signalled, 8.0) << r.describe();
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(
-      r.out, m,
-      std::regex(R"(preempted at step (\d+) \(epoch 1/2\); checkpoint (\S+); )"
-                 R"(resume with --resume auto)")))
+  ASSERT_TRUE(
+      std::regex_search(r.out, m,
+                        std::regex(R"(preempted at step (\d+) \(epoch 1/2\); checkpoint (\S+); )"
+                                   R"(resume with --resume auto)")))
       << r.describe();
   const int step = std::stoi(m[1]);
   EXPECT_GE(step, 10);  // SIGTERM came after step 10's checkpoint
@@ -198,7 +197,8 @@ TEST_F(TrainFaultTest, PreemptedBySigtermCheckpointsAndResumesBitwise) {
   Result resumed = run_command(train("run", plus(kCnn, {"--resume", "auto"})));
   ASSERT_TRUE(resumed.exited(0)) << resumed.describe();
   EXPECT_NE(resumed.out.find(fmt::format("resumed from {} at epoch 0, step {}", m[2].str(), step)),
-            std::string::npos) << resumed.out;
+            std::string::npos)
+      << resumed.out;
   testing::expect_same_weights(whole() / "model_state.pt", dir_ / "run" / "model_state.pt");
   EXPECT_EQ(column(dir_ / "run" / "metrics.csv", "train", 0),
             column(whole() / "metrics.csv", "train", 0));
@@ -206,15 +206,15 @@ TEST_F(TrainFaultTest, PreemptedBySigtermCheckpointsAndResumesBitwise) {
 
 // Slow steps (a ResNet on 1024 images per step, about 2 s on one thread), so that signals land
 // inside a step.
-const std::vector<std::string> kSlowSteps = {"--model", "resnet", "--batch-size", "1024",
-                                             "--train-subset", "8192", "--test-subset", "100",
-                                             "--no-plots", "--threads", "1"};
+const std::vector<std::string> kSlowSteps =
+    {"--model", "resnet",     "--batch-size", "1024", "--train-subset", "8192", "--test-subset",
+     "100",     "--no-plots", "--threads",    "1"};
 
 TEST_F(TrainFaultTest, SecondSigtermKillsAtOnce) {
   // ddp-train alone (one process): the first SIGTERM asks for a stop after the step, the
   // second kills.
-  std::vector<std::string> argv = plus({testing::kTrain, "--output-dir", (dir_ / "run").string()},
-                                       kSlowSteps);
+  std::vector<std::string> argv =
+      plus({testing::kTrain, "--output-dir", (dir_ / "run").string()}, kSlowSteps);
   auto p = Subprocess::start({.argv = argv, .timeout_s = 120});
   ASSERT_TRUE(wait_until([&] { return p.out_so_far().find("BLAS:") != std::string::npos; }, 60))
       << p.out_so_far() << p.err_so_far();
@@ -230,8 +230,8 @@ TEST_F(TrainFaultTest, SecondSigtermKillsAtOnce) {
 }
 
 TEST_F(TrainFaultTest, OneSigtermAloneStopsAfterTheStepWithCode75) {
-  std::vector<std::string> argv = plus({testing::kTrain, "--output-dir", (dir_ / "run").string()},
-                                       kSlowSteps);
+  std::vector<std::string> argv =
+      plus({testing::kTrain, "--output-dir", (dir_ / "run").string()}, kSlowSteps);
   auto p = Subprocess::start({.argv = argv, .timeout_s = 120});
   ASSERT_TRUE(wait_until([&] { return p.out_so_far().find("BLAS:") != std::string::npos; }, 60))
       << p.out_so_far() << p.err_so_far();
@@ -239,8 +239,7 @@ TEST_F(TrainFaultTest, OneSigtermAloneStopsAfterTheStepWithCode75) {
   p.signal(SIGTERM);
   const Result& r = p.wait();
   EXPECT_TRUE(r.exited(75)) << r.describe();
-  EXPECT_NE(r.out.find("preempted at step 1 (epoch 1/3); checkpoint "), std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("preempted at step 1 (epoch 1/3); checkpoint "), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoints" / "epoch=0-step=1.ckpt"));
 }
 
@@ -264,8 +263,8 @@ TEST_F(TrainFaultTest, GracePeriodEndStillKills) {
 
 TEST_F(TrainFaultTest, KilledWorkerIsRestartedAndTheGroupResumesBitwise) {
   ASSERT_TRUE(whole_ok_) << whole_error_;
-  auto p = Subprocess::start(
-      train("run", plus(kCnn, {"--resume", "auto"}), 2, {"--max-restarts", "2"}));
+  auto p =
+      Subprocess::start(train("run", plus(kCnn, {"--resume", "auto"}), 2, {"--max-restarts", "2"}));
   const fs::path ckpt = dir_ / "run" / "checkpoints" / "epoch=0-step=10.ckpt";
   ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt); }, 200)) << p.err_so_far();
   const std::vector<pid_t> workers = children_of(p.pid());

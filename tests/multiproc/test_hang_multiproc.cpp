@@ -50,8 +50,8 @@ nlohmann::json find_dump(const std::string& dir, int rank) {
 TEST(HangMultiproc, StoppedRankIsNamedLongBeforeTheTimeout) {
   TempDir logs;
   auto job = testing::Subprocess::start(
-      {.argv = {kDdprun, "--standalone", "--nproc-per-node", "2", "--log-dir", logs.path(),
-                "--tee", "3", kWorker, "loop"},
+      {.argv = {kDdprun, "--standalone", "--nproc-per-node", "2", "--log-dir", logs.path(), "--tee",
+                "3", kWorker, "loop"},
        .env = {{"DDP_BACKEND", "gloo"}, {"DDP_COLLECTIVE_TIMEOUT", "60"}},
        .timeout_s = 90});
   std::smatch m;
@@ -69,8 +69,8 @@ TEST(HangMultiproc, StoppedRankIsNamedLongBeforeTheTimeout) {
   ASSERT_EQ(::kill(pid, SIGSTOP), 0);
   const auto stopped_at = std::chrono::steady_clock::now();
   const std::string needle = "rank 1 (pid " + std::to_string(pid) + ") is stopped (SIGSTOP";
-  const bool named = testing::wait_until(
-      [&] { return job.err_so_far().find(needle) != std::string::npos; }, 40);
+  const bool named =
+      testing::wait_until([&] { return job.err_so_far().find(needle) != std::string::npos; }, 40);
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
   ::kill(pid, SIGCONT);  // so that ddprun's SIGTERM ends it
@@ -99,11 +99,11 @@ TEST(HangMultiproc, StoppedRankIsNamedLongBeforeTheTimeout) {
 
 TEST(HangMultiproc, SkippedCollectiveVerdictOpensTheSummary) {
   TempDir logs;
-  const testing::Result r = testing::run_command(
-      {.argv = {kDdprun, "--standalone", "--nproc-per-node", "2", "--log-dir", logs.path(),
-                kWorker, "skip"},
-       .env = {{"DDP_BACKEND", "gloo"}, {"DDP_COLLECTIVE_TIMEOUT", "3"}},
-       .timeout_s = 60});
+  const testing::Result r =
+      testing::run_command({.argv = {kDdprun, "--standalone", "--nproc-per-node", "2", "--log-dir",
+                                     logs.path(), kWorker, "skip"},
+                            .env = {{"DDP_BACKEND", "gloo"}, {"DDP_COLLECTIVE_TIMEOUT", "3"}},
+                            .timeout_s = 60});
   EXPECT_FALSE(r.timed_out) << r.describe();
   EXPECT_NE(r.exit_code, 0) << r.describe();
   const std::string verdict =

@@ -72,13 +72,15 @@ bool alive(int pid) { return ::kill(pid, 0) == 0; }
 
 TEST(MultiProcess, DdprunTwoAndFourWorkersAllReduce) {
   for (int n : {2, 4}) {
-    Result r = run_command({.argv = {kDdprun, "--standalone", "--nproc-per-node",
-                                     std::to_string(n), kAllreduce, "--elements", "100000"},
+    Result r = run_command({.argv = {kDdprun, "--standalone", "--nproc-per-node", std::to_string(n),
+                                     kAllreduce, "--elements", "100000"},
                             .timeout_s = 60});
     ASSERT_TRUE(r.exited(0)) << r.describe();
     EXPECT_EQ(count(r.out, "): OK"), n) << r.describe();
-    expect_contains(r.out, {"[rank 0]: rank 0/" + std::to_string(n), "[rank " +
-                            std::to_string(n - 1) + "]: all_reduce(sum)"}, r);
+    expect_contains(r.out,
+                    {"[rank 0]: rank 0/" + std::to_string(n),
+                     "[rank " + std::to_string(n - 1) + "]: all_reduce(sum)"},
+                    r);
     EXPECT_EQ(count(r.out, "WRONG"), 0);
   }
 }
@@ -135,8 +137,10 @@ TEST(MultiProcess, HungPeerTimesOutNamingTheCollective) {
 
 Command one_rank(int rank, int port) {
   return {.argv = {kAllreduce},
-          .env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
-                  {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+          .env = {{"RANK", std::to_string(rank)},
+                  {"WORLD_SIZE", "2"},
+                  {"MASTER_ADDR", "127.0.0.1"},
+                  {"MASTER_PORT", std::to_string(port)},
                   {"DDP_RDZV_TIMEOUT", "2"}},
           .timeout_s = 30};
 }
@@ -196,10 +200,20 @@ TEST(MultiProcess, DebianTorchrunLaunchesOurProgram) {
   // Debian's torchrun 1.13 on Python 3.11 cannot parse its own default "--redirects 0"
   // (Std.from_str("0") returns None: IntFlag iteration skips 0 in 3.11); "1" works.
   for (bool standalone : {true, false}) {
-    std::vector<std::string> argv = {"/usr/bin/python3", "-c", kTorchrun, "--nproc_per_node",
-                                     "2", "--no_python", "--redirects", "1", "--tee", "1"};
-    if (standalone) argv.push_back("--standalone");  // c10d rendezvous: rank 0 hosts the store
-    else argv.insert(argv.end(), {"--master_port", std::to_string(testing::free_port())});
+    std::vector<std::string> argv = {"/usr/bin/python3",
+                                     "-c",
+                                     kTorchrun,
+                                     "--nproc_per_node",
+                                     "2",
+                                     "--no_python",
+                                     "--redirects",
+                                     "1",
+                                     "--tee",
+                                     "1"};
+    if (standalone)
+      argv.push_back("--standalone");  // c10d rendezvous: rank 0 hosts the store
+    else
+      argv.insert(argv.end(), {"--master_port", std::to_string(testing::free_port())});
     argv.push_back(kAllreduce);
     // USE_LIBUV=0: the classic store, the only one Debian's LibTorch 2.6 has (see kTorchrun and
     // Note [TCPStore and libuv]); 1.13 ignores the variable.
@@ -212,10 +226,10 @@ TEST(MultiProcess, DebianTorchrunLaunchesOurProgram) {
 }
 
 TEST(MultiProcess, OpenMpiLaunchesOurProgramWithNoExtraVariables) {
-  Result r = run_command({.argv = {"/usr/bin/mpirun", "-np", "3", "--oversubscribe", kAllreduce},
-                          .env = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
-                                  {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}},
-                          .timeout_s = 90});
+  Result r = run_command(
+      {.argv = {"/usr/bin/mpirun", "-np", "3", "--oversubscribe", kAllreduce},
+       .env = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}},
+       .timeout_s = 90});
   ASSERT_TRUE(r.exited(0)) << r.describe();
   EXPECT_EQ(count(r.out, "): OK"), 3) << r.describe();
   expect_contains(r.out, {"rank 0/3", "via Open MPI"}, r);
@@ -227,8 +241,10 @@ void read_tensors(torch::serialize::InputArchive& archive, const std::string& pr
   for (const auto& key : archive.keys()) {
     torch::Tensor t;
     torch::serialize::InputArchive child;
-    if (archive.try_read(key, t)) out[prefix + key] = t;
-    else if (archive.try_read(key, child)) read_tensors(child, prefix + key + ".", out);
+    if (archive.try_read(key, t))
+      out[prefix + key] = t;
+    else if (archive.try_read(key, child))
+      read_tensors(child, prefix + key + ".", out);
   }
 }
 
@@ -243,7 +259,7 @@ std::map<std::string, torch::Tensor> load_params(const std::string& path) {
 TEST(MultiProcess, DdpAcrossProcessesEqualsOneProcessOnTheWholeBatch) {
   char dir_template[] = "/tmp/ddp_mp_XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  const std::vector<std::string> common = {"--steps", "20", "--global-batch", "48",
+  const std::vector<std::string> common = {"--steps",         "20",   "--global-batch", "48",
                                            "--bucket-cap-mb", "0.005"};
   auto with = [&](std::vector<std::string> argv, const std::string& save) {
     argv.insert(argv.end(), common.begin(), common.end());

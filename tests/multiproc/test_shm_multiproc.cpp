@@ -50,15 +50,21 @@ TwoRanks start_pair() {
   const int port = testing::free_port();
   auto cmd = [&](int rank) {
     return Command{.argv = {kAllreduce, "--hang-rank", "1"},
-                   .env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
-                           {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", "2"},
-                           {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
-                           {"DDP_BACKEND", "shm"}, {"DDP_COLLECTIVE_TIMEOUT", "120"}},
+                   .env = {{"RANK", std::to_string(rank)},
+                           {"WORLD_SIZE", "2"},
+                           {"LOCAL_RANK", std::to_string(rank)},
+                           {"LOCAL_WORLD_SIZE", "2"},
+                           {"MASTER_ADDR", "127.0.0.1"},
+                           {"MASTER_PORT", std::to_string(port)},
+                           {"DDP_BACKEND", "shm"},
+                           {"DDP_COLLECTIVE_TIMEOUT", "120"}},
                    .timeout_s = 60};
   };
   TwoRanks p{Subprocess::start(cmd(0)), Subprocess::start(cmd(1))};
   // Rank 0 prints once the group (and its shared segment) is formed.
-  EXPECT_TRUE(testing::wait_until([&] { return p.rank0.out_so_far().find("via") != std::string::npos; }, 30))
+  EXPECT_TRUE(
+      testing::wait_until([&] { return p.rank0.out_so_far().find("via") != std::string::npos; },
+                          30))
       << p.rank0.err_so_far();
   return p;
 }
@@ -73,9 +79,8 @@ TEST(ShmMultiproc, KilledPeerIsNamedWithinSecondsAndNothingIsLeftInDevShm) {
   const auto& r = p.rank0.wait();
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_LT(r.wall_s - killed_at, 5.0) << r.describe();
-  for (const std::string& needle :
-       {std::string("[rank 0] all_reduce #1 (sum, 4 x Float) failed"),
-        fmt::format("rank 1 (pid {}) exited or was killed", victim)}) {
+  for (const std::string& needle : {std::string("[rank 0] all_reduce #1 (sum, 4 x Float) failed"),
+                                    fmt::format("rank 1 (pid {}) exited or was killed", victim)}) {
     EXPECT_NE(r.err.find(needle), std::string::npos) << needle << "\n" << r.describe();
   }
   p.rank1.wait();
@@ -99,8 +104,8 @@ TEST(ShmMultiproc, StoppedPeerIsNamedWithinSeconds) {
 TEST(ShmMultiproc, TwoJobsSideBySideOnOneHost) {
   // 3M floats: 12 MiB per rank, many chunks each, both jobs at once.
   auto job = [] {
-    return Subprocess::start({.argv = {kDdprun, "--standalone", "--nproc-per-node", "2",
-                                       kAllreduce, "--elements", "3000000"},
+    return Subprocess::start({.argv = {kDdprun, "--standalone", "--nproc-per-node", "2", kAllreduce,
+                                       "--elements", "3000000"},
                               .env = {{"DDP_DEBUG", "info"}},
                               .timeout_s = 120});
   };

@@ -5,7 +5,7 @@
 // naming the endpoint and the call that got no answer. Also: a wrong secret between nodes.
 #include <arpa/inet.h>  // inet_ntop, inet_pton
 #include <dirent.h>
-#include <ifaddrs.h>    // getifaddrs
+#include <ifaddrs.h>  // getifaddrs
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -164,7 +164,10 @@ TEST(StoreUnderAttack, TheJobFinishesWithTheSameResultAndRankZeroStaysSmall) {
   stranger("GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", "GET / HTTP/1.1");
   stranger(store::Writer().u32(1u << 30).body(), "1073741824 bytes before authenticating");
   // Half a hello, then silence: the oldest waiting stranger once the idle ones come.
-  stranger(std::string("\x46\x00\x00\x00" "DDPST", 9), "made room");
+  stranger(std::string("\x46\x00\x00\x00"
+                       "DDPST",
+                       9),
+           "made room");
   // A process that speaks the protocol but lacks the secret.
   store::ClientOptions o;
   o.host = "127.0.0.1";
@@ -204,9 +207,10 @@ TEST(StoreUnderAttack, TheJobFinishesWithTheSameResultAndRankZeroStaysSmall) {
   EXPECT_EQ(results(r.out), results(reference.out)) << r.describe();
   // The attackers still hold their sockets: the job does not wait for them.
   EXPECT_LT(after_go, 30.0) << r.describe();
-  std::printf("[ measured ] the job ended %.1f s after it was let go, with %zu attackers' "
-              "sockets still open\n",
-              after_go, held.size());
+  std::printf(
+      "[ measured ] the job ended %.1f s after it was let go, with %zu attackers' "
+      "sockets still open\n",
+      after_go, held.size());
   const std::string where = fmt::format("[rank 0]: ddp: rendezvous store 127.0.0.1:{}: ", port);
   for (const auto& [address, says] : logged) {
     const size_t at = r.err.find(address);
@@ -215,8 +219,8 @@ TEST(StoreUnderAttack, TheJobFinishesWithTheSameResultAndRankZeroStaysSmall) {
     const std::string line = r.err.substr(line_start, r.err.find('\n', at) - line_start);
     expect_contains(line, {where, says}, r.err);
   }
-  expect_contains(r.err, {"wrong job key", "(an intruder)",
-                          "64 connections were waiting to authenticate"},
+  expect_contains(r.err,
+                  {"wrong job key", "(an intruder)", "64 connections were waiting to authenticate"},
                   r.err);
   held.clear();
 }
@@ -239,9 +243,9 @@ std::vector<std::string> other_addresses() {
 // ddprun --standalone: the store listens on 127.0.0.1 only, not on the host's other addresses.
 TEST(StoreUnderAttack, StandaloneListensOnLoopbackOnly) {
   TempDir dir;
-  auto job = Subprocess::start({.argv = {kDdprun, "--standalone", "--nproc-per-node", "2",
-                                         kWorker, dir / "go"},
-                                .timeout_s = 120});
+  auto job = Subprocess::start(
+      {.argv = {kDdprun, "--standalone", "--nproc-per-node", "2", kWorker, dir / "go"},
+       .timeout_s = 120});
   std::string out;  // what `m` points into
   std::smatch m;
   ASSERT_TRUE(testing::wait_until(
@@ -277,9 +281,12 @@ TEST(StoreUnderAttack, StandaloneListensOnLoopbackOnly) {
 
 Command one_rank(int rank, int world, int port, const std::string& timeout_s) {
   return {.argv = {kWorker, "/nonexistent-go-file"},
-          .env = {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)},
-                  {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
-                  {"DDP_RDZV_TIMEOUT", timeout_s}, {"DDP_STORE_SECRET", "s"}},
+          .env = {{"RANK", std::to_string(rank)},
+                  {"WORLD_SIZE", std::to_string(world)},
+                  {"MASTER_ADDR", "127.0.0.1"},
+                  {"MASTER_PORT", std::to_string(port)},
+                  {"DDP_RDZV_TIMEOUT", timeout_s},
+                  {"DDP_STORE_SECRET", "s"}},
           .timeout_s = 60};
 }
 
@@ -292,8 +299,9 @@ TEST(SilentStore, APortThatNeverAnswersEndsTheRankInTime) {
     const Result r = testing::run_command(cmd);
     EXPECT_EQ(r.exit_code, 1) << r.describe();
     EXPECT_LT(r.wall_s, 12.0) << r.describe();
-    expect_contains(r.err, {"[rank 1]", fmt::format("127.0.0.1:{}", silent.port()),
-                            "did not answer", "SIGSTOP"},
+    expect_contains(r.err,
+                    {"[rank 1]", fmt::format("127.0.0.1:{}", silent.port()), "did not answer",
+                     "SIGSTOP"},
                     r.describe());
   }
 }
@@ -306,8 +314,9 @@ TEST(SilentStore, AStoppedRankZeroBeforeRankOneConnects) {
   const Result r = testing::run_command(one_rank(1, 2, port, "3"));
   EXPECT_EQ(r.exit_code, 1) << r.describe();
   EXPECT_LT(r.wall_s, 12.0) << r.describe();
-  expect_contains(r.err, {"[rank 1]", fmt::format("127.0.0.1:{}", port),
-                          "accepted the connection but did not answer", "rank 0"},
+  expect_contains(r.err,
+                  {"[rank 1]", fmt::format("127.0.0.1:{}", port),
+                   "accepted the connection but did not answer", "rank 0"},
                   r.describe());
   ::kill(rank0.pid(), SIGKILL);
 }
@@ -338,8 +347,8 @@ TEST(SilentStore, AStoppedRankZeroDuringTheCount) {
   const Result& r = rank1.wait();
   EXPECT_EQ(r.exit_code, 1) << r.describe();
   EXPECT_LT(r.wall_s, 20.0) << r.describe();
-  expect_contains(r.err, {"[rank 1]", fmt::format("127.0.0.1:{}", port), "did not answer",
-                          "rank 0"},
+  expect_contains(r.err,
+                  {"[rank 1]", fmt::format("127.0.0.1:{}", port), "did not answer", "rank 0"},
                   r.describe());
   // Not the ordinary rendezvous timeout: the store's silence is what it reports.
   EXPECT_EQ(r.err.find("ranks joined after"), std::string::npos) << r.describe();
@@ -366,8 +375,8 @@ TEST(SilentStore, AStoppedRankZeroUnderDdprun) {
   const Result r = testing::run_command(node(1, port, "4", "s"));
   EXPECT_EQ(r.exit_code, 1) << r.describe();
   EXPECT_LT(r.wall_s, 20.0) << r.describe();
-  expect_contains(r.err, {"Root cause", "[rank 1]", fmt::format("127.0.0.1:{}", port),
-                          "did not answer"},
+  expect_contains(r.err,
+                  {"Root cause", "[rank 1]", fmt::format("127.0.0.1:{}", port), "did not answer"},
                   r.describe());
   ::kill(workers[0], SIGKILL);
 }
@@ -379,13 +388,13 @@ TEST(StoreSecret, ANodeWithAnotherSecretIsRefusedAndNamed) {
   const Result r1 = testing::run_command(node(1, port, "5", "secret-b"));
   EXPECT_EQ(r1.exit_code, 1) << r1.describe();
   EXPECT_LT(r1.wall_s, 5.0) << "refused only at the timeout\n" << r1.describe();
-  expect_contains(r1.err, {"[rank 1]", fmt::format("127.0.0.1:{}", port),
-                           "refused this process", "DDP_STORE_SECRET"},
+  expect_contains(r1.err,
+                  {"[rank 1]", fmt::format("127.0.0.1:{}", port), "refused this process",
+                   "DDP_STORE_SECRET"},
                   r1.describe());
   const Result& r0 = node0.wait();
   EXPECT_EQ(r0.exit_code, 1) << r0.describe();
-  expect_contains(r0.err, {"[rank 0]: ddp: rendezvous store", "wrong job key",
-                           "1/2 ranks joined"},
+  expect_contains(r0.err, {"[rank 0]: ddp: rendezvous store", "wrong job key", "1/2 ranks joined"},
                   r0.describe());
 }
 

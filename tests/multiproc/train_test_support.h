@@ -35,9 +35,9 @@ inline Command train_command(const std::filesystem::path& dir, const std::string
   std::vector<std::string> argv = {kDdprun, "--standalone", "--nproc-per-node",
                                    std::to_string(ranks)};
   argv.insert(argv.end(), launcher.begin(), launcher.end());
-  argv.insert(argv.end(), {kTrain, "--train-subset", "1536", "--test-subset", "1000",
-                           "--batch-size", "32", "--output-dir", (dir / out).string(),
-                           "--log-every", "4", "--workers", "1"});
+  argv.insert(argv.end(),
+              {kTrain, "--train-subset", "1536", "--test-subset", "1000", "--batch-size", "32",
+               "--output-dir", (dir / out).string(), "--log-every", "4", "--workers", "1"});
   argv.insert(argv.end(), extra.begin(), extra.end());
   return {.argv = argv, .timeout_s = 240};
 }

@@ -31,8 +31,8 @@ struct CnnImpl : torch::nn::Module {
     conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)));
     bn1 = norm(4);
     register_module("bn1", bn1.ptr());
-    conv2 = register_module("conv2",
-                            torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3).stride(2)));
+    conv2 =
+        register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3).stride(2)));
     bn2 = norm(8);
     register_module("bn2", bn2.ptr());
     fc = register_module("fc", torch::nn::Linear(8 * 4 * 4, 10));

@@ -82,9 +82,10 @@ class Hosts {
                      ns));
       sh(fmt::format("ip -n {0}sw link set {0}p{1} master br0 && ip -n {0}sw link set {0}p{1} up",
                      tag_, k));
-      sh(fmt::format("ip -n {0} addr add {1}/24 dev {2}v{3} && ip -n {0} link set {2}v{3} up && "
-                     "ip -n {0} link set lo up",
-                     ns, addresses_.back(), tag_, k));
+      sh(
+          fmt::format("ip -n {0} addr add {1}/24 dev {2}v{3} && ip -n {0} link set {2}v{3} up && "
+                      "ip -n {0} link set lo up",
+                      ns, addresses_.back(), tag_, k));
     }
   }
 
@@ -103,10 +104,18 @@ class Hosts {
   const std::string& address(int k) const { return addresses_.at(k); }
 
   // Starts argv inside host k, with hostname "<tag>h<k>" in its own UTS namespace.
-  Subprocess start(int k, std::vector<std::string> argv, std::map<std::string, std::string> env = {},
-                   double timeout_s = 120) const {
-    std::vector<std::string> full = {ip(), "netns", "exec", host(k), "/usr/bin/unshare", "--uts",
-                                     "/bin/sh", "-c", "hostname \"$0\" && exec \"$@\"", host(k)};
+  Subprocess start(int k, std::vector<std::string> argv,
+                   std::map<std::string, std::string> env = {}, double timeout_s = 120) const {
+    std::vector<std::string> full = {ip(),
+                                     "netns",
+                                     "exec",
+                                     host(k),
+                                     "/usr/bin/unshare",
+                                     "--uts",
+                                     "/bin/sh",
+                                     "-c",
+                                     "hostname \"$0\" && exec \"$@\"",
+                                     host(k)};
     full.insert(full.end(), argv.begin(), argv.end());
     return Subprocess::start({.argv = full, .env = std::move(env), .timeout_s = timeout_s});
   }

@@ -95,10 +95,10 @@ class RawPeer {
 
   // The store's handshake with `key`, as a rank does it; true when admitted.
   bool authenticate(const std::string& key) {
-    const std::string g = read(5.0, store::kFrameHeaderBytes + store::kMagic.size() + 1 +
-                                         store::kNonceBytes);
-    auto server_nonce = store::parse_greeting(std::string_view(g).substr(
-        std::min(g.size(), store::kFrameHeaderBytes)));
+    const std::string g =
+        read(5.0, store::kFrameHeaderBytes + store::kMagic.size() + 1 + store::kNonceBytes);
+    auto server_nonce = store::parse_greeting(
+        std::string_view(g).substr(std::min(g.size(), store::kFrameHeaderBytes)));
     if (!server_nonce) return false;
     const store::Nonce mine = store::random_nonce();
     send(store::hello(mine, store::client_proof(key, *server_nonce, mine), "a test's raw peer"));

@@ -52,10 +52,9 @@ struct Result {
   bool exited(int code) const { return term_signal == 0 && exit_code == code; }
   // For assertion messages: how it ended, then its output.
   std::string describe() const {
-    std::string how = timed_out ? "TIMED OUT (killed at the deadline)"
-                      : term_signal != 0
-                          ? "killed by signal " + std::to_string(term_signal)
-                          : "exit code " + std::to_string(exit_code);
+    std::string how = timed_out          ? "TIMED OUT (killed at the deadline)"
+                      : term_signal != 0 ? "killed by signal " + std::to_string(term_signal)
+                                         : "exit code " + std::to_string(exit_code);
     return how + " after " + std::to_string(wall_s) + " s\n--- stdout ---\n" + out +
            "--- stderr ---\n" + err + "--- end ---";
   }

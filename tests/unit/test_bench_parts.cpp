@@ -59,7 +59,7 @@ TEST(BenchSweep, BusFactorsAndElementCounts) {
   EXPECT_DOUBLE_EQ(bus_factor("broadcast", 8), 1.0);
   EXPECT_THROW(bus_factor("alltoall", 2), ConfigError);
   EXPECT_EQ(elements_for("all_reduce", 8, 4, 3), 2);
-  EXPECT_EQ(elements_for("all_gather", 64, 4, 3), 15);  // 16 elements, whole shares of 5
+  EXPECT_EQ(elements_for("all_gather", 64, 4, 3), 15);    // 16 elements, whole shares of 5
   EXPECT_EQ(elements_for("reduce_scatter", 8, 4, 4), 0);  // less than one element per rank
   EXPECT_EQ(elements_for("broadcast", 7, 4, 2), 1);
 }

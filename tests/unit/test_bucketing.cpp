@@ -25,8 +25,11 @@ TEST(Bucketing, SmallFirstBucketThenCapInReverseRegistrationOrder) {
 }
 
 TEST(Bucketing, DtypesAndDevicesNeverShareABucket) {
-  std::vector<TensorSpec> specs = {{100, "Float/cpu"}, {100, "Double/cpu"}, {100, "Float/cpu"},
-                                   {100, "Float/cuda:0"}, {100, "Double/cpu"}};
+  std::vector<TensorSpec> specs = {{100, "Float/cpu"},
+                                   {100, "Double/cpu"},
+                                   {100, "Float/cpu"},
+                                   {100, "Float/cuda:0"},
+                                   {100, "Double/cpu"}};
   Buckets b = assign_buckets(specs, reversed(5), {1 << 20});
   ASSERT_EQ(b.size(), 3u);
   for (const auto& bucket : b) {

@@ -66,8 +66,8 @@ TEST(Checkpointer, NamesAndLastAsHardLink) {
   EXPECT_EQ(saved.path, dir / "ckpts" / "epoch=0-step=10.ckpt");
   EXPECT_TRUE(saved.warnings.empty());
   s.save(c, 30);
-  EXPECT_EQ(names_in(c.dir()), (std::set<std::string>{"epoch=0-step=10.ckpt",
-                                                      "epoch=1-step=30.ckpt", "last.ckpt"}));
+  EXPECT_EQ(names_in(c.dir()),
+            (std::set<std::string>{"epoch=0-step=10.ckpt", "epoch=1-step=30.ckpt", "last.ckpt"}));
   EXPECT_EQ(inode(c.last_path()), inode(c.dir() / "epoch=1-step=30.ckpt"));
   s.expect_holds(c.last_path(), 30);
   s.expect_holds(c.dir() / "epoch=0-step=10.ckpt", 10);
@@ -80,8 +80,8 @@ TEST(Checkpointer, KeepsExactlyKPlusLast) {
   Checkpointer c(dir.path(), {.keep = 2});
   Saver s;
   for (int64_t step = 10; step <= 50; step += 10) s.save(c, step);
-  EXPECT_EQ(names_in(c.dir()), (std::set<std::string>{"epoch=1-step=40.ckpt",
-                                                      "epoch=2-step=50.ckpt", "last.ckpt"}));
+  EXPECT_EQ(names_in(c.dir()),
+            (std::set<std::string>{"epoch=1-step=40.ckpt", "epoch=2-step=50.ckpt", "last.ckpt"}));
   s.expect_holds(c.last_path(), 50);
   s.expect_holds(c.dir() / "epoch=1-step=40.ckpt", 40);
 
@@ -107,8 +107,8 @@ TEST(Checkpointer, KeepNeverRemovesTheCheckpointJustWritten) {
   s.save(c, 20);
   s.save(c, 30);
   s.save(c, 25);
-  EXPECT_EQ(names_in(c.dir()), (std::set<std::string>{"epoch=1-step=30.ckpt",
-                                                      "epoch=1-step=25.ckpt", "last.ckpt"}));
+  EXPECT_EQ(names_in(c.dir()),
+            (std::set<std::string>{"epoch=1-step=30.ckpt", "epoch=1-step=25.ckpt", "last.ckpt"}));
   s.expect_holds(c.last_path(), 25);
 }
 
@@ -252,8 +252,8 @@ TEST(Checkpointer, TempFilesFromACrashAreIgnoredThenCleanedUp) {
   EXPECT_EQ(c.list().size(), 1u);
 
   s.save(c, 20);  // the writer cleans up first
-  EXPECT_EQ(names_in(c.dir()), (std::set<std::string>{"epoch=0-step=10.ckpt",
-                                                      "epoch=0-step=20.ckpt", "last.ckpt"}));
+  EXPECT_EQ(names_in(c.dir()),
+            (std::set<std::string>{"epoch=0-step=10.ckpt", "epoch=0-step=20.ckpt", "last.ckpt"}));
   testing::write_bytes(c.dir() / ".epoch=0-step=30.ckpt.tmp.1.2", partial);
   EXPECT_EQ(c.remove_stale_temp_files(),
             (std::vector<fs::path>{c.dir() / ".epoch=0-step=30.ckpt.tmp.1.2"}));

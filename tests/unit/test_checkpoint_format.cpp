@@ -89,8 +89,8 @@ class DamagedCheckpoint : public ::testing::Test {
 
 TEST_F(DamagedCheckpoint, TheIntactFileLoads) {
   verify_checkpoint(dir / "good.ckpt");
-  const auto got = load_checkpoint(dir / "good.ckpt",
-                                   {.model = target.get(), .optimizer = target_opt.get()});
+  const auto got =
+      load_checkpoint(dir / "good.ckpt", {.model = target.get(), .optimizer = target_opt.get()});
   EXPECT_EQ(got.meta.step, 3);
   EXPECT_TRUE(testing::bitwise_equal(*net, *target));
 }
@@ -102,8 +102,8 @@ TEST_F(DamagedCheckpoint, EmptyFile) {
 TEST_F(DamagedCheckpoint, TruncatedPayload) {
   const std::string cut = good.substr(0, good.size() - 100);
   expect_corrupt("cut-payload.ckpt", cut,
-                 fmt::format("truncated: the file has {} bytes, its header declares {}",
-                             cut.size(), good.size()));
+                 fmt::format("truncated: the file has {} bytes, its header declares {}", cut.size(),
+                             good.size()));
   expect_corrupt("cut-after-metadata.ckpt", good.substr(0, payload_offset()), "truncated");
 }
 
@@ -117,8 +117,7 @@ TEST_F(DamagedCheckpoint, TruncatedHeaderOrMetadata) {
 TEST_F(DamagedCheckpoint, FlippedPayloadByte) {
   const size_t mid = payload_offset() + (good.size() - payload_offset()) / 2;
   expect_corrupt("flip-payload.ckpt", flip(good, mid), "payload checksum mismatch", false);
-  expect_corrupt("flip-last.ckpt", flip(good, good.size() - 1), "payload checksum mismatch",
-                 false);
+  expect_corrupt("flip-last.ckpt", flip(good, good.size() - 1), "payload checksum mismatch", false);
 }
 
 TEST_F(DamagedCheckpoint, FlippedHeaderOrMetadataByte) {

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "c10d/compat.h"  // optimizer_state_key
+#include "c10d/compat.h"        // optimizer_state_key
 #include "checkpoint/encode.h"  // per-rank generator states without ranks
 #include "checkpoint/file_io.h"
 #include "checkpoint/state.h"
@@ -38,12 +38,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(OptKind kind, Net& net) 
 // Everything a training run holds.
 struct TrainRun {
   TrainRun(OptKind kind, uint64_t init_seed, const std::shared_ptr<TensorDataset>& data)
-      : net((torch::manual_seed(init_seed), Net())),
-        opt(make_optimizer(kind, net)),
+      : net((torch::manual_seed(init_seed), Net())), opt(make_optimizer(kind, net)),
         sampler(data->size(), {.num_replicas = 1, .rank = 0, .shuffle = true, .seed = 3}),
         loader(data, sampler, {.batch_size = 8}) {}
 
-  CheckpointRefs refs() { return {.model = net.get(), .optimizer = opt.get(), .sampler = &sampler}; }
+  CheckpointRefs refs() {
+    return {.model = net.get(), .optimizer = opt.get(), .sampler = &sampler};
+  }
 
   Net net;
   std::unique_ptr<torch::optim::Optimizer> opt;
@@ -129,7 +130,9 @@ TEST_P(CheckpointRoundTrip, RestoresModelOptimizerSamplerBitwise) {
   train(a, 9);  // mid-epoch 1: momentum / moments are non-trivial, the cursor is mid-pass
   a.opt->param_groups()[0].options().set_lr(0.0123);  // as a scheduler would have set it
   save_checkpoint(dir / "a.ckpt", a.refs(),
-                  {.step = a.step, .epoch = a.epoch, .hparams_json = R"({"lr": 0.05})",
+                  {.step = a.step,
+                   .epoch = a.epoch,
+                   .hparams_json = R"({"lr": 0.05})",
                    .blob = std::string("sched\0state", 11)});
 
   TrainRun b(kind, /*init_seed=*/2, data);  // another initialisation, no state at all
@@ -145,8 +148,8 @@ TEST_P(CheckpointRoundTrip, RestoresModelOptimizerSamplerBitwise) {
   EXPECT_EQ(got.meta.world_size, 1);
   EXPECT_FALSE(got.world_size_changed);
   EXPECT_TRUE(got.rng_exact);
-  EXPECT_EQ(got.meta.optimizer_type, kind == OptKind::kSgdMomentum ? "torch::optim::SGD"
-                                                                   : "torch::optim::AdamW");
+  EXPECT_EQ(got.meta.optimizer_type,
+            kind == OptKind::kSgdMomentum ? "torch::optim::SGD" : "torch::optim::AdamW");
 
   // The same next step on both (same batch, same dropout mask): still bitwise identical.
   // They share the process's generator, so each starts from the restored state.
@@ -242,9 +245,13 @@ TEST(CheckpointResume, WithoutRngOrOptimizerTheRunDiverges) {
 // A mix of draws: uniform, scalar normals (the path that may cache a second Box-Muller value),
 // a long normal vector, Bernoulli (dropout), integers, a permutation.
 std::vector<at::Tensor> draws() {
-  return {torch::rand({7}),        torch::randn({1}),        torch::randn({1}),
-          torch::randn({1000}),    torch::bernoulli(torch::full({64}, 0.3)),
-          torch::randint(0, 1000, {5}), torch::randperm(20)};
+  return {torch::rand({7}),
+          torch::randn({1}),
+          torch::randn({1}),
+          torch::randn({1000}),
+          torch::bernoulli(torch::full({64}, 0.3)),
+          torch::randint(0, 1000, {5}),
+          torch::randperm(20)};
 }
 
 TEST(CheckpointRng, StreamContinuesIdenticallyAfterRestore) {
@@ -281,21 +288,20 @@ TEST(CheckpointRng, EachRankTakesItsOwnState) {
     states.push_back(ckpt::capture_rng());
     next.push_back(torch::rand({4}));
   }
-  const ckpt::Encoded e =
-      ckpt::encode_checkpoint({.model = net.get()}, {.world_size = 3}, states);
+  const ckpt::Encoded e = ckpt::encode_checkpoint({.model = net.get()}, {.world_size = 3}, states);
   ckpt::write_atomic(dir / "ranks.ckpt", {e.head, e.payload}, {});
 
   for (int r = 0; r < 3; ++r) {
     torch::manual_seed(7);
-    const auto got = load_checkpoint(dir / "ranks.ckpt", {.model = net.get()},
-                                     {.rank = r, .world_size = 3});
+    const auto got =
+        load_checkpoint(dir / "ranks.ckpt", {.model = net.get()}, {.rank = r, .world_size = 3});
     EXPECT_TRUE(torch::equal(torch::rand({4}), next[r])) << "rank " << r;
     EXPECT_TRUE(got.rng_exact);
     EXPECT_FALSE(got.world_size_changed);
   }
   // At world size 5, rank 4 takes rank 4 % 3 = 1's state, and it is reported as inexact.
-  const auto got = load_checkpoint(dir / "ranks.ckpt", {.model = net.get()},
-                                   {.rank = 4, .world_size = 5});
+  const auto got =
+      load_checkpoint(dir / "ranks.ckpt", {.model = net.get()}, {.rank = 4, .world_size = 5});
   EXPECT_TRUE(torch::equal(torch::rand({4}), next[1]));
   EXPECT_FALSE(got.rng_exact);
   EXPECT_TRUE(got.world_size_changed);
@@ -353,8 +359,9 @@ TEST(CheckpointMismatch, AnotherModelIsRefusedNamingTheDifferences) {
   Net wide(64);
   torch::optim::SGD wide_opt(wide->parameters(), 0.1);
   const auto before = testing::snapshot(*wide);
-  const std::string msg = load_error(dir / "mlp.ckpt", {.model = wide.get(), .optimizer = &wide_opt},
-                                     {.model_label = "--model mlp-wide"});
+  const std::string msg =
+      load_error(dir / "mlp.ckpt", {.model = wide.get(), .optimizer = &wide_opt},
+                 {.model_label = "--model mlp-wide"});
   EXPECT_NE(msg.find((dir / "mlp.ckpt").string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("checkpoint holds parameter 'fc1.weight' [32, 20] but the model has [64, 20]"),
             std::string::npos)
@@ -374,8 +381,8 @@ TEST(CheckpointMismatch, AnotherModelIsRefusedNamingTheDifferences) {
     torch::nn::Conv2d conv1{nullptr};
   };
   auto other = std::make_shared<OtherImpl>();
-  const std::string msg2 = load_error(dir / "mlp.ckpt", {.model = other.get()},
-                                      {.model_label = "--model cnn"});
+  const std::string msg2 =
+      load_error(dir / "mlp.ckpt", {.model = other.get()}, {.model_label = "--model cnn"});
   EXPECT_NE(msg2.find("checkpoint holds parameter 'fc1.weight' [32, 20] that the model lacks"),
             std::string::npos)
       << msg2;

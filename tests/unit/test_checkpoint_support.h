@@ -46,9 +46,7 @@ struct NetImpl : torch::nn::Module {
     drop = register_module("drop", torch::nn::Dropout(0.3));
     fc2 = register_module("fc2", torch::nn::Linear(hidden, 10));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc2(drop(torch::relu(bn(fc1(x)))));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(drop(torch::relu(bn(fc1(x))))); }
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
   torch::nn::Dropout drop{nullptr};

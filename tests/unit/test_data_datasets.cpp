@@ -25,8 +25,8 @@ bool have_fashion_mnist() {
   return fs::exists(fs::path(kFashionMnistDefaultDir) / "train-images-idx3-ubyte.gz");
 }
 
-#define REQUIRE_FASHION_MNIST()                                                             \
-  if (!have_fashion_mnist())                                                                \
+#define REQUIRE_FASHION_MNIST()                                                            \
+  if (!have_fashion_mnist())                                                               \
   GTEST_SKIP() << "SKIPPED: Fashion-MNIST is not installed in " << kFashionMnistDefaultDir \
                << " (apt-get install dataset-fashion-mnist)"
 
@@ -68,8 +68,7 @@ TEST(FashionMnist, MissingDirectoryGivesTheInstallHint) {
   } catch (const DataError& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("apt-get install dataset-fashion-mnist"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("/nonexistent/fmnist/t10k-images-idx3-ubyte.gz"), std::string::npos)
-        << msg;
+    EXPECT_NE(msg.find("/nonexistent/fmnist/t10k-images-idx3-ubyte.gz"), std::string::npos) << msg;
     EXPECT_NE(msg.find("FashionMnistOptions::dir"), std::string::npos) << msg;
   }
 }
@@ -93,8 +92,8 @@ class DamagedFiles : public ::testing::Test {
     return out;
   }
   // Header fields then `payload` bytes (value i % 10), gzip-compressed unless `gzip` is false.
-  std::string write(const std::string& name, std::initializer_list<uint32_t> header,
-                    size_t payload, bool gzip = true) {
+  std::string write(const std::string& name, std::initializer_list<uint32_t> header, size_t payload,
+                    bool gzip = true) {
     std::vector<unsigned char> bytes = be32(header);
     for (size_t i = 0; i < payload; ++i) bytes.push_back(static_cast<unsigned char>(i % 10));
     const std::string path = (dir_ / name).string();
@@ -238,7 +237,8 @@ TEST(TensorDataset, ChecksShapesAndIndices) {
     FAIL() << "expected DataError";
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("index 4 (entry 1 of the batch) is outside [0, 4)"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 

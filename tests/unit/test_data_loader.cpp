@@ -210,7 +210,8 @@ TEST(DataLoader, WorkerFailureSurfacesWithContext) {
       EXPECT_NE(msg.find("batch 6 of 13"), std::string::npos) << msg;
       EXPECT_NE(msg.find("sample 50 is bad"), std::string::npos) << msg;
       EXPECT_NE(msg.find(workers ? "worker " + std::to_string(6 % workers) : "calling thread"),
-                std::string::npos) << msg;
+                std::string::npos)
+          << msg;
       // The original exception is nested inside.
       try {
         std::rethrow_if_nested(e);

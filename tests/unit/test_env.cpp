@@ -8,9 +8,9 @@ namespace ddp {
 namespace {
 
 EnvMap torchrun(int rank, int world) {
-  return {{"RANK", std::to_string(rank)},        {"WORLD_SIZE", std::to_string(world)},
-          {"LOCAL_RANK", std::to_string(rank)},  {"LOCAL_WORLD_SIZE", std::to_string(world)},
-          {"MASTER_ADDR", "127.0.0.1"},          {"MASTER_PORT", "29500"}};
+  return {{"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(world)},
+          {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", "29500"}};
 }
 
 // Expects parse_dist_env(env) to throw ConfigError whose message contains every `needles`.
@@ -19,8 +19,9 @@ void expect_config_error(const EnvMap& env, std::initializer_list<std::string> n
     parse_dist_env(env);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-        << "message lacks '" << n << "': " << e.what();
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "message lacks '" << n << "': " << e.what();
   }
 }
 
@@ -56,11 +57,14 @@ TEST(Env, Torchrun) {
 }
 
 TEST(Env, TorchrunAgentStoreAndDefaultsForLocalPlacement) {
-  EnvMap env = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5"},
+  EnvMap env = {{"RANK", "1"},
+                {"WORLD_SIZE", "2"},
+                {"MASTER_ADDR", "h"},
+                {"MASTER_PORT", "5"},
                 {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
   DistEnv e = parse_dist_env(env);
   EXPECT_TRUE(e.use_agent_store);
-  EXPECT_EQ(e.local_rank, 1);        // no LOCAL_*: a single node is assumed
+  EXPECT_EQ(e.local_rank, 1);  // no LOCAL_*: a single node is assumed
   EXPECT_EQ(e.local_world_size, 2);
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   EXPECT_FALSE(parse_dist_env(env).use_agent_store);
@@ -153,8 +157,10 @@ TEST(Env, Timeouts) {
 }
 
 TEST(Env, OpenMpiSingleNodeNeedsNoExtraVariables) {
-  EnvMap env = {{"OMPI_COMM_WORLD_RANK", "2"},       {"OMPI_COMM_WORLD_SIZE", "4"},
-                {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+  EnvMap env = {{"OMPI_COMM_WORLD_RANK", "2"},
+                {"OMPI_COMM_WORLD_SIZE", "4"},
+                {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
                 {"OMPI_MCA_ess_base_jobid", "12345"}};
   DistEnv e = parse_dist_env(env);
   EXPECT_EQ(e.contract, LaunchContract::kOpenMpi);
@@ -201,8 +207,7 @@ TEST(Env, Pmi) {
   EXPECT_EQ(e.world_size, 2);
   EXPECT_EQ(e.local_world_size, 1);
   EXPECT_EQ(e.master_addr, "head");
-  env = {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"},
-         {"MPI_LOCALNRANKS", "2"}};
+  env = {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}};
   e = parse_dist_env(env);
   EXPECT_EQ(e.local_rank, 1);
   EXPECT_EQ(e.master_addr, "127.0.0.1");
@@ -211,9 +216,12 @@ TEST(Env, Pmi) {
 }
 
 TEST(Env, SlurmStep) {
-  EnvMap env = {{"SLURM_PROCID", "5"},         {"SLURM_STEP_NUM_TASKS", "8"},
-                {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_LOCALID", "1"},
-                {"SLURM_NODEID", "1"},         {"SLURM_JOB_ID", "991"},
+  EnvMap env = {{"SLURM_PROCID", "5"},
+                {"SLURM_STEP_NUM_TASKS", "8"},
+                {"SLURM_STEP_NUM_NODES", "2"},
+                {"SLURM_LOCALID", "1"},
+                {"SLURM_NODEID", "1"},
+                {"SLURM_JOB_ID", "991"},
                 {"SLURM_STEP_NODELIST", "gpu[07-08]"}};
   DistEnv e = parse_dist_env(env);
   EXPECT_EQ(e.contract, LaunchContract::kSlurm);
@@ -274,10 +282,8 @@ TEST(Env, KnobsAreReadOnlyFromTheTable) {
     debug_level_from_env();
     ADD_FAILURE() << "DDP_DEBUG=verbose accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("'verbose' for DDP_DEBUG"), std::string::npos)
-        << e.what();
-    EXPECT_NE(std::string(e.what()).find("use off, info or detail"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("'verbose' for DDP_DEBUG"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use off, info or detail"), std::string::npos) << e.what();
   }
   unsetenv("DDP_DEBUG");
   unsetenv("TORCH_DISTRIBUTED_DEBUG");

@@ -56,8 +56,8 @@ std::vector<Combo> combos() {
       for (int r = 0; r < R; ++r)
         for (auto [seed, epoch] : seed_epoch)
           for (bool shuffle : {true, false})
-            for (bool drop_last : {false, true}) out.push_back({n, R, r, seed, epoch, shuffle,
-                                                                 drop_last});
+            for (bool drop_last : {false, true})
+              out.push_back({n, R, r, seed, epoch, shuffle, drop_last});
   // Fashion-MNIST-sized permutations (a long randperm).
   for (int r = 0; r < 3; ++r) out.push_back({60000, 3, r, 0, 2, true, false});
   for (int r = 0; r < 8; r += 7) out.push_back({60001, 8, r, 5, 3, true, true});
@@ -73,8 +73,8 @@ std::optional<std::vector<std::vector<int64_t>>> python_indices(const std::vecto
     *why = fmt::format("{} not found (apt-get install python3-torch)", kPython);
     return std::nullopt;
   }
-  const auto dir = std::filesystem::temp_directory_path() /
-                   fmt::format("ddp_test_sampler_{}", ::getpid());
+  const auto dir =
+      std::filesystem::temp_directory_path() / fmt::format("ddp_test_sampler_{}", ::getpid());
   std::filesystem::create_directories(dir);
   const auto script = dir / "sampler.py";
   {
@@ -99,8 +99,7 @@ std::optional<std::vector<std::vector<int64_t>>> python_indices(const std::vecto
          << c.shuffle << ' ' << c.drop_last << '\n';
     }
   }
-  const std::string cmd =
-      fmt::format("{} -E {} < {}", kPython, script.string(), input.string());
+  const std::string cmd = fmt::format("{} -E {} < {}", kPython, script.string(), input.string());
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr) << cmd;
   std::string out;
@@ -139,8 +138,11 @@ TEST(SamplerVsPython, ExactSequenceForEveryCombination) {
   int mismatches = 0;
   for (size_t i = 0; i < cs.size() && mismatches < 5; ++i) {
     const Combo& c = cs[i];
-    DistributedSampler s(c.n, {.num_replicas = c.replicas, .rank = c.rank, .shuffle = c.shuffle,
-                               .seed = c.seed, .drop_last = c.drop_last});
+    DistributedSampler s(c.n, {.num_replicas = c.replicas,
+                               .rank = c.rank,
+                               .shuffle = c.shuffle,
+                               .seed = c.seed,
+                               .drop_last = c.drop_last});
     s.set_epoch(c.epoch);
     const auto ours = s.indices();
     EXPECT_EQ(s.num_samples(), static_cast<int64_t>((*py)[i].size())) << describe(c);
@@ -156,8 +158,11 @@ TEST(SamplerVsPython, ExactSequenceForEveryCombination) {
 TEST(Sampler, KnownSequences) {
   // n=10, R=3, no shuffle: padded list 0..9,0,1 -> rank 0: 0 3 6 9, rank 1: 1 4 7 0.
   auto shard = [](int64_t n, int R, int r, bool drop_last, bool pad = true) {
-    return DistributedSampler(n, {.num_replicas = R, .rank = r, .shuffle = false,
-                                  .drop_last = drop_last, .pad = pad})
+    return DistributedSampler(n, {.num_replicas = R,
+                                  .rank = r,
+                                  .shuffle = false,
+                                  .drop_last = drop_last,
+                                  .pad = pad})
         .indices();
   };
   EXPECT_EQ(shard(10, 3, 0, false), (std::vector<int64_t>{0, 3, 6, 9}));
@@ -181,8 +186,8 @@ TEST(Sampler, UnionOverRanksCoversTheDatasetAndShardsAreDisjointWithoutPadding) 
         std::map<int64_t, int> seen;
         int64_t total = 0;
         for (int r = 0; r < R; ++r) {
-          DistributedSampler s(n, {.num_replicas = R, .rank = r, .seed = 9,
-                                   .drop_last = drop_last});
+          DistributedSampler s(n,
+                               {.num_replicas = R, .rank = r, .seed = 9, .drop_last = drop_last});
           s.set_epoch(3);
           for (int64_t i : s.indices()) {
             ASSERT_TRUE(i >= 0 && i < n);
@@ -257,8 +262,7 @@ void expect_config_error(const std::function<void()>& fn,
 TEST(Sampler, BadArgumentsAreConfigErrors) {
   expect_config_error([] { DistributedSampler(10, {.num_replicas = 4, .rank = 4}); },
                       {"rank 4", "[0, 3]"});
-  expect_config_error([] { DistributedSampler(10, {.num_replicas = 4, .rank = -1}); },
-                      {"rank -1"});
+  expect_config_error([] { DistributedSampler(10, {.num_replicas = 4, .rank = -1}); }, {"rank -1"});
   expect_config_error([] { DistributedSampler(10, {.num_replicas = 0, .rank = 0}); },
                       {"num_replicas is 0"});
   expect_config_error([] { DistributedSampler(0, {.num_replicas = 1, .rank = 0}); },
@@ -399,10 +403,12 @@ TEST(SamplerIteration, EmptyPassesInterleavedPassesAndSetEpochMidLoop) {
   DistributedSampler s(10, {.num_replicas = 2, .rank = 0});
   auto a = s.begin();  // hands out 1 of 5
   auto b = s.begin();  // continues at position 1: hands out the 2nd
-  expect_config_error([&] {
-    while (!(b == s.end())) ++b;  // b consumes the rest of the epoch
-    ++a;                          // a still has 4 to hand out
-  }, {"one pass at a time", "all 5 samples of epoch 0"});
+  expect_config_error(
+      [&] {
+        while (!(b == s.end())) ++b;  // b consumes the rest of the epoch
+        ++a;                          // a still has 4 to hand out
+      },
+      {"one pass at a time", "all 5 samples of epoch 0"});
 
   // set_epoch() to another epoch mid-loop: the loop finishes the old snapshot and leaves the
   // new epoch's cursor at 0.
@@ -462,7 +468,7 @@ TEST(SamplerResume, FinishedEpochStaysFinishedAfterRestore) {
   s.advance(5);
   DistributedSampler r(10, {.num_replicas = 2, .rank = 0});
   r.load_state(s.state());
-  EXPECT_TRUE(r.begin_pass().empty());   // the interrupted run had finished this epoch
+  EXPECT_TRUE(r.begin_pass().empty());     // the interrupted run had finished this epoch
   EXPECT_EQ(r.begin_pass(), r.indices());  // a further pass repeats it, as without set_epoch
 }
 
@@ -471,9 +477,11 @@ TEST(SamplerResume, FinishedEpochStaysFinishedAfterRestore) {
 TEST(SamplerResume, DifferentWorldSizeSeesEverySampleOnce) {
   for (bool drop_last : {false, true}) {
     for (auto [n, R1, steps1, R2, steps2, R3] :
-         std::vector<std::tuple<int64_t, int, int64_t, int, int64_t, int>>{
-             {103, 4, 7, 3, 5, 5}, {100, 2, 10, 5, 3, 1}, {10, 3, 3, 2, 0, 4},
-             {17, 1, 4, 8, 1, 3}, {50, 4, 13, 3, 0, 2}}) {
+         std::vector<std::tuple<int64_t, int, int64_t, int, int64_t, int>>{{103, 4, 7, 3, 5, 5},
+                                                                           {100, 2, 10, 5, 3, 1},
+                                                                           {10, 3, 3, 2, 0, 4},
+                                                                           {17, 1, 4, 8, 1, 3},
+                                                                           {50, 4, 13, 3, 0, 2}}) {
       const std::string at = fmt::format("n={} {}x{} -> {}x{} -> {} drop_last={}", n, R1, steps1,
                                          R2, steps2, R3, drop_last);
       const SamplerOptions base{.seed = 3, .drop_last = drop_last};
@@ -486,8 +494,7 @@ TEST(SamplerResume, DifferentWorldSizeSeesEverySampleOnce) {
       // Second run at R2: consume steps2 each, then a third run at R3 drains the epoch.
       std::vector<DistributedSampler> second;
       for (int r = 0; r < R2; ++r) {
-        DistributedSampler s(n, {.num_replicas = R2, .rank = r, .seed = 3,
-                                 .drop_last = drop_last});
+        DistributedSampler s(n, {.num_replicas = R2, .rank = r, .seed = 3, .drop_last = drop_last});
         s.load_state(st);
         s.set_epoch(2);
         const auto idx = s.begin_pass();
@@ -499,8 +506,7 @@ TEST(SamplerResume, DifferentWorldSizeSeesEverySampleOnce) {
       st = second[0].state();
       int64_t third_total = 0;
       for (int r = 0; r < R3; ++r) {
-        DistributedSampler s(n, {.num_replicas = R3, .rank = r, .seed = 3,
-                                 .drop_last = drop_last});
+        DistributedSampler s(n, {.num_replicas = R3, .rank = r, .seed = 3, .drop_last = drop_last});
         s.load_state(st);
         const auto idx = s.begin_pass();
         for (int64_t i : idx) ++seen[i];
@@ -532,10 +538,10 @@ TEST(SamplerResume, MismatchedOrCorruptStatesAreConfigErrors) {
   const SamplerState st = saved.state();
   expect_config_error([&] { DistributedSampler(101, {.seed = 1}).load_state(st); },
                       {"dataset_size = 100", "101"});
-  expect_config_error([&] { DistributedSampler(100, {.seed = 2}).load_state(st); },
-                      {"seed = 1"});
-  expect_config_error([&] { DistributedSampler(100, {.seed = 1, .drop_last = true})
-                                .load_state(st); }, {"drop_last"});
+  expect_config_error([&] { DistributedSampler(100, {.seed = 2}).load_state(st); }, {"seed = 1"});
+  expect_config_error(
+      [&] { DistributedSampler(100, {.seed = 1, .drop_last = true}).load_state(st); },
+      {"drop_last"});
   SamplerState bad = st;
   bad.position = 51;
   expect_config_error([&] { DistributedSampler(100, {.seed = 1}).load_state(bad); },

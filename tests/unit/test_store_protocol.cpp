@@ -43,7 +43,7 @@ TEST(StoreProtocol, HandshakeProofsNeedTheKeyAndBothNonces) {
   const Nonce s = random_nonce(), c = random_nonce();
   EXPECT_NE(s, c);
   const std::string key = job_key("secret", "run");
-  EXPECT_NE(key, job_key("", "run"));       // a secret and a run id never collide
+  EXPECT_NE(key, job_key("", "run"));  // a secret and a run id never collide
   EXPECT_NE(key, job_key("other", "run"));
   EXPECT_EQ(job_key("", "run"), job_key("", "run"));
   const Proof p = client_proof(key, s, c);
@@ -134,8 +134,7 @@ TEST(StoreBind, ListensWhereTheRanksReachIt) {
   EXPECT_TRUE(p.addresses.empty());
   EXPECT_NE(p.why_every_interface.find("does not resolve"), std::string::npos);
   // DDP_STORE_BIND wins.
-  EXPECT_EQ(plan("node0", false, "10.0.0.5,127.0.0.1").addresses,
-            (V{"10.0.0.5", "127.0.0.1"}));
+  EXPECT_EQ(plan("node0", false, "10.0.0.5,127.0.0.1").addresses, (V{"10.0.0.5", "127.0.0.1"}));
   p = plan("127.0.0.1", true, "any");
   EXPECT_TRUE(p.addresses.empty());
   EXPECT_TRUE(p.why_every_interface.empty());  // asked for: no note

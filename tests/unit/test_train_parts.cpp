@@ -23,8 +23,8 @@ TEST(Schedule, WarmupThenCosineToZero) {
   const WarmupCosine s{.peak = 0.1, .warmup_steps = 10, .total_steps = 110};
   EXPECT_DOUBLE_EQ(s.at(0), 0.01);
   EXPECT_DOUBLE_EQ(s.at(9), 0.1);
-  EXPECT_DOUBLE_EQ(s.at(10), 0.1);             // decay starts at the peak
-  EXPECT_NEAR(s.at(60), 0.05, 1e-12);          // halfway through the decay
+  EXPECT_DOUBLE_EQ(s.at(10), 0.1);     // decay starts at the peak
+  EXPECT_NEAR(s.at(60), 0.05, 1e-12);  // halfway through the decay
   EXPECT_NEAR(s.at(110), 0.0, 1e-12);
   for (int64_t k = 11; k < 110; ++k) EXPECT_LT(s.at(k), s.at(k - 1));
   const WarmupCosine no_warmup{.peak = 1, .warmup_steps = 0, .total_steps = 4};
@@ -61,10 +61,10 @@ TEST(TrainFlags, DefaultsAndValues) {
   ASSERT_TRUE(parse({}, c));
   EXPECT_EQ(c.model, "cnn");
   EXPECT_EQ(c.epochs, 3);
-  ASSERT_TRUE(parse({"--model", "resnet", "--optimizer", "adamw", "--lr", "0.001",
-                     "--grad-accum", "4", "--precision", "bf16", "--sync-bn", "--scale-lr",
-                     "--resume", "auto", "--no-plots"},
-                    c));
+  ASSERT_TRUE(
+      parse({"--model", "resnet", "--optimizer", "adamw", "--lr", "0.001", "--grad-accum", "4",
+             "--precision", "bf16", "--sync-bn", "--scale-lr", "--resume", "auto", "--no-plots"},
+            c));
   EXPECT_EQ(c.model, "resnet");
   EXPECT_EQ(c.optimizer, Optimizer::kAdamW);
   EXPECT_EQ(c.precision, Precision::kBf16);
@@ -95,9 +95,12 @@ TEST(TrainFlags, DefaultsAndValues) {
 }
 
 TEST(TrainFlags, BadFlagsAndValuesAreClearErrors) {
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"--model", "vgg"}, {"--lr", "-1"}, {"--epochs", "0"}, {"--bogus"},
-           {"--precision", "fp8"}, {"--batch-size", "ten"}}) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--model", "vgg"},
+                                                                {"--lr", "-1"},
+                                                                {"--epochs", "0"},
+                                                                {"--bogus"},
+                                                                {"--precision", "fp8"},
+                                                                {"--batch-size", "ten"}}) {
     TrainConfig c;
     try {
       parse(args, c);
@@ -137,8 +140,8 @@ TEST(TrainFlags, NumberErrorsAreShortAndNameTheFlag) {
   EXPECT_EQ(parse_error({"--epochs", "2.5"}),
             "--epochs: must be a positive integer, got 2.5 (see ddp-train --help)");
   TrainConfig c;
-  ASSERT_TRUE(parse({"--momentum", "0", "--weight-decay", "0", "--max-steps", "0", "--lr",
-                     "1e-4", "--seed", "7"},
+  ASSERT_TRUE(parse({"--momentum", "0", "--weight-decay", "0", "--max-steps", "0", "--lr", "1e-4",
+                     "--seed", "7"},
                     c));
   EXPECT_DOUBLE_EQ(c.lr, 1e-4);
   EXPECT_EQ(c.seed, 7u);
@@ -166,7 +169,7 @@ TEST(RunLog, DropAfterKeepsTheRowsUpToTheStepThenAppends) {
   {
     std::ofstream(dir / "metrics.csv", std::ios::app) << "3,0,tra";  // cut off by a kill
   }
-  RunLog log(dir);  // as a resumed run opens it
+  RunLog log(dir);                  // as a resumed run opens it
   EXPECT_EQ(log.drop_after(4), 3);  // steps 5, 6 and the half row
   log.append({.step = 5, .split = "train", .loss = 2});
   // "step,split" of each row.
@@ -179,8 +182,8 @@ TEST(RunLog, DropAfterKeepsTheRowsUpToTheStepThenAppends) {
     const size_t a = line.find(','), b = line.find(',', a + 1), c = line.find(',', b + 1);
     rows.push_back(line.substr(0, a) + line.substr(b, c - b));
   }
-  EXPECT_EQ(rows, (std::vector<std::string>{"1,train", "2,train", "3,train", "4,train",
-                                            "4,test", "5,train"}));
+  EXPECT_EQ(rows, (std::vector<std::string>{"1,train", "2,train", "3,train", "4,train", "4,test",
+                                            "5,train"}));
   fs::remove_all(dir);
 }
 

@@ -33,7 +33,8 @@ std::string run_gnuplot(const std::filesystem::path& script_path, const std::str
   }
   // The path goes through the shell: single-quoted, with embedded quotes escaped.
   std::string quoted = "'";
-  for (char c : script_path.string()) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  for (char c : script_path.string())
+    quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   quoted += "'";
   const std::string cmd = fmt::format("gnuplot {} >/dev/null 2>&1", quoted);
   if (std::system(cmd.c_str()) != 0) {

@@ -42,9 +42,9 @@ struct Cnn : ModelImpl {
     fc2 = register_module("fc2", torch::nn::Linear(128, 10));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(bn1.forward(conv1(x)));                      // [B, 32, 26, 26]
-    x = torch::relu(bn2.forward(conv2(x)));                      // [B, 64, 24, 24]
-    x = drop1(torch::max_pool2d(x, 2)).flatten(1);               // [B, 9216]
+    x = torch::relu(bn1.forward(conv1(x)));         // [B, 32, 26, 26]
+    x = torch::relu(bn2.forward(conv2(x)));         // [B, 64, 24, 24]
+    x = drop1(torch::max_pool2d(x, 2)).flatten(1);  // [B, 9216]
     return fc2(drop2(torch::relu(fc1(x))));
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
@@ -56,16 +56,20 @@ struct Cnn : ModelImpl {
 struct BasicBlock : torch::nn::Module {
   BasicBlock(int64_t in, int64_t out, int64_t stride, bool sync_bn) {
     conv1 = register_module(
-        "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
+        "conv1", torch::nn::Conv2d(
+                     torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
     bn1 = norm2d(out, sync_bn);
     register_module("bn1", bn1.ptr());
-    conv2 = register_module(
-        "conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
+    conv2 =
+        register_module("conv2", torch::nn::Conv2d(
+                                     torch::nn::Conv2dOptions(out, out, 3).padding(1).bias(false)));
     bn2 = norm2d(out, sync_bn);
     register_module("bn2", bn2.ptr());
     if (stride != 1 || in != out) {
-      shortcut = register_module(
-          "shortcut", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
+      shortcut =
+          register_module("shortcut",
+                          torch::nn::Conv2d(
+                              torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
       shortcut_bn = norm2d(out, sync_bn);
       register_module("shortcut_bn", shortcut_bn.ptr());
     }
@@ -82,8 +86,8 @@ struct BasicBlock : torch::nn::Module {
 
 struct ResNet : ModelImpl {
   explicit ResNet(bool sync_bn) {
-    stem = register_module(
-        "stem", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)));
+    stem = register_module("stem", torch::nn::Conv2d(
+                                       torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)));
     stem_bn = norm2d(16, sync_bn);
     register_module("stem_bn", stem_bn.ptr());
     block1 = register_module("block1", std::make_shared<BasicBlock>(16, 16, 1, sync_bn));
@@ -92,8 +96,8 @@ struct ResNet : ModelImpl {
     fc = register_module("fc", torch::nn::Linear(64, 10));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(stem_bn.forward(stem(x)));                   // [B, 16, 28, 28]
-    x = block3->forward(block2->forward(block1->forward(x)));   // [B, 64, 7, 7]
+    x = torch::relu(stem_bn.forward(stem(x)));                 // [B, 16, 28, 28]
+    x = block3->forward(block2->forward(block1->forward(x)));  // [B, 64, 7, 7]
     return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
   }
   torch::nn::Conv2d stem{nullptr};
@@ -114,9 +118,9 @@ struct ClassicCnn : ModelImpl {
     fc2 = register_module("fc2", torch::nn::Linear(128, 10));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(conv1(x));                                   // [B, 32, 26, 26]
-    x = torch::relu(conv2(x));                                   // [B, 64, 24, 24]
-    x = drop1(torch::max_pool2d(x, 2)).flatten(1);               // [B, 9216]
+    x = torch::relu(conv1(x));                      // [B, 32, 26, 26]
+    x = torch::relu(conv2(x));                      // [B, 64, 24, 24]
+    x = drop1(torch::max_pool2d(x, 2)).flatten(1);  // [B, 9216]
     return fc2(drop2(torch::relu(fc1(x))));
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
@@ -140,8 +144,7 @@ struct Mlp1024 : ModelImpl {
 }  // namespace
 
 const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names = {"mlp", "cnn", "resnet", "classic-cnn",
-                                                 "mlp-1024"};
+  static const std::vector<std::string> names = {"mlp", "cnn", "resnet", "classic-cnn", "mlp-1024"};
   return names;
 }
 

@@ -17,9 +17,9 @@ constexpr const char* kDescription =
     "Run alone (world size 1) or as N ranks: ddprun --standalone --nproc-per-node N ddp-bench "
     "...";
 
-void add_collectives(CLI::App& app, CollectivesOptions& c, std::string& backends,
-                     std::string& ops, std::string& dtypes, std::string& min_bytes,
-                     std::string& max_bytes, std::string& ring) {
+void add_collectives(CLI::App& app, CollectivesOptions& c, std::string& backends, std::string& ops,
+                     std::string& dtypes, std::string& min_bytes, std::string& max_bytes,
+                     std::string& ring) {
   auto* sub = app.add_subcommand(
       "collectives",
       "Sweep sizes (doubling) for each collective and backend; verify every result; report "
@@ -59,16 +59,16 @@ void add_train(CLI::App& app, TrainOptions& t) {
   sub->add_option("--batch-size", t.global_batch, "global batch, split evenly over the ranks")
       ->check(CLI::PositiveNumber);
   sub->add_option("--steps", t.steps, "timed steps")->check(CLI::PositiveNumber);
-  sub->add_option("--warmup", t.warmup, "untimed steps before them")
-      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--warmup", t.warmup, "untimed steps before them")->check(CLI::NonNegativeNumber);
   sub->add_option("--backend", t.backend,
                   "process group backend: gloo | shm | nccl | auto (default: DDP_BACKEND, "
                   "else auto)");
   sub->add_option("--threads", t.threads,
                   "intra-op threads per rank (0: OMP_NUM_THREADS, else cores / local ranks)")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--workers", t.workers, "data loader threads per rank (0: in the training "
-                                          "thread)")
+  sub->add_option("--workers", t.workers,
+                  "data loader threads per rank (0: in the training "
+                  "thread)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--data-dir", t.data_dir,
                   "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
@@ -103,8 +103,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   app.require_subcommand(0, 1);
 
   auto& c = out.collectives;
-  std::string backends = "gloo,shm,shm-inplace", ops = "all_reduce,broadcast,all_gather,reduce_scatter",
-              dtypes = "float32", min_bytes = "8", max_bytes = "256M", ring = "64M";
+  std::string backends = "gloo,shm,shm-inplace",
+              ops = "all_reduce,broadcast,all_gather,reduce_scatter", dtypes = "float32",
+              min_bytes = "8", max_bytes = "256M", ring = "64M";
   add_collectives(app, c, backends, ops, dtypes, min_bytes, max_bytes, ring);
   add_train(app, out.train);
 
@@ -126,7 +127,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       throw ConfigError("--backend, --ops and --dtype each need at least one name");
     }
     for (const auto& op : c.ops) bus_factor(op, 1);  // an unknown op is a ConfigError
-    for (const auto& d : c.dtypes) parse_dtype(d);    // and so is an unknown dtype
+    for (const auto& d : c.dtypes) parse_dtype(d);   // and so is an unknown dtype
     c.min_bytes = parse_bytes("--min-bytes", min_bytes);
     c.max_bytes = parse_bytes("--max-bytes", max_bytes);
     c.ring_bytes = parse_bytes("--ring-bytes", ring);

@@ -98,8 +98,8 @@ class Arena {
 // One collective at one size and dtype on one group: what each rank sends, runs and expects.
 class OpTest {
  public:
-  OpTest(ProcessGroup& pg, Scratch& scratch, std::string op, at::ScalarType type,
-         int64_t count, int64_t ring_bytes)
+  OpTest(ProcessGroup& pg, Scratch& scratch, std::string op, at::ScalarType type, int64_t count,
+         int64_t ring_bytes)
       : pg_(pg), op_(std::move(op)), type_(type), n_(pg.size()), r_(pg.rank()),
         arena_(scratch, input_count(op_, count, n_), output_count(op_, count, n_), type,
                ring_bytes) {
@@ -151,7 +151,8 @@ class OpTest {
   // Whether slot k holds the expected result of its use number `use`.
   bool verify(int64_t k, int64_t use) const {
     const int64_t o = arena_.offset(k);
-    if (op_ == "all_reduce") return matches_periodic(arena_.input(k), summed_tile(o + use, n_, type_));
+    if (op_ == "all_reduce")
+      return matches_periodic(arena_.input(k), summed_tile(o + use, n_, type_));
     if (op_ == "broadcast") return matches_periodic(arena_.input(k), tile(o + use, type_));
     if (op_ == "all_gather") {
       const auto chunks = arena_.output(k).chunk(n_);
@@ -239,8 +240,15 @@ CollectiveRow measure_memcpy(int64_t bytes, const CollectivesOptions& o) {
     if (i >= o.warmup) times.push_back(seconds(start, end));
   }
   const double t = median(times);
-  return {.backend = "memcpy", .op = "memcpy", .dtype = "uint8", .ranks = 1, .bytes = bytes,
-          .count = bytes, .iters = iters, .time_us = t * 1e6, .algbw_gbps = bytes / t / 1e9,
+  return {.backend = "memcpy",
+          .op = "memcpy",
+          .dtype = "uint8",
+          .ranks = 1,
+          .bytes = bytes,
+          .count = bytes,
+          .iters = iters,
+          .time_us = t * 1e6,
+          .algbw_gbps = bytes / t / 1e9,
           .busbw_gbps = bytes / t / 1e9};
 }
 
@@ -305,14 +313,16 @@ int run_collectives(const CollectivesOptions& o) {
     std::printf("%s\n", text.c_str());
     std::fflush(stdout);
   };
-  say(fmt::format("# ddp-bench collectives: {} rank{} on {}; sizes {} to {}; {} iterations "
+  say(
+      fmt::format("# ddp-bench collectives: {} rank{} on {}; sizes {} to {}; {} iterations "
                   "after {} warm-up per size",
                   n, n > 1 ? "s" : "", host_name(), format_bytes(sizes.front()),
                   format_bytes(sizes.back()), o.iters, o.warmup));
   say("# time: median over iterations of the mean over ranks, each iteration after a barrier; "
       "algbw = size / time;\n# busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, "
       "reduce_scatter), 1 (broadcast), as in nccl-tests");
-  say(fmt::format("# buffers: a ring of >= {} per size, so no iteration starts cache-warm; "
+  say(
+      fmt::format("# buffers: a ring of >= {} per size, so no iteration starts cache-warm; "
                   "every result of every iteration verified exactly",
                   format_bytes(o.ring_bytes)));
 
@@ -342,8 +352,7 @@ int run_collectives(const CollectivesOptions& o) {
     available.push_back(backend);
     say(fmt::format("#\n# backend {}: group of {} formed in {:.2f} s (reports itself as '{}'){}",
                     backend, pg->size(), seconds(formed_at, Clock::now()), pg->backend(),
-                    uses_comm_buffers(backend) ? "; buffers from ProcessGroup::comm_buffer"
-                                               : ""));
+                    uses_comm_buffers(backend) ? "; buffers from ProcessGroup::comm_buffer" : ""));
     std::optional<Scratch> comm_scratch;
     if (uses_comm_buffers(backend)) comm_scratch.emplace(pg.get());
     Scratch& scratch = comm_scratch ? *comm_scratch : private_scratch;
@@ -352,8 +361,8 @@ int run_collectives(const CollectivesOptions& o) {
       for (const auto& op : o.ops) {
         say(fmt::format("#\n# {}: {}{}, {}", backend, op,
                         op == "all_reduce" || op == "reduce_scatter" ? " (sum)"
-                        : op == "broadcast"                        ? " (root 0)"
-                                                                   : "",
+                        : op == "broadcast"                          ? " (root 0)"
+                                                                     : "",
                         o.dtypes[ti]));
         say(collective_table_header());
         for (int64_t bytes : sizes) {
@@ -377,9 +386,15 @@ int run_collectives(const CollectivesOptions& o) {
           const double time_s = median(mean_times);
           const int64_t used = count * elem;
           const double algbw = used / time_s / 1e9;
-          CollectiveRow row{.backend = backend, .op = op, .dtype = o.dtypes[ti], .ranks = n,
-                            .bytes = used, .count = count, .iters = o.iters,
-                            .time_us = time_s * 1e6, .algbw_gbps = algbw,
+          CollectiveRow row{.backend = backend,
+                            .op = op,
+                            .dtype = o.dtypes[ti],
+                            .ranks = n,
+                            .bytes = used,
+                            .count = count,
+                            .iters = o.iters,
+                            .time_us = time_s * 1e6,
+                            .algbw_gbps = algbw,
                             .busbw_gbps = algbw * bus_factor(op, n),
                             .wrong = static_cast<int64_t>(agg[o.iters].item<double>())};
           if (row.wrong > 0) failed = true;

@@ -46,11 +46,8 @@ int main(int argc, char** argv) {
     switch (cl.mode) {
       case ddp::bench::CommandLine::Mode::kCollectives:
         return ddp::bench::run_collectives(cl.collectives);
-      case ddp::bench::CommandLine::Mode::kTrain:
-        return ddp::bench::run_train(cl.train);
-      case ddp::bench::CommandLine::Mode::kHelp:
-        std::printf("%s", cl.help_text.c_str());
-        return 0;
+      case ddp::bench::CommandLine::Mode::kTrain: return ddp::bench::run_train(cl.train);
+      case ddp::bench::CommandLine::Mode::kHelp: std::printf("%s", cl.help_text.c_str()); return 0;
     }
   } catch (const ddp::ConfigError& e) {
     return fail(e, 2);

@@ -7,10 +7,10 @@
 
 namespace ddp::bench {
 
-inline constexpr int64_t kDefaultMinBytes = 8;                  // nccl-tests' -b 8
+inline constexpr int64_t kDefaultMinBytes = 8;                   // nccl-tests' -b 8
 inline constexpr int64_t kDefaultMaxBytes = int64_t{256} << 20;  // nccl-tests' usual top: 256 MiB
-inline constexpr int kDefaultIters = 20;   // nccl-tests' -n 20
-inline constexpr int kDefaultWarmup = 5;   // nccl-tests' -w 5
+inline constexpr int kDefaultIters = 20;                         // nccl-tests' -n 20
+inline constexpr int kDefaultWarmup = 5;                         // nccl-tests' -w 5
 // Bytes of buffers cycled through, per size: more than a last-level cache holds, so that no
 // iteration finds its data cache-warm from the one before (Note [Buffer ring]).
 inline constexpr int64_t kDefaultRingBytes = int64_t{64} << 20;

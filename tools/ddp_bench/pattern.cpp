@@ -28,9 +28,10 @@ at::ScalarType parse_dtype(const std::string& name) {
   for (const auto& d : kDtypes) {
     if (name == d.name) return d.type;
   }
-  throw ConfigError(fmt::format("--dtype '{}': choose float32, float64, bfloat16, float16, "
-                                "int32 or int64",
-                                name));
+  throw ConfigError(
+      fmt::format("--dtype '{}': choose float32, float64, bfloat16, float16, "
+                  "int32 or int64",
+                  name));
 }
 
 std::string dtype_name(at::ScalarType type) {

@@ -43,9 +43,9 @@ void write_collectives_csv(const std::string& path, const std::vector<Collective
   auto out = open_or_throw(path, std::ios::trunc);
   out << "backend,op,dtype,ranks,bytes,count,iters,time_us,algbw_gbps,busbw_gbps,wrong\n";
   for (const auto& r : rows) {
-    out << fmt::format("{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{}\n", r.backend, r.op,
-                       r.dtype, r.ranks, r.bytes, r.count, r.iters, r.time_us, r.algbw_gbps,
-                       r.busbw_gbps, r.wrong);
+    out << fmt::format("{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{}\n", r.backend, r.op, r.dtype,
+                       r.ranks, r.bytes, r.count, r.iters, r.time_us, r.algbw_gbps, r.busbw_gbps,
+                       r.wrong);
   }
   if (!out) throw Error(fmt::format("cannot write {}", path));
 }
@@ -106,8 +106,8 @@ std::string plot_collectives(const std::string& png, const std::vector<Collectiv
   std::string plot;
   for (size_t i = 0; i < names.size(); ++i) {
     script += fmt::format("$s{} << EOD\n{}EOD\n", i, data[names[i]]);
-    plot += fmt::format("{}$s{} using 1:2 with linespoints title {}", plot.empty() ? "" : ", ",
-                        i, gnuplot_quote(names[i]));
+    plot += fmt::format("{}$s{} using 1:2 with linespoints title {}", plot.empty() ? "" : ", ", i,
+                        gnuplot_quote(names[i]));
   }
   if (floor_gbps > 0) {
     plot += fmt::format("{}{:.6g} with lines dashtype 2 lc rgb 'black' title {}",
@@ -121,14 +121,13 @@ std::string plot_collectives(const std::string& png, const std::vector<Collectiv
 
 std::string train_table_header() {
   return fmt::format("  {:<28} {:>10} {:>8} {:>7} {:>8} {:>9} {:>7} {:>10}", "configuration",
-                     "samples/s", "step ms", "data", "forward", "backward", "comm",
-                     "optimizer");
+                     "samples/s", "step ms", "data", "forward", "backward", "comm", "optimizer");
 }
 
 std::string train_table_line(const TrainRow& r) {
   return fmt::format("  {:<28} {:>10.1f} {:>8.2f} {:>7.2f} {:>8.2f} {:>9.2f} {:>7.2f} {:>10.2f}",
-                     r.label, r.samples_per_s, r.step_ms, r.data_ms, r.forward_ms,
-                     r.backward_ms, r.comm_ms, r.optimizer_ms);
+                     r.label, r.samples_per_s, r.step_ms, r.data_ms, r.forward_ms, r.backward_ms,
+                     r.comm_ms, r.optimizer_ms);
 }
 
 void append_train_csv(const std::string& path, const std::vector<TrainRow>& rows) {
@@ -141,8 +140,8 @@ void append_train_csv(const std::string& path, const std::vector<TrainRow>& rows
   for (const auto& r : rows) {
     out << fmt::format("{},{},{},{},{},{},{},{:.2f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
                        r.label, r.model, r.backend, r.world_size, r.threads, r.global_batch,
-                       r.steps, r.samples_per_s, r.step_ms, r.data_ms, r.forward_ms,
-                       r.backward_ms, r.comm_ms, r.optimizer_ms);
+                       r.steps, r.samples_per_s, r.step_ms, r.data_ms, r.forward_ms, r.backward_ms,
+                       r.comm_ms, r.optimizer_ms);
   }
   if (!out) throw Error(fmt::format("cannot write {}", path));
 }

@@ -32,7 +32,7 @@ std::string plot_collectives(const std::string& png, const std::vector<Collectiv
 // One measured training configuration: throughput and where a step's time goes (ms per step;
 // means over the timed steps, averaged over ranks).
 struct TrainRow {
-  std::string label;    // e.g. "2 ranks x 1 thread"
+  std::string label;  // e.g. "2 ranks x 1 thread"
   std::string model, backend;
   int world_size = 1, threads = 1;
   int64_t global_batch = 0;

@@ -25,9 +25,10 @@ int64_t parse_bytes(const std::string& flag, const std::string& text) {
   if (suffix == "G" || suffix == "GB" || suffix == "GIB") shift = 30;
   if (ec != std::errc() || ptr == first || value <= 0 || shift < 0 ||
       value > (int64_t{1} << (62 - shift))) {
-    throw ConfigError(fmt::format("{} '{}': expected a positive size in bytes, optionally with "
-                                  "K, M or G (binary multiples), e.g. 8, 64K, 256M",
-                                  flag, text));
+    throw ConfigError(
+        fmt::format("{} '{}': expected a positive size in bytes, optionally with "
+                    "K, M or G (binary multiples), e.g. 8, 64K, 256M",
+                    flag, text));
   }
   return value << shift;
 }
@@ -75,8 +76,10 @@ double bus_factor(const std::string& op, int world_size) {
   if (op == "all_reduce") return 2 * (n - 1) / n;
   if (op == "all_gather" || op == "reduce_scatter") return (n - 1) / n;
   if (op == "broadcast") return 1;
-  throw ConfigError(fmt::format("unknown collective '{}': choose all_reduce, broadcast, "
-                                "all_gather or reduce_scatter", op));
+  throw ConfigError(
+      fmt::format("unknown collective '{}': choose all_reduce, broadcast, "
+                  "all_gather or reduce_scatter",
+                  op));
 }
 
 int64_t elements_for(const std::string& op, int64_t bytes, int64_t elem_bytes, int world_size) {

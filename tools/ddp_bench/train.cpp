@@ -52,10 +52,13 @@ class BatchStream {
  public:
   BatchStream(std::shared_ptr<const Dataset> data, const ProcessGroup& pg, int64_t batch,
               const TrainOptions& o)
-      : sampler_(data->size(), {.num_replicas = pg.size(), .rank = pg.rank(), .shuffle = true,
-                                .seed = o.seed, .drop_last = true}),
-        loader_(data, sampler_, {.batch_size = batch, .drop_last = true,
-                                 .num_workers = o.workers}) {}
+      : sampler_(data->size(), {.num_replicas = pg.size(),
+                                .rank = pg.rank(),
+                                .shuffle = true,
+                                .seed = o.seed,
+                                .drop_last = true}),
+        loader_(data, sampler_,
+                {.batch_size = batch, .drop_last = true, .num_workers = o.workers}) {}
 
   Batch& next() {
     if (it_) {
@@ -92,8 +95,7 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   std::optional<DistributedDataParallel<ModelImpl>> ddp;
   if (!local) ddp.emplace(net, DDPOptions{.process_group = group});
   auto model = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : net->forward(x); };
-  torch::optim::SGD opt(net->parameters(),
-                        torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
   BatchStream batches(std::move(data), pg, per_rank, o);
 
   // Sums over the timed steps, on this rank.
@@ -135,11 +137,20 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   pg.all_reduce(wall, ReduceOp::kMax).wait();
   const double w = wall.item<double>();
   auto ms = [&](int i) { return sums[i].item<double>() / n / o.steps * 1e3; };
-  return {.label = label, .model = o.model, .backend = pg.backend(), .world_size = n,
-          .threads = threads, .global_batch = o.global_batch, .steps = o.steps,
+  return {.label = label,
+          .model = o.model,
+          .backend = pg.backend(),
+          .world_size = n,
+          .threads = threads,
+          .global_batch = o.global_batch,
+          .steps = o.steps,
           .samples_per_s = o.steps * static_cast<double>(o.global_batch) / w,
-          .step_ms = w / o.steps * 1e3, .data_ms = ms(0), .forward_ms = ms(1),
-          .backward_ms = ms(2), .comm_ms = ms(3), .optimizer_ms = ms(4)};
+          .step_ms = w / o.steps * 1e3,
+          .data_ms = ms(0),
+          .forward_ms = ms(1),
+          .backward_ms = ms(2),
+          .comm_ms = ms(3),
+          .optimizer_ms = ms(4)};
 }
 
 std::string config_label(int world, int threads, const std::string& backend) {
@@ -172,23 +183,27 @@ int run_train(const TrainOptions& o) {
   const int n = pg->size();
   const bool main = pg->rank() == 0;
   if (o.global_batch % n != 0) {
-    throw ConfigError(fmt::format("--batch-size {} (global) must be a multiple of the world size "
-                                  "{}", o.global_batch, n));
+    throw ConfigError(
+        fmt::format("--batch-size {} (global) must be a multiple of the world size "
+                    "{}",
+                    o.global_batch, n));
   }
   if (o.compare && o.no_ddp) throw ConfigError("--compare and --no-ddp exclude each other");
   if (o.compare && n == 1) {
-    throw ConfigError("--compare measures N ranks against 1 process: run it under "
-                      "ddprun --nproc-per-node N (N > 1)");
+    throw ConfigError(
+        "--compare measures N ranks against 1 process: run it under "
+        "ddprun --nproc-per-node N (N > 1)");
   }
-  auto data = std::make_shared<FashionMnist>(
-      Split::kTrain, FashionMnistOptions{.dir = o.data_dir, .normalize = true});
+  auto data = std::make_shared<FashionMnist>(Split::kTrain, FashionMnistOptions{.dir = o.data_dir,
+                                                                                .normalize = true});
   const int threads = default_threads(o, *pg);
   auto say = [&](const std::string& text) {
     if (!main) return;
     std::printf("%s\n", text.c_str());
     std::fflush(stdout);
   };
-  say(fmt::format("# ddp-bench train: {} on Fashion-MNIST, global batch {} ({} per rank), {} "
+  say(
+      fmt::format("# ddp-bench train: {} on Fashion-MNIST, global batch {} ({} per rank), {} "
                   "rank{} x {} thread{}, backend {}, SGD lr {} momentum {}, {} steps after {} "
                   "warm-up{}",
                   o.model, o.global_batch, o.global_batch / n, n, n > 1 ? "s" : "", threads,
@@ -212,12 +227,11 @@ int run_train(const TrainOptions& o) {
   std::vector<std::vector<TrainRow>> rounds(4);
   for (int r = 0; r < o.repeats; ++r) {
     if (o.no_ddp) {
-      rounds[0].push_back(measure(*pg, data, o, threads,
-                                  config_label(n, threads, kNoCommunication), /*local=*/true));
+      rounds[0].push_back(measure(*pg, data, o, threads, config_label(n, threads, kNoCommunication),
+                                  /*local=*/true));
       rounds[0].back().backend = kNoCommunication;
     } else {
-      rounds[0].push_back(
-          measure(*pg, data, o, threads, config_label(n, threads, pg->backend())));
+      rounds[0].push_back(measure(*pg, data, o, threads, config_label(n, threads, pg->backend())));
     }
     if (o.repeats > 1) say(train_table_line(rounds[0].back()) + fmt::format("  (round {})", r + 1));
     if (!o.compare) continue;
@@ -250,11 +264,13 @@ int run_train(const TrainOptions& o) {
                  threaded = rows[2].samples_per_s;
     say(fmt::format("# scaling efficiency at {} ranks: {:.2f} = {:.1f} / ({} x {:.1f}) samples/s",
                     n, ddp / (n * one), ddp, n, one));
-    say(fmt::format("# {} ranks x {} thread{} vs 1 process x {} threads: {:.2f}x ({:.1f} vs "
+    say(
+        fmt::format("# {} ranks x {} thread{} vs 1 process x {} threads: {:.2f}x ({:.1f} vs "
                     "{:.1f} samples/s)",
                     n, threads, threads > 1 ? "s" : "", n, ddp / threaded, ddp, threaded));
     const double ceiling = rows[3].samples_per_s;
-    say(fmt::format("# DDP reaches {:.1f}% of the communication-free ceiling ({} ranks training "
+    say(
+        fmt::format("# DDP reaches {:.1f}% of the communication-free ceiling ({} ranks training "
                     "alone, no gradient exchange: {:.1f} samples/s)",
                     100.0 * ddp / ceiling, n, ceiling));
   }

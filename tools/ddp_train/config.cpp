@@ -38,10 +38,10 @@ CLI::Validator integer_at_least(Int min) {
 
 // A finite number in [min, max]; `min_open`: min itself is excluded ("positive").
 CLI::Validator number_in(double min, bool min_open, double max = HUGE_VAL) {
-  std::string what = min == 0 && min_open ? "a positive number"
+  std::string what = min == 0 && min_open          ? "a positive number"
                      : min == 0 && std::isinf(max) ? "a non-negative number"
                                                    : fmt::format("a number in [{}, {}]", min, max);
-  std::string desc = min == 0 && min_open ? "POSITIVE"
+  std::string desc = min == 0 && min_open          ? "POSITIVE"
                      : min == 0 && std::isinf(max) ? "NONNEGATIVE"
                                                    : fmt::format("[{}, {}]", min, max);
   return CLI::Validator(
@@ -93,20 +93,33 @@ std::string_view to_string(Device v) { return name_of(kDeviceNames, v); }
 std::string_view to_string(CommHook v) { return name_of(kCommHookNames, v); }
 
 nlohmann::json TrainConfig::to_json() const {
-  return {{"model", model},           {"data_dir", data_dir},
-          {"train_subset", train_subset}, {"test_subset", test_subset},
-          {"epochs", epochs},         {"batch_size", batch_size},
-          {"grad_accum", grad_accum}, {"optimizer", to_string(optimizer)},
-          {"lr", lr},                 {"momentum", momentum},
-          {"weight_decay", weight_decay}, {"warmup_epochs", warmup_epochs},
-          {"scale_lr", scale_lr},     {"precision", to_string(precision)},
-          {"sync_bn", sync_bn},       {"seed", seed},
-          {"max_steps", max_steps},   {"device", to_string(device)},
-          {"threads", threads},       {"workers", workers},
+  return {{"model", model},
+          {"data_dir", data_dir},
+          {"train_subset", train_subset},
+          {"test_subset", test_subset},
+          {"epochs", epochs},
+          {"batch_size", batch_size},
+          {"grad_accum", grad_accum},
+          {"optimizer", to_string(optimizer)},
+          {"lr", lr},
+          {"momentum", momentum},
+          {"weight_decay", weight_decay},
+          {"warmup_epochs", warmup_epochs},
+          {"scale_lr", scale_lr},
+          {"precision", to_string(precision)},
+          {"sync_bn", sync_bn},
+          {"seed", seed},
+          {"max_steps", max_steps},
+          {"device", to_string(device)},
+          {"threads", threads},
+          {"workers", workers},
           {"comm_hook", to_string(comm_hook)},
-          {"output_dir", output_dir}, {"name", name},
-          {"resume", resume},         {"checkpoint_every", checkpoint_every},
-          {"keep", keep},             {"log_every", log_every},
+          {"output_dir", output_dir},
+          {"name", name},
+          {"resume", resume},
+          {"checkpoint_every", checkpoint_every},
+          {"keep", keep},
+          {"log_every", log_every},
           {"plots", plots}};
 }
 
@@ -155,7 +168,8 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
       ->check(integer_at_least<int64_t>(0));
   app.add_option("--max-steps", c.max_steps, "stop after N optimizer steps (0: all epochs)")
       ->check(integer_at_least<int64_t>(0));
-  app.add_option("--device", device.text, "auto (cuda:LOCAL_RANK if CUDA is available) | cpu | cuda")
+  app.add_option("--device", device.text,
+                 "auto (cuda:LOCAL_RANK if CUDA is available) | cpu | cuda")
       ->check(CLI::IsMember(device.allowed()));
   app.add_option("--threads", c.threads,
                  "intra-op threads per rank (0: OMP_NUM_THREADS, else cores / local ranks)")

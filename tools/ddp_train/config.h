@@ -38,14 +38,14 @@ std::string_view to_string(CommHook v);
 // accuracy on Fashion-MNIST in a few minutes on a 2-core machine (see the README).
 struct TrainConfig {
   // Model and data.
-  std::string model = "cnn";   // a name of tools/common's model registry: mlp | cnn | resnet
-  std::string data_dir;        // Fashion-MNIST folder; empty: Debian's dataset-fashion-mnist
-  int64_t train_subset = 0;    // use the first N training images (0: all 60000)
-  int64_t test_subset = 0;     // evaluate on the first N test images (0: all 10000)
+  std::string model = "cnn";  // a name of tools/common's model registry: mlp | cnn | resnet
+  std::string data_dir;       // Fashion-MNIST folder; empty: Debian's dataset-fashion-mnist
+  int64_t train_subset = 0;   // use the first N training images (0: all 60000)
+  int64_t test_subset = 0;    // evaluate on the first N test images (0: all 10000)
   // Optimisation.
   int64_t epochs = 3;
-  int64_t batch_size = 64;     // per rank and per micro-batch
-  int grad_accum = 1;          // micro-batches per optimizer step (no_sync in between)
+  int64_t batch_size = 64;                  // per rank and per micro-batch
+  int grad_accum = 1;                       // micro-batches per optimizer step (no_sync in between)
   Optimizer optimizer = Optimizer::kAdamW;  // sgd: with momentum
   double lr = 1e-3;            // measured: 90.9% after 3 epochs at 2 ranks (SGD 0.05: 90.1%)
   double momentum = 0.9;       // SGD only
@@ -53,23 +53,23 @@ struct TrainConfig {
   double warmup_epochs = 0.3;  // linear warmup, then cosine decay to 0
   bool scale_lr = false;       // lr *= world size (linear scaling rule)
   Precision precision = Precision::kFp32;  // bf16: autocast; fp16: CUDA, grad scaler
-  bool sync_bn = false;        // BatchNorm statistics over all ranks
+  bool sync_bn = false;                    // BatchNorm statistics over all ranks
   uint64_t seed = 0;
-  int64_t max_steps = 0;       // stop after this many optimizer steps (0: run all epochs)
+  int64_t max_steps = 0;  // stop after this many optimizer steps (0: run all epochs)
   // Execution.
   Device device = Device::kAuto;  // auto: cuda:LOCAL_RANK when CUDA is available
-  int threads = 0;             // intra-op threads per rank (0: OMP_NUM_THREADS or cores/ranks)
-  int workers = 1;             // loader threads per rank
+  int threads = 0;                // intra-op threads per rank (0: OMP_NUM_THREADS or cores/ranks)
+  int workers = 1;                // loader threads per rank
   CommHook comm_hook = CommHook::kNone;  // fp16 / bf16: gradients all-reduced compressed
   // Output.
-  std::string output_dir;      // empty: runs/<name>/version_N (the next free N; with --resume
-                               // auto, the newest existing one)
+  std::string output_dir;  // empty: runs/<name>/version_N (the next free N; with --resume
+                           // auto, the newest existing one)
   std::string name = "ddp-train";
-  std::string resume;          // "" (fresh), "auto" (newest valid checkpoint, if any), a path
+  std::string resume;            // "" (fresh), "auto" (newest valid checkpoint, if any), a path
   int64_t checkpoint_every = 0;  // optimizer steps between checkpoints (0: each epoch only)
-  int keep = 3;                // step checkpoints kept besides last.ckpt
-  int64_t log_every = 50;      // optimizer steps between progress lines (non-terminal output)
-  bool plots = true;           // PNG curves at the end (gnuplot)
+  int keep = 3;                  // step checkpoints kept besides last.ckpt
+  int64_t log_every = 50;        // optimizer steps between progress lines (non-terminal output)
+  bool plots = true;             // PNG curves at the end (gnuplot)
 
   nlohmann::json to_json() const;
 };

@@ -23,7 +23,8 @@ struct GradScalerOptions {
 
 class GradScaler {
  public:
-  explicit GradScaler(GradScalerOptions options = {}) : options_(options), scale_(options.init_scale) {}
+  explicit GradScaler(GradScalerOptions options = {})
+      : options_(options), scale_(options.init_scale) {}
 
   at::Tensor scale(const at::Tensor& loss) const;
   // Divides every defined gradient by the scale and reports (agreed across `group`) whether

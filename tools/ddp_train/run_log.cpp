@@ -28,8 +28,8 @@ void RunLog::write_hparams(const nlohmann::json& hparams) const {
 }
 
 void RunLog::append(const MetricsRow& r) {
-  csv_ << fmt::format("{},{},{},{:.6f},{},{:.6g},{:.1f},{:.3f}\n", r.step, r.epoch, r.split,
-                      r.loss, r.accuracy < 0 ? "" : fmt::format("{:.6f}", r.accuracy), r.lr,
+  csv_ << fmt::format("{},{},{},{:.6f},{},{:.6g},{:.1f},{:.3f}\n", r.step, r.epoch, r.split, r.loss,
+                      r.accuracy < 0 ? "" : fmt::format("{:.6f}", r.accuracy), r.lr,
                       r.samples_per_s, r.wall_s)
        << std::flush;
 }

@@ -49,7 +49,8 @@ fs::path run_dir(const TrainConfig& c, ProcessGroup& pg) {
     if (fs::exists(base)) {
       for (const auto& e : fs::directory_iterator(base)) {
         const std::string n = e.path().filename().string();
-        if (n.rfind("version_", 0) == 0) newest = std::max<int64_t>(newest, std::atoll(n.c_str() + 8));
+        if (n.rfind("version_", 0) == 0)
+          newest = std::max<int64_t>(newest, std::atoll(n.c_str() + 8));
       }
     }
     version[0] = c.resume == "auto" && newest >= 0 ? newest : newest + 1;
@@ -103,8 +104,9 @@ std::shared_ptr<Dataset> load_split(Split split, const TrainConfig& c, int64_t s
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c,
                                                         std::vector<torch::Tensor> params) {
   if (c.optimizer == Optimizer::kAdamW) {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+    return std::make_unique<torch::optim::AdamW>(params,
+                                                 torch::optim::AdamWOptions(c.lr).weight_decay(
+                                                     c.weight_decay));
   }
   return std::make_unique<torch::optim::SGD>(
       params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
@@ -128,8 +130,10 @@ class Autocast {
   }
   ~Autocast() {
     if (!on_) return;
-    if (cuda_) at::autocast::set_enabled(false);
-    else at::autocast::set_cpu_enabled(false);
+    if (cuda_)
+      at::autocast::set_enabled(false);
+    else
+      at::autocast::set_cpu_enabled(false);
     at::autocast::clear_cache();
   }
 
@@ -149,8 +153,10 @@ int choose_threads(const TrainConfig& c, const ProcessGroup& pg) {
 EvalStats evaluate(ModelImpl& model, const Dataset& test, ProcessGroup& pg, c10::Device device,
                    int64_t batch_size) {
   // Each test sample exactly once across ranks: no padding, no shuffling.
-  DistributedSampler sampler(test.size(), {.num_replicas = pg.size(), .rank = pg.rank(),
-                                           .shuffle = false, .pad = false});
+  DistributedSampler sampler(test.size(), {.num_replicas = pg.size(),
+                                           .rank = pg.rank(),
+                                           .shuffle = false,
+                                           .pad = false});
   // A non-owning pointer: `test` outlives the loader.
   DataLoader loader(std::shared_ptr<const Dataset>(&test, [](const Dataset*) {}), sampler,
                     {.batch_size = batch_size, .device = device});
@@ -234,20 +240,20 @@ class Run {
   CheckpointRefs refs_;
 
   // Advanced by the loop.
-  int64_t step_ = 0;           // optimizer steps done (by every attempt: Note [Progress])
+  int64_t step_ = 0;  // optimizer steps done (by every attempt: Note [Progress])
   int64_t start_epoch_ = 0;
-  double lr_ = 0;              // the rate of the last optimizer step
-  int64_t saved_step_ = -1;    // the step of the last checkpoint this process wrote, and its file
+  double lr_ = 0;            // the rate of the last optimizer step
+  int64_t saved_step_ = -1;  // the step of the last checkpoint this process wrote, and its file
   fs::path saved_path_;
   std::optional<PreemptionWatch> preemption_;  // while the training loop runs
-  double interval_loss_ = 0;   // sum of step losses since the last log line
+  double interval_loss_ = 0;                   // sum of step losses since the last log line
   int64_t interval_steps_ = 0;
   // This epoch, on this rank: seconds of communication left after backward's compute (DDP's
   // finalize wait, IterationStats) and seconds of whole optimizer steps, data included.
   double comm_s_ = 0;
   double step_s_ = 0;
   EvalStats last_eval_;
-  int64_t eval_step_ = -1;     // the step last_eval_ measured
+  int64_t eval_step_ = -1;  // the step last_eval_ measured
 };
 
 Run::Run(const TrainConfig& c) : c_(c) {
@@ -260,8 +266,9 @@ Run::Run(const TrainConfig& c) : c_(c) {
   cuda_ = c_.device == Device::kCuda || (c_.device == Device::kAuto && cuda_available);
   device_ = cuda_ ? c10::Device(c10::kCUDA, pg_->local_rank()) : c10::Device(c10::kCPU);
   if (c_.precision == Precision::kFp16 && !cuda_) {
-    throw ConfigError("--precision fp16 needs CUDA (fp16 autocast with a gradient scaler); on "
-                      "the CPU use --precision bf16");
+    throw ConfigError(
+        "--precision fp16 needs CUDA (fp16 autocast with a gradient scaler); on "
+        "the CPU use --precision bf16");
   }
 
   // Data: every rank reads the files; the sampler gives it its shard.
@@ -269,9 +276,10 @@ Run::Run(const TrainConfig& c) : c_(c) {
   train_set_ = load_split(Split::kTrain, c_, c_.train_subset);
   test_set_ = load_split(Split::kTest, c_, c_.test_subset);
   sampler_ = DistributedSampler(train_set_->size(), {.shuffle = true, .seed = c_.seed});
-  loader_ = std::make_unique<DataLoader>(
-      train_set_, sampler_,
-      LoaderOptions{.batch_size = c_.batch_size, .num_workers = c_.workers, .device = device_});
+  loader_ = std::make_unique<DataLoader>(train_set_, sampler_,
+                                         LoaderOptions{.batch_size = c_.batch_size,
+                                                       .num_workers = c_.workers,
+                                                       .device = device_});
 
   // Model: the same seed everywhere (DDP copies rank 0's weights anyway).
   torch::manual_seed(c_.seed);
@@ -300,8 +308,10 @@ Run::Run(const TrainConfig& c) : c_(c) {
     hp["blas"] = inspect_blas().summary();
     log_->write_hparams(hp);
   }
-  checkpoints_ = std::make_unique<Checkpointer>(
-      dir_ / "checkpoints", CheckpointerOptions{.keep = c_.keep, .model_label = "--model " + c_.model});
+  checkpoints_ =
+      std::make_unique<Checkpointer>(dir_ / "checkpoints",
+                                     CheckpointerOptions{.keep = c_.keep,
+                                                         .model_label = "--model " + c_.model});
   refs_ = {.model = net_.get(), .optimizer = opt_.get(), .sampler = &sampler_};
 }
 
@@ -350,7 +360,8 @@ void Run::resume() {
       model_->restore_bucket_order(blob["bucket_order"].get<std::vector<int64_t>>());
     }
     if (blob.contains("test")) {
-      last_eval_ = {.loss_sum = blob["test"]["loss_sum"], .correct = blob["test"]["correct"],
+      last_eval_ = {.loss_sum = blob["test"]["loss_sum"],
+                    .correct = blob["test"]["correct"],
                     .count = blob["test"]["count"]};
       eval_step_ = step_;
     }
@@ -367,9 +378,10 @@ void Run::resume() {
   // The rows an interrupted attempt wrote after this checkpoint would repeat steps.
   if (log_ && !c_.resume.empty()) {
     if (const int64_t dropped = log_->drop_after(step_); dropped > 0) {
-      progress_->line(fmt::format("metrics.csv: dropped {} row(s) after step {} (written after "
-                                  "that checkpoint by the interrupted run)",
-                                  dropped, step_));
+      progress_->line(
+          fmt::format("metrics.csv: dropped {} row(s) after step {} (written after "
+                      "that checkpoint by the interrupted run)",
+                      dropped, step_));
     }
   }
 }
@@ -406,13 +418,17 @@ int Run::report_finished() {
 void Run::save_checkpoint(int64_t epoch) {
   nlohmann::json blob = {{"bucket_order", model_->bucket_order()}};
   if (eval_step_ == step_) {  // the evaluation of exactly this state
-    blob["test"] = {{"loss_sum", last_eval_.loss_sum}, {"correct", last_eval_.correct},
+    blob["test"] = {{"loss_sum", last_eval_.loss_sum},
+                    {"correct", last_eval_.correct},
                     {"count", last_eval_.count}};
   }
-  saved_path_ = checkpoints_->save(refs_,
-                                   {.step = step_, .epoch = epoch,
-                                    .hparams_json = c_.to_json().dump(), .blob = blob.dump()},
-                                   *pg_)
+  saved_path_ = checkpoints_
+                    ->save(refs_,
+                           {.step = step_,
+                            .epoch = epoch,
+                            .hparams_json = c_.to_json().dump(),
+                            .blob = blob.dump()},
+                           *pg_)
                     .path;
   saved_step_ = step_;
 }
@@ -460,8 +476,12 @@ void Run::log_interval(int64_t epoch) {
   at::Tensor l = at::full({1}, interval_loss_ / interval_steps_, at::kDouble);
   pg_->all_reduce(l, ReduceOp::kAvg).wait();
   if (log_) {
-    log_->append({.step = step_, .epoch = epoch, .split = "train", .loss = l.item<double>(),
-                  .lr = lr_, .samples_per_s = progress_->samples_per_s(),
+    log_->append({.step = step_,
+                  .epoch = epoch,
+                  .split = "train",
+                  .loss = l.item<double>(),
+                  .lr = lr_,
+                  .samples_per_s = progress_->samples_per_s(),
                   .wall_s = seconds_since(wall_start_)});
   }
   interval_loss_ = 0;
@@ -516,8 +536,8 @@ void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::ti
   const double comm_share = step_s_ > 0 ? comm_s_ / step_s_ : 0;
   progress_->line(fmt::format(
       "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), {:.1f} s, {:.0f} samples/s{}",
-      epoch + 1, c_.epochs, last_eval_.mean_loss(), 100 * last_eval_.accuracy(),
-      last_eval_.correct, last_eval_.count, seconds_since(started), samples_per_s,
+      epoch + 1, c_.epochs, last_eval_.mean_loss(), 100 * last_eval_.accuracy(), last_eval_.correct,
+      last_eval_.count, seconds_since(started), samples_per_s,
       pg_->size() > 1 ? fmt::format(", comm {:.0f}% of step", 100 * comm_share) : ""));
   if (pg_->size() > 1 && comm_share > kCommShareAdvice) {
     progress_->line(fmt::format(
@@ -526,9 +546,14 @@ void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::ti
         100 * comm_share));
   }
   if (log_) {
-    log_->append({.step = step_, .epoch = epoch, .split = "test", .loss = last_eval_.mean_loss(),
-                  .accuracy = last_eval_.accuracy(), .lr = lr_,
-                  .samples_per_s = samples_per_s, .wall_s = seconds_since(wall_start_)});
+    log_->append({.step = step_,
+                  .epoch = epoch,
+                  .split = "test",
+                  .loss = last_eval_.mean_loss(),
+                  .accuracy = last_eval_.accuracy(),
+                  .lr = lr_,
+                  .samples_per_s = samples_per_s,
+                  .wall_s = seconds_since(wall_start_)});
   }
   if (!stopped) {
     sampler_.set_epoch(epoch + 1);  // the checkpoint resumes at the next epoch's start
@@ -540,9 +565,9 @@ void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::ti
 // written), then out with kExitPreempted. No evaluation: the grace period is short.
 int Run::preempted(int64_t epoch) {
   if (saved_step_ != step_) save_checkpoint(epoch);
-  progress_->line(fmt::format(
-      "preempted at step {} (epoch {}/{}); checkpoint {}; resume with --resume auto", step_,
-      epoch + 1, c_.epochs, saved_path_.string()));
+  progress_->line(
+      fmt::format("preempted at step {} (epoch {}/{}); checkpoint {}; resume with --resume auto",
+                  step_, epoch + 1, c_.epochs, saved_path_.string()));
   preemption_.reset();
   barrier();
   destroy_process_group();
@@ -554,9 +579,8 @@ void Run::finish() {
     save_final_model(*net_, dir_);
     progress_->line(fmt::format(
         "done: test accuracy {:.2f}% ({}/{}), test loss {:.4f}, {} steps, {:.1f} s; model in {}",
-        100 * last_eval_.accuracy(), last_eval_.correct, last_eval_.count,
-        last_eval_.mean_loss(), step_, seconds_since(wall_start_),
-        (dir_ / "model_state.pt").string()));
+        100 * last_eval_.accuracy(), last_eval_.correct, last_eval_.count, last_eval_.mean_loss(),
+        step_, seconds_since(wall_start_), (dir_ / "model_state.pt").string()));
     if (c_.plots) progress_->line(log_->plot());
   }
   barrier();
@@ -571,9 +595,8 @@ int Run::execute() {
       "{}, batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; "
       "run folder {}",
       c_.model, train_set_->size(), test_set_->size(), pg_->size(), torch::get_num_threads(),
-      pg_->backend(),
-      c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs, to_string(c_.optimizer), schedule_.peak,
-      to_string(c_.precision), dir_.string()));
+      pg_->backend(), c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs,
+      to_string(c_.optimizer), schedule_.peak, to_string(c_.precision), dir_.string()));
   progress_->line(inspect_blas().summary());
   preemption_.emplace();
   bool stopped = false;

@@ -61,9 +61,10 @@ void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
 
   if (raw.flag("standalone")) {
     if (c.nnodes != 1) {
-      throw UsageError(fmt::format("--standalone runs a single node, but --nnodes is {}; drop "
-                                   "--standalone or use --nnodes 1",
-                                   c.nnodes));
+      throw UsageError(
+          fmt::format("--standalone runs a single node, but --nnodes is {}; drop "
+                      "--standalone or use --nnodes 1",
+                      c.nnodes));
     }
     for (const char* dest : {"rdzv_backend", "rdzv_endpoint", "rdzv_id"}) {
       if (raw.given(dest))
@@ -90,9 +91,10 @@ void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
   }
   if (c.master_port == 0) {
     if (c.nnodes > 1) {
-      throw UsageError(fmt::format("port 0 (pick a free port) only works on a single node; "
-                                   "with --nnodes {} every node must be given the same port",
-                                   c.nnodes));
+      throw UsageError(
+          fmt::format("port 0 (pick a free port) only works on a single node; "
+                      "with --nnodes {} every node must be given the same port",
+                      c.nnodes));
     }
     c.pick_free_port = true;
   }
@@ -133,8 +135,8 @@ void check_ranks_exist(const std::string& source, const std::string& text, const
                        int nproc) {
   for (const auto& [rank, streams] : spec.by_local_rank) {
     if (rank >= nproc) {
-      bad_value(source, text, fmt::format("there is no local rank {} with --nproc-per-node {}",
-                                          rank, nproc));
+      bad_value(source, text,
+                fmt::format("there is no local rank {} with --nproc-per-node {}", rank, nproc));
     }
   }
 }

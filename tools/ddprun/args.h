@@ -35,14 +35,14 @@ inline constexpr int kUsageExitCode = 2;  // like argparse, getopt tools and tor
 inline constexpr int kDefaultNprocPerNode = 1;
 inline constexpr int kDefaultNnodes = 1;
 inline constexpr const char* kDefaultMasterAddr = "127.0.0.1";
-inline constexpr int kDefaultRdzvPort = 29400;    // torchrun's port for a bare --rdzv-endpoint host
+inline constexpr int kDefaultRdzvPort = 29400;  // torchrun's port for a bare --rdzv-endpoint host
 inline constexpr const char* kDefaultRunId = "none";  // torchrun's --rdzv-id default
 inline constexpr const char* kDefaultRole = "default";
 inline constexpr int kDefaultMaxRestarts = 0;
 // Durations as given on the command line: seconds, fractions allowed.
 using Seconds = std::chrono::duration<double>;
-inline constexpr Seconds kDefaultMonitorInterval{0.1};  // torchrun's since pytorch#124692
-inline constexpr Seconds kDefaultGracePeriod{10.0};     // between SIGTERM and SIGKILL
+inline constexpr Seconds kDefaultMonitorInterval{0.1};        // torchrun's since pytorch#124692
+inline constexpr Seconds kDefaultGracePeriod{10.0};           // between SIGTERM and SIGKILL
 inline constexpr const char* kPythonInterpreter = "python3";  // for PROGRAM.py and -m
 
 enum class RdzvBackend { kStatic, kC10d };
@@ -99,9 +99,9 @@ struct LaunchConfig {
   Seconds grace_period = kDefaultGracePeriod;
 
   // --- output
-  std::string log_dir;  // empty: no --log-dir
-  StdSpec redirects;    // streams written to files only
-  StdSpec tee;          // streams written to files and shown
+  std::string log_dir;                              // empty: no --log-dir
+  StdSpec redirects;                                // streams written to files only
+  StdSpec tee;                                      // streams written to files and shown
   std::optional<std::set<int>> local_ranks_filter;  // local ranks shown on the console
 
   // --- what each worker runs

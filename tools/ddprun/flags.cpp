@@ -13,9 +13,9 @@ namespace {
 // conversion and validation happen afterwards, in one place, with the PET_* fallback applied.
 
 struct FlagDef {
-  const char* dest;     // torchrun's argparse dest: nproc_per_node
+  const char* dest;        // torchrun's argparse dest: nproc_per_node
   const char* short_name;  // "" or "r"
-  const char* metavar;  // "" for boolean flags
+  const char* metavar;     // "" for boolean flags
   const char* group;
   const char* help;  // ends with the default
 };

@@ -53,8 +53,8 @@
 
 #include "base/net.h"  // pick_free_port
 #include "ddp/env.h"   // current_environment
-#include "output.h"   // Stream, RunDirectory, note
-#include "summary.h"  // WorkerEnd, pick_root_cause, format_failure_summary
+#include "output.h"    // Stream, RunDirectory, note
+#include "summary.h"   // WorkerEnd, pick_root_cause, format_failure_summary
 
 namespace ddp::launcher {
 namespace {
@@ -79,7 +79,6 @@ std::string host_name() {
   if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
   return buf;
 }
-
 
 // A UUID4-shaped id, like torchrun's --standalone run ids.
 std::string random_run_id() {
@@ -123,10 +122,7 @@ std::string job_secret(const LaunchConfig& config, const EnvMap& base) {
 
 struct Worker {
   Worker(int local_rank_in, int rank_in, Stream out_in, Stream err_in)
-      : local_rank(local_rank_in),
-        rank(rank_in),
-        out(std::move(out_in)),
-        err(std::move(err_in)) {}
+      : local_rank(local_rank_in), rank(rank_in), out(std::move(out_in)), err(std::move(err_in)) {}
 
   const int local_rank;
   const int rank;
@@ -135,7 +131,7 @@ struct Worker {
   Stream err;
   pid_t pid = -1;  // also the id of its process group
   bool running = false;
-  int signal_sent = 0;  // the last signal ddprun sent its process group; 0: none
+  int signal_sent = 0;       // the last signal ddprun sent its process group; 0: none
   bool was_stopped = false;  // frozen (state T) when ddprun signalled it
 
   // Valid once reaped (!running).
@@ -211,7 +207,7 @@ class WorkerGroup {
   bool warned_stuck_ = false;
 
   // Set at the end of run().
-  std::vector<WorkerEnd> ends_;           // one per worker, in local rank order
+  std::vector<WorkerEnd> ends_;          // one per worker, in local rank order
   std::optional<RootCause> root_cause_;  // into ends_; set when the attempt failed
 };
 
@@ -244,9 +240,9 @@ void WorkerGroup::start_all() {
       if (c.writes_to_file(lr, which)) log = open_log(dir + "/" + file);
       return Stream(prefix, c.shows_on_console(lr, which) ? console_fd : -1, std::move(log), tail);
     };
-    auto w = std::make_unique<Worker>(lr, rank, stream(Std::kOut, STDOUT_FILENO, "stdout.log", 0),
-                                      stream(Std::kErr, STDERR_FILENO, "stderr.log",
-                                             kStderrTailLines));
+    auto w =
+        std::make_unique<Worker>(lr, rank, stream(Std::kOut, STDOUT_FILENO, "stdout.log", 0),
+                                 stream(Std::kErr, STDERR_FILENO, "stderr.log", kStderrTailLines));
     w->error_file = dir + "/error.json";
     workers_.push_back(std::move(w));
     start(*workers_.back());
@@ -338,10 +334,11 @@ void WorkerGroup::advance() {
     w.out.pump();  // its last words first, then ours
     w.err.pump();
     auto running = std::ranges::count_if(workers_, [](const auto& o) { return o->running; });
-    note(fmt::format("rank {} failed ({}); stopping the other {} running worker(s): SIGTERM, then "
-                     "SIGKILL after {}",
-                     w.rank, describe_wait_status(w.wait_status), running,
-                     format_seconds(s_.config.grace_period.count())));
+    note(
+        fmt::format("rank {} failed ({}); stopping the other {} running worker(s): SIGTERM, then "
+                    "SIGKILL after {}",
+                    w.rank, describe_wait_status(w.wait_status), running,
+                    format_seconds(s_.config.grace_period.count())));
     stop_all(SIGTERM);
   }
   if (!stopping_ && all_reaped() && any_group_alive()) {
@@ -349,7 +346,8 @@ void WorkerGroup::advance() {
     stop_all(SIGTERM);
   }
   if (stopping_ && !killed_ && SteadyClock::now() >= kill_deadline_) {
-    kill_all(fmt::format("after the {} grace period", format_seconds(s_.config.grace_period.count())));
+    kill_all(
+        fmt::format("after the {} grace period", format_seconds(s_.config.grace_period.count())));
   }
   if (killed_) {
     for (auto& w : workers_) w->signal_group(SIGKILL);  // stragglers forked during the stop
@@ -368,9 +366,10 @@ bool WorkerGroup::finished() {
     warned_stuck_ = true;
     return false;
   }
-  note(fmt::format("processes left in the workers' process groups survived SIGKILL for {}; "
-                   "leaving them",
-                   format_seconds(kKillWait)));
+  note(
+      fmt::format("processes left in the workers' process groups survived SIGKILL for {}; "
+                  "leaving them",
+                  format_seconds(kKillWait)));
   return true;
 }
 
@@ -395,8 +394,8 @@ void WorkerGroup::stop_all(int signal) {
   signal_all(signal);
   if (!stopping_) {
     stopping_ = true;
-    kill_deadline_ =
-        SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(s_.config.grace_period);
+    kill_deadline_ = SteadyClock::now() +
+                     std::chrono::duration_cast<SteadyClock::duration>(s_.config.grace_period);
   }
 }
 
@@ -470,10 +469,11 @@ std::string WorkerGroup::summary(int attempt, int attempts) const {
 
 void print_startup_notes(const LaunchConfig& config, const EnvMap& base, const RunDirectory& dir) {
   if (sets_omp_num_threads(config, base)) {
-    note(fmt::format("setting OMP_NUM_THREADS=1 for each of the {} workers on this node so they do "
-                     "not oversubscribe the CPUs; export OMP_NUM_THREADS=<n> to choose another "
-                     "value",
-                     config.nproc_per_node));
+    note(
+        fmt::format("setting OMP_NUM_THREADS=1 for each of the {} workers on this node so they do "
+                    "not oversubscribe the CPUs; export OMP_NUM_THREADS=<n> to choose another "
+                    "value",
+                    config.nproc_per_node));
   }
   if (config.any_log_files()) {
     note(fmt::format("worker logs: {}/attempt_<k>/<local_rank>/{{stdout,stderr}}.log", dir.path()));

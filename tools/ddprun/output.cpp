@@ -57,9 +57,7 @@ void note(const std::string& line) { write_all(STDERR_FILENO, "ddprun: " + line 
 // Stream
 
 Stream::Stream(std::string prefix, int console_fd, UniqueFd file, std::size_t tail_lines)
-    : prefix_(std::move(prefix)),
-      file_(std::move(file)),
-      tail_lines_(tail_lines),
+    : prefix_(std::move(prefix)), file_(std::move(file)), tail_lines_(tail_lines),
       console_fd_(console_fd) {}
 
 void Stream::pump() { read_some(kMaxChunksPerWake); }

@@ -39,7 +39,7 @@ class Stream {
   Stream(std::string prefix, int console_fd, UniqueFd file, std::size_t tail_lines);
 
   void attach(UniqueFd read_end) { pipe_ = std::move(read_end); }  // non-blocking
-  int fd() const { return pipe_.get(); }                            // -1 once closed
+  int fd() const { return pipe_.get(); }                           // -1 once closed
   const std::deque<std::string>& tail() const { return tail_; }
 
   // Reads what the pipe holds (bounded, so one chatty worker cannot starve the others); closes

@@ -7,7 +7,7 @@
 #include <cctype>    // std::isspace
 #include <charconv>  // std::from_chars
 #include <csignal>
-#include <ctime>     // localtime_r, strftime
+#include <ctime>  // localtime_r, strftime
 #include <limits>
 #include <utility>  // std::pair
 
@@ -170,8 +170,8 @@ bool failed(const WorkerEnd& worker) {
 }
 
 std::optional<RootCause> pick_root_cause(const std::vector<WorkerEnd>& workers) {
-  std::optional<RootCause> first_reaped;  // rule 3
-  std::optional<RootCause> earliest;      // rule 2
+  std::optional<RootCause> first_reaped;                     // rule 3
+  std::optional<RootCause> earliest;                         // rule 2
   std::optional<std::pair<std::int64_t, int>> earliest_key;  // (timestamp, reap order)
   auto index_of_rank = [&](int rank) -> std::optional<std::size_t> {
     for (std::size_t j = 0; j < workers.size(); ++j) {
@@ -259,8 +259,8 @@ std::string first_line(const std::string& text) {
 
 // The root cause's section. Its time is that of its error file when the error file chose it,
 // else when ddprun reaped it.
-std::string format_root_cause(const SummaryContext& context,
-                              const std::vector<WorkerEnd>& workers, const RootCause& root) {
+std::string format_root_cause(const SummaryContext& context, const std::vector<WorkerEnd>& workers,
+                              const RootCause& root) {
   const WorkerEnd& w = workers.at(root.index);
   const std::string error = w.error_file ? w.error_file->message : "";
   const std::int64_t time_us = root.by_error_file ? root.time_us : w.reaped_at_us;
@@ -276,10 +276,10 @@ std::string format_root_cause(const SummaryContext& context,
   out += fmt::format("  rank      : {} (local_rank {}) on host {}\n", w.rank, w.local_rank,
                      context.host);
   out += fmt::format("  pid       : {}\n", w.pid);
-  out += fmt::format("  exit      : {}{}\n", w.reaped ? describe_wait_status(w.wait_status)
-                                                        : "could not be stopped",
-                     w.was_stopped ? "; it was stopped (process state T: SIGSTOP or a debugger)"
-                                   : "");
+  out +=
+      fmt::format("  exit      : {}{}\n",
+                  w.reaped ? describe_wait_status(w.wait_status) : "could not be stopped",
+                  w.was_stopped ? "; it was stopped (process state T: SIGSTOP or a debugger)" : "");
   out += fmt::format("  error file: {}\n",
                      error.empty() ? "(none)" : indent_lines(error, std::string(14, ' ')));
   if (w.stderr_tail.empty()) {
@@ -353,8 +353,8 @@ std::string format_early_exits(const std::vector<WorkerEnd>& workers) {
 std::string format_failure_summary(const SummaryContext& context,
                                    const std::vector<WorkerEnd>& workers,
                                    std::optional<RootCause> root_cause) {
-  std::string out = fmt::format("ddprun: worker group failed (attempt {} of {})\n",
-                                context.attempt, context.attempts);
+  std::string out = fmt::format("ddprun: worker group failed (attempt {} of {})\n", context.attempt,
+                                context.attempts);
   if (!root_cause) return out;
   out += format_root_cause(context, workers, *root_cause);
   out += format_others(context, workers, root_cause->index);

@@ -54,13 +54,13 @@ struct WorkerEnd {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = -1;
-  bool reaped = true;     // false: still running, it could not be stopped
-  int wait_status = 0;    // waitpid()'s, when reaped
-  int signal_sent = 0;    // the last signal ddprun sent its process group; 0: none
-  int reap_order = 0;     // 0 for the first worker ddprun reaped in the attempt, then 1...
+  bool reaped = true;             // false: still running, it could not be stopped
+  int wait_status = 0;            // waitpid()'s, when reaped
+  int signal_sent = 0;            // the last signal ddprun sent its process group; 0: none
+  int reap_order = 0;             // 0 for the first worker ddprun reaped in the attempt, then 1...
   std::int64_t reaped_at_us = 0;  // when, in microseconds since the Unix epoch
-  bool was_stopped = false;  // frozen (process state T: SIGSTOP, a debugger) when ddprun
-                             // stopped the group; ddprun sent SIGCONT after its signal
+  bool was_stopped = false;       // frozen (process state T: SIGSTOP, a debugger) when ddprun
+                                  // stopped the group; ddprun sent SIGCONT after its signal
   std::optional<ErrorFileReport> error_file;  // nullopt: it wrote none (or an empty one)
   std::vector<std::string> stderr_tail;       // its last stderr lines, oldest first
 };
@@ -96,7 +96,7 @@ struct RootCause {
   // Rule 2 through a relayed record: the worker that wrote it (the root cause is the rank it
   // names, or, when that rank is on another node, this worker itself).
   std::optional<std::size_t> relayed_by;
-  std::int64_t time_us = 0;    // rule 2: the record's timestamp
+  std::int64_t time_us = 0;  // rule 2: the record's timestamp
 };
 // The root cause among `workers` (see Note [Root cause]); nullopt when none failed.
 std::optional<RootCause> pick_root_cause(const std::vector<WorkerEnd>& workers);

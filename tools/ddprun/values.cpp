@@ -181,5 +181,4 @@ Endpoint parse_endpoint(const std::string& flag, const std::string& value) {
   return e;
 }
 
-
 }  // namespace ddp::launcher

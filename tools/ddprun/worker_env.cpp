@@ -39,7 +39,8 @@ EnvMap worker_environment(const LaunchConfig& config, const GroupSpec& group, in
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
   if (!group.store_secret.empty()) env["DDP_STORE_SECRET"] = group.store_secret;
-  if (config.rdzv_timeout) env["DDP_RDZV_TIMEOUT"] = fmt::format("{}", config.rdzv_timeout->count());
+  if (config.rdzv_timeout)
+    env["DDP_RDZV_TIMEOUT"] = fmt::format("{}", config.rdzv_timeout->count());
   if (config.collective_timeout) {
     env["DDP_COLLECTIVE_TIMEOUT"] = fmt::format("{}", config.collective_timeout->count());
   }

@@ -110,25 +110,25 @@ std::pair<size_t, size_t> slice(size_t m, int n, int p) {
 
 struct Group::Control {
   uint64_t magic;
-  std::atomic<uint32_t> wake;      // futex word: bumped by an arrival when someone sleeps
-  std::atomic<uint32_t> sleepers;  // ranks inside a futex wait (or about to be)
-  std::atomic<int32_t> abort_rank; // 1 + the rank that gave up first; 0 = none
+  std::atomic<uint32_t> wake;       // futex word: bumped by an arrival when someone sleeps
+  std::atomic<uint32_t> sleepers;   // ranks inside a futex wait (or about to be)
+  std::atomic<int32_t> abort_rank;  // 1 + the rank that gave up first; 0 = none
   std::atomic<uint32_t> abort_ready;
   char abort_reason[kAbortReasonBytes];
 };
 
 struct alignas(64) Group::Slot {
-  std::atomic<uint64_t> arrived;     // syncs this rank has reached (Note [Shared-memory ...])
-  std::atomic<uint64_t> current_seq; // the collective it runs or ran last
+  std::atomic<uint64_t> arrived;      // syncs this rank has reached (Note [Shared-memory ...])
+  std::atomic<uint64_t> current_seq;  // the collective it runs or ran last
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> left;        // 1 once this rank destroyed its group
   std::atomic<uint64_t> start_time;  // of pid, so a reused pid is not taken for our rank
   struct Published {
     std::atomic<uint64_t> seq;
-    std::atomic<uint64_t> word;   // pack(fingerprint)
+    std::atomic<uint64_t> word;  // pack(fingerprint)
     std::atomic<uint64_t> count;
-    std::atomic<uint64_t> buffer; // SharedBuffer::id holding the data; 0: private memory
-    std::atomic<uint64_t> offset; // bytes into that buffer
+    std::atomic<uint64_t> buffer;  // SharedBuffer::id holding the data; 0: private memory
+    std::atomic<uint64_t> offset;  // bytes into that buffer
   } ring[kRing];
 };
 
@@ -183,9 +183,9 @@ Group::~Group() {
   futex(&ctl_->wake, FUTEX_WAKE, INT_MAX, nullptr);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& op : queue_) {
-    op->error = std::make_exception_ptr(CollectiveError(fmt::format(
-        "[rank {}] {} was not run: its process group was destroyed first", me(),
-        op->fp.describe(op->seq))));
+    op->error = std::make_exception_ptr(CollectiveError(
+        fmt::format("[rank {}] {} was not run: its process group was destroyed first", me(),
+                    op->fp.describe(op->seq))));
     op->body = nullptr;
     op->done.store(true);
   }
@@ -254,8 +254,8 @@ void Group::run_front() {
 void Group::execute(Op& op) {
   if (failed_) {
     op.error = std::make_exception_ptr(CollectiveError(fmt::format(
-        "[rank {}] {} was not run: this process group failed at an earlier collective: {}",
-        me(), op.fp.describe(op.seq), failed_message_)));
+        "[rank {}] {} was not run: this process group failed at an earlier collective: {}", me(),
+        op.fp.describe(op.seq), failed_message_)));
   } else {
     try {
       begin(op);
@@ -265,8 +265,8 @@ void Group::execute(Op& op) {
       failed_message_ = e.what();
       failed_ = op.error;
     } catch (const std::exception& e) {
-      failed_message_ = fmt::format("[rank {}] {} failed: {}", me(), op.fp.describe(op.seq),
-                                    e.what());
+      failed_message_ =
+          fmt::format("[rank {}] {} failed: {}", me(), op.fp.describe(op.seq), e.what());
       op.error = std::make_exception_ptr(CollectiveError(failed_message_));
       failed_ = op.error;
     }
@@ -329,8 +329,7 @@ Placement Group::find(const void* data, size_t bytes) const {
 }
 
 std::shared_ptr<Op> Group::all_reduce(uint64_t seq, void* data, size_t count, DType dtype,
-                                      Reduce op, std::shared_ptr<void> keep,
-                                      Placement placement) {
+                                      Reduce op, std::shared_ptr<void> keep, Placement placement) {
   Fingerprint fp{OpKind::kAllReduce, dtype, op, 0, count};
   return submit(
       seq, fp,
@@ -433,8 +432,7 @@ void Group::shared_all_reduce(const Placement& where, size_t count, DType dtype,
 // The staged protocol (Note [Shared-memory collectives]). `synced_once`: this rank's data is
 // in a shared buffer but a peer's is not, and the collective's first sync is behind us; the
 // peers that staged their first chunk before it wait at one more sync for ours.
-void Group::staged_all_reduce(char* bytes, size_t count, DType dtype, Reduce op,
-                              bool synced_once) {
+void Group::staged_all_reduce(char* bytes, size_t count, DType dtype, Reduce op, bool synced_once) {
   const int n = o_.size;
   const size_t es = element_size(dtype);
   const size_t per = o_.chunk_bytes / es;
@@ -460,68 +458,70 @@ void Group::staged_all_reduce(char* bytes, size_t count, DType dtype, Reduce op,
   } while (a < count);
 }
 
-std::shared_ptr<Op> Group::broadcast(uint64_t seq, void* data, size_t count, DType dtype,
-                                     int root, std::shared_ptr<void> keep) {
+std::shared_ptr<Op> Group::broadcast(uint64_t seq, void* data, size_t count, DType dtype, int root,
+                                     std::shared_ptr<void> keep) {
   Fingerprint fp{OpKind::kBroadcast, dtype, Reduce::kSum, root, count};
   return submit(seq, fp, [this, data, count, dtype, root, keep = std::move(keep)] {
     broadcast_here(data, count * element_size(dtype), root);
   });
 }
 
-std::shared_ptr<Op> Group::all_gather(uint64_t seq, std::vector<void*> outputs,
-                                      const void* input, size_t count, DType dtype,
-                                      std::shared_ptr<void> keep) {
+std::shared_ptr<Op> Group::all_gather(uint64_t seq, std::vector<void*> outputs, const void* input,
+                                      size_t count, DType dtype, std::shared_ptr<void> keep) {
   Fingerprint fp{OpKind::kAllGather, dtype, Reduce::kSum, 0, count};
-  return submit(seq, fp, [this, outputs = std::move(outputs), input, count, dtype,
-                          keep = std::move(keep)] {
-    const size_t total = count * element_size(dtype);
-    const char* in = static_cast<const char*>(input);
-    if (outputs[o_.rank] != input) std::memcpy(outputs[o_.rank], in, total);
-    if (o_.size == 1) return;
-    size_t a = 0;
-    do {
-      const size_t m = std::min(o_.chunk_bytes, total - a);
-      const int h = next_half();
-      std::memcpy(staging(o_.rank, h), in + a, m);
-      sync();
-      for (int p = 0; p < o_.size; ++p) {
-        if (p != o_.rank) std::memcpy(static_cast<char*>(outputs[p]) + a, staging(p, h), m);
-      }
-      a += m;
-    } while (a < total);
-  });
+  return submit(seq, fp,
+                [this, outputs = std::move(outputs), input, count, dtype, keep = std::move(keep)] {
+                  const size_t total = count * element_size(dtype);
+                  const char* in = static_cast<const char*>(input);
+                  if (outputs[o_.rank] != input) std::memcpy(outputs[o_.rank], in, total);
+                  if (o_.size == 1) return;
+                  size_t a = 0;
+                  do {
+                    const size_t m = std::min(o_.chunk_bytes, total - a);
+                    const int h = next_half();
+                    std::memcpy(staging(o_.rank, h), in + a, m);
+                    sync();
+                    for (int p = 0; p < o_.size; ++p) {
+                      if (p != o_.rank)
+                        std::memcpy(static_cast<char*>(outputs[p]) + a, staging(p, h), m);
+                    }
+                    a += m;
+                  } while (a < total);
+                });
 }
 
 std::shared_ptr<Op> Group::reduce_scatter(uint64_t seq, void* output,
                                           std::vector<const void*> inputs, size_t count,
                                           DType dtype, Reduce op, std::shared_ptr<void> keep) {
   Fingerprint fp{OpKind::kReduceScatter, dtype, op, 0, count};
-  return submit(seq, fp, [this, output, inputs = std::move(inputs), count, dtype, op,
-                          keep = std::move(keep)] {
-    const int n = o_.size;
-    const size_t es = element_size(dtype);
-    char* out = static_cast<char*>(output);
-    if (n == 1) {
-      const void* src[1] = {inputs[0]};
-      reduce(dtype, op, out, src, 1, count);  // a copy (avg divides by 1)
-      return;
-    }
-    const size_t per = o_.chunk_bytes / (es * n);  // elements of each of the n inputs per chunk
-    std::vector<const void*> srcs(n);
-    size_t a = 0;
-    do {
-      const size_t m = std::min(per, count - a);
-      const int h = next_half();
-      for (int q = 0; q < n; ++q) {
-        std::memcpy(staging(o_.rank, h) + q * m * es,
-                    static_cast<const char*>(inputs[q]) + a * es, m * es);
-      }
-      sync();
-      for (int p = 0; p < n; ++p) srcs[p] = staging(p, h) + o_.rank * m * es;
-      reduce(dtype, op, out + a * es, srcs.data(), n, m);
-      a += m;
-    } while (a < count);
-  });
+  return submit(seq, fp,
+                [this, output, inputs = std::move(inputs), count, dtype, op,
+                 keep = std::move(keep)] {
+                  const int n = o_.size;
+                  const size_t es = element_size(dtype);
+                  char* out = static_cast<char*>(output);
+                  if (n == 1) {
+                    const void* src[1] = {inputs[0]};
+                    reduce(dtype, op, out, src, 1, count);  // a copy (avg divides by 1)
+                    return;
+                  }
+                  const size_t per =
+                      o_.chunk_bytes / (es * n);  // elements of each of the n inputs per chunk
+                  std::vector<const void*> srcs(n);
+                  size_t a = 0;
+                  do {
+                    const size_t m = std::min(per, count - a);
+                    const int h = next_half();
+                    for (int q = 0; q < n; ++q) {
+                      std::memcpy(staging(o_.rank, h) + q * m * es,
+                                  static_cast<const char*>(inputs[q]) + a * es, m * es);
+                    }
+                    sync();
+                    for (int p = 0; p < n; ++p) srcs[p] = staging(p, h) + o_.rank * m * es;
+                    reduce(dtype, op, out + a * es, srcs.data(), n, m);
+                    a += m;
+                  } while (a < count);
+                });
 }
 
 std::shared_ptr<Op> Group::barrier(uint64_t seq) {

@@ -109,10 +109,10 @@ struct Placement {
 struct Op {
   uint64_t seq = 0;
   Fingerprint fp;
-  Placement placement;  // all_reduce only; published so peers can find the data
+  Placement placement;         // all_reduce only; published so peers can find the data
   std::function<void()> body;  // runs the protocol; cleared once run
   std::atomic<bool> done{false};
-  std::exception_ptr error;    // set before done
+  std::exception_ptr error;  // set before done
 };
 
 class Group {
@@ -141,8 +141,8 @@ class Group {
   // alive until the collective ran (the tensors). Pointers must stay valid until then.
   // all_reduce moves nothing through staging when `placement` names a shared buffer holding
   // `data` (see Shared buffers above).
-  std::shared_ptr<Op> all_reduce(uint64_t seq, void* data, size_t count, DType dtype,
-                                 Reduce op, std::shared_ptr<void> keep, Placement placement = {});
+  std::shared_ptr<Op> all_reduce(uint64_t seq, void* data, size_t count, DType dtype, Reduce op,
+                                 std::shared_ptr<void> keep, Placement placement = {});
   std::shared_ptr<Op> broadcast(uint64_t seq, void* data, size_t count, DType dtype, int root,
                                 std::shared_ptr<void> keep);
   // outputs[r] receives rank r's input (count elements each).
@@ -187,7 +187,7 @@ class Group {
   void staged_all_reduce(char* data, size_t count, DType dtype, Reduce op, bool synced_once);
   void shared_all_reduce(const Placement& where, size_t count, DType dtype, Reduce op);
   bool placed_alike(const Placement& mine) const;  // every rank published `mine`'s id, offset
-  bool any_peer_placed() const;                     // some rank published a shared buffer
+  bool any_peer_placed() const;                    // some rank published a shared buffer
   int next_half() { return static_cast<int>(chunk_++ & 1); }
   char* staging(int rank, int half) const;
   void sync();
@@ -215,7 +215,7 @@ class Group {
   bool fingerprints_checked_ = false;
   std::chrono::steady_clock::time_point deadline_;
   std::vector<std::chrono::steady_clock::time_point> stopped_since_;  // per rank; zero = running
-  std::exception_ptr failed_;   // the first error: every later collective fails with it
+  std::exception_ptr failed_;  // the first error: every later collective fails with it
   std::string failed_message_;
 
   // Shared buffers by the address of this rank's part, guarded by buffers_mu_.

@@ -15,9 +15,18 @@ namespace {
 
 constexpr size_t kBlock = 1024;  // elements per accumulation block (4-8 KiB of accumulators)
 
-template <typename T> struct Acc { using type = T; };
-template <> struct Acc<c10::Half> { using type = float; };
-template <> struct Acc<c10::BFloat16> { using type = float; };
+template <typename T>
+struct Acc {
+  using type = T;
+};
+template <>
+struct Acc<c10::Half> {
+  using type = float;
+};
+template <>
+struct Acc<c10::BFloat16> {
+  using type = float;
+};
 
 template <typename T, Reduce kOp>
 void reduce_typed(T* dst, const T* const* srcs, int n, size_t count) {
@@ -92,10 +101,16 @@ void reduce(DType dtype, Reduce op, void* dst, const void* const* srcs, int n, s
 
 size_t element_size(DType t) {
   switch (t) {
-    case DType::kU8: case DType::kI8: case DType::kBool: return 1;
-    case DType::kI16: case DType::kF16: case DType::kBF16: return 2;
-    case DType::kI32: case DType::kF32: return 4;
-    case DType::kI64: case DType::kF64: return 8;
+    case DType::kU8:
+    case DType::kI8:
+    case DType::kBool: return 1;
+    case DType::kI16:
+    case DType::kF16:
+    case DType::kBF16: return 2;
+    case DType::kI32:
+    case DType::kF32: return 4;
+    case DType::kI64:
+    case DType::kF64: return 8;
   }
   return 1;
 }
@@ -146,8 +161,7 @@ std::string Fingerprint::describe(uint64_t seq) const {
       return fmt::format("broadcast #{} (from rank {}, {} x {})", seq, root, count, name(dtype));
     case OpKind::kAllGather:
       return fmt::format("all_gather #{} ({} x {})", seq, count, name(dtype));
-    case OpKind::kBarrier:
-      break;
+    case OpKind::kBarrier: break;
   }
   return fmt::format("barrier #{}", seq);
 }

@@ -56,15 +56,15 @@ Segment Segment::create(const std::string& name, size_t bytes) {
   // A memfd is a file: `ulimit -f` applies (EFBIG, not SIGXFSZ: Note [File-size limit]).
   const base::FileSizeSignalBlocked no_sigxfsz;
   if (int rc = posix_fallocate(s.fd_, 0, static_cast<off_t>(bytes)); rc != 0) {
-    throw Error(fmt::format(
-        "cannot reserve {:.1f} MiB of shared memory: {} (errno {}){}", bytes / 1048576.0,
-        std::strerror(rc), rc,
-        rc == EFBIG ? fmt::format("; shared memory is a file here, and {}",
-                                  base::file_too_large_reason(bytes))
-                    : ""));
+    throw Error(fmt::format("cannot reserve {:.1f} MiB of shared memory: {} (errno {}){}",
+                            bytes / 1048576.0, std::strerror(rc), rc,
+                            rc == EFBIG ? fmt::format("; shared memory is a file here, and {}",
+                                                      base::file_too_large_reason(bytes))
+                                        : ""));
   }
   s.data_ = map(s.fd_, bytes);
-  if (s.data_ == nullptr) throw Error(fmt::format("mmap of {} bytes failed: {}", bytes, errno_text()));
+  if (s.data_ == nullptr)
+    throw Error(fmt::format("mmap of {} bytes failed: {}", bytes, errno_text()));
   s.size_ = bytes;
   return s;
 }

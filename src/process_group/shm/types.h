@@ -13,18 +13,18 @@ enum class Reduce : uint8_t { kSum, kAvg, kMax, kMin };
 enum class OpKind : uint8_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kBarrier };
 
 size_t element_size(DType t);
-const char* name(DType t);    // LibTorch's names: "Float", "BFloat16", "Long"...
-const char* name(Reduce r);   // "sum"
-const char* name(OpKind k);   // "all_reduce"
+const char* name(DType t);   // LibTorch's names: "Float", "BFloat16", "Long"...
+const char* name(Reduce r);  // "sum"
+const char* name(OpKind k);  // "all_reduce"
 
 // What every rank must agree on for one collective; compared at its first synchronisation.
 struct Fingerprint {
   OpKind kind = OpKind::kBarrier;
   DType dtype = DType::kU8;
   Reduce reduce = Reduce::kSum;
-  int32_t root = 0;     // broadcast only
-  uint64_t count = 0;   // elements per rank (all_reduce, broadcast, all_gather's input,
-                        // reduce_scatter's output)
+  int32_t root = 0;    // broadcast only
+  uint64_t count = 0;  // elements per rank (all_reduce, broadcast, all_gather's input,
+                       // reduce_scatter's output)
 
   bool operator==(const Fingerprint&) const = default;
   // "all_reduce #12 (sum, 1024 x Float)", the form every collective error uses.
