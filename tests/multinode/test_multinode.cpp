@@ -13,6 +13,9 @@
 #include "support/saved_state.h"
 #include "support/subprocess.h"
 
+// Command lines and worker scripts are laid out by hand (a flag with its value, an action with
+// its arguments), which clang-format would put one string per line.
+// clang-format off
 namespace ddp {
 namespace {
 
@@ -40,17 +43,9 @@ class MultiNode : public ::testing::Test {
   // ddprun on host k of `hosts`, 2 workers, host 0's address as the master.
   Subprocess node(const Hosts& hosts, int k, int port, std::vector<std::string> program,
                   std::vector<std::string> extra = {}, double timeout_s = 180) {
-    std::vector<std::string> argv = {kDdprun,
-                                     "--nnodes",
-                                     "2",
-                                     "--node-rank",
-                                     std::to_string(k),
-                                     "--nproc-per-node",
-                                     "2",
-                                     "--master-addr",
-                                     hosts.address(0),
-                                     "--master-port",
-                                     std::to_string(port)};
+    std::vector<std::string> argv = {kDdprun, "--nnodes", "2", "--node-rank", std::to_string(k),
+                                     "--nproc-per-node", "2", "--master-addr", hosts.address(0),
+                                     "--master-port", std::to_string(port)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.insert(argv.end(), program.begin(), program.end());
     return hosts.start(k, argv, {{"DDP_DEBUG", "info"}}, timeout_s);
@@ -61,8 +56,8 @@ class MultiNode : public ::testing::Test {
 
 TEST_F(MultiNode, TrainingAcrossHostsEqualsOneHost) {
   const fs::path one = dir_ / "one.pt", many = dir_ / "many.pt";
-  Result ref = testing::run_command(
-      {.argv = {kWorker, "cnn", one.string(), "--chunks", "4"}, .timeout_s = 120});
+  Result ref = testing::run_command({.argv = {kWorker, "cnn", one.string(), "--chunks", "4"},
+                                     .timeout_s = 120});
   ASSERT_TRUE(ref.exited(0)) << ref.describe();
   Hosts hosts(2);
   const std::vector<std::string> program = {kWorker, "cnn", many.string(), "--chunks", "4"};
@@ -83,25 +78,16 @@ TEST_F(MultiNode, TrainingAcrossHostsEqualsOneHost) {
 
 TEST_F(MultiNode, LinkDownFailsEveryRankWithinTheTimeoutAndLeavesNothing) {
   Hosts hosts(2);
-  const std::vector<std::string> train = {kTrain,
-                                          "--model",
-                                          "cnn",
-                                          "--epochs",
-                                          "5",
-                                          "--train-subset",
-                                          "20000",
-                                          "--output-dir",
+  const std::vector<std::string> train = {kTrain, "--model", "cnn", "--epochs", "5",
+                                          "--train-subset", "20000", "--output-dir",
                                           (dir_ / "run").string()};
   const std::vector<std::string> flags = {"--collective-timeout", "8", "--grace-period", "5"};
   auto h0 = node(hosts, 0, 29500, train, flags);
   auto h1 = node(hosts, 1, 29500, train, flags);
   // Unplug host 1 once training is under way (rank 0 prints progress).
-  ASSERT_TRUE(testing::wait_until(
-      [&] {
-        return h0.out_so_far().find("/79") != std::string::npos ||
-               h0.out_so_far().find("epoch 1/") != std::string::npos;
-      },
-      120))
+  ASSERT_TRUE(testing::wait_until([&] { return h0.out_so_far().find("/79") != std::string::npos ||
+                                               h0.out_so_far().find("epoch 1/") != std::string::npos; },
+                                  120))
       << h0.out_so_far() << h0.err_so_far();
   hosts.set_link(1, false);
   const double down_at = h0.elapsed_s();
@@ -114,10 +100,10 @@ TEST_F(MultiNode, LinkDownFailsEveryRankWithinTheTimeoutAndLeavesNothing) {
   // The collective timeout (8 s), the grace period (5 s), and slack for a loaded machine.
   EXPECT_LT(r0.wall_s - down_at, 40) << r0.describe();
   EXPECT_LT(r1.wall_s - down_at, 40) << r1.describe();
-  const std::string all0 = r0.out + r0.err, all1 = r1.out + r1.err;
   // Host 0's ranks name their peers on host 1, and the reverse: the rail peer when the link
   // fails inside an all_reduce, else the hang report's ranks that did not answer or could not
   // be asked (the link took the store's host with it).
+  const std::string all0 = r0.out + r0.err, all1 = r1.out + r1.err;
   auto names_any = [](const std::string& text, std::initializer_list<const char*> needles) {
     for (const char* n : needles) {
       if (text.find(n) != std::string::npos) return true;
@@ -138,21 +124,14 @@ TEST_F(MultiNode, LinkDownFailsEveryRankWithinTheTimeoutAndLeavesNothing) {
 
 TEST_F(MultiNode, AHostWhoseProcessesAreAllKilledIsReportedByTheOther) {
   Hosts hosts(2);
-  const std::vector<std::string> train = {kTrain,
-                                          "--model",
-                                          "cnn",
-                                          "--epochs",
-                                          "5",
-                                          "--train-subset",
-                                          "20000",
-                                          "--output-dir",
+  const std::vector<std::string> train = {kTrain, "--model", "cnn", "--epochs", "5",
+                                          "--train-subset", "20000", "--output-dir",
                                           (dir_ / "run").string()};
   const std::vector<std::string> flags = {"--collective-timeout", "30", "--grace-period", "5"};
   auto h0 = node(hosts, 0, 29500, train, flags);
   auto h1 = node(hosts, 1, 29500, train, flags);
-  ASSERT_TRUE(
-      testing::wait_until([&] { return h0.out_so_far().find("epoch 1/") != std::string::npos; },
-                          120))
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return h0.out_so_far().find("epoch 1/") != std::string::npos; }, 120))
       << h0.out_so_far() << h0.err_so_far();
   // Everything on host 1 (its ddprun and both workers) dies at once, as in a node failure.
   std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(1)).c_str());
@@ -179,14 +158,8 @@ TEST_F(MultiNode, SlowLinkSlowsTrainingButDoesNotFailIt) {
       hosts.shape(0, "8mbit");
       hosts.shape(1, "8mbit");
     }
-    const std::vector<std::string> train = {kTrain,
-                                            "--model",
-                                            "mlp",
-                                            "--epochs",
-                                            "1",
-                                            "--max-steps",
-                                            "10",
-                                            "--output-dir",
+    const std::vector<std::string> train = {kTrain, "--model", "mlp", "--epochs", "1",
+                                            "--max-steps", "10", "--output-dir",
                                             (dir_ / name).string()};
     auto h0 = node(hosts, 0, 29500, train, {"--collective-timeout", "60"});
     auto h1 = node(hosts, 1, 29500, train, {"--collective-timeout", "60"});
@@ -203,3 +176,4 @@ TEST_F(MultiNode, SlowLinkSlowsTrainingButDoesNotFailIt) {
 
 }  // namespace
 }  // namespace ddp
+// clang-format on

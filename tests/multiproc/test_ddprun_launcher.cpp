@@ -22,6 +22,9 @@
 
 extern char** environ;
 
+// Command lines and worker scripts are laid out by hand (a flag with its value, an action with
+// its arguments), which clang-format would put one string per line.
+// clang-format off
 namespace {
 
 namespace fs = std::filesystem;
@@ -135,25 +138,12 @@ class DdprunTest : public ::testing::Test {
   fs::path dir_;
 };
 
-const std::vector<std::string> kContractVars = {"LOCAL_RANK",
-                                                "RANK",
-                                                "GROUP_RANK",
-                                                "ROLE_RANK",
-                                                "ROLE_NAME",
-                                                "LOCAL_WORLD_SIZE",
-                                                "WORLD_SIZE",
-                                                "GROUP_WORLD_SIZE",
-                                                "ROLE_WORLD_SIZE",
-                                                "MASTER_ADDR",
-                                                "MASTER_PORT",
-                                                "TORCHELASTIC_RESTART_COUNT",
-                                                "TORCHELASTIC_MAX_RESTARTS",
-                                                "TORCHELASTIC_RUN_ID",
-                                                "TORCHELASTIC_USE_AGENT_STORE",
-                                                "TORCHELASTIC_ERROR_FILE",
-                                                "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                                                "NCCL_ASYNC_ERROR_HANDLING",
-                                                "OMP_NUM_THREADS"};
+const std::vector<std::string> kContractVars = {
+    "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS"};
 
 std::vector<std::string> print_env_actions() {
   std::vector<std::string> a = {"echo", "hello", "print-env"};
@@ -171,13 +161,13 @@ void expect_group_output(const Result& r, int nproc) {
     const std::string n = std::to_string(nproc);
     for (const std::string& line : std::vector<std::string>{
              "hello", "LOCAL_RANK=" + std::to_string(rank), "RANK=" + std::to_string(rank),
-             "GROUP_RANK=0", "ROLE_RANK=" + std::to_string(rank), "ROLE_NAME=default",
-             "LOCAL_WORLD_SIZE=" + n, "WORLD_SIZE=" + n, "GROUP_WORLD_SIZE=1",
-             "ROLE_WORLD_SIZE=" + n, "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500",
-             "TORCHELASTIC_RESTART_COUNT=0", "TORCHELASTIC_MAX_RESTARTS=0",
-             "TORCHELASTIC_RUN_ID=none", "TORCHELASTIC_USE_AGENT_STORE=False",
-             "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "NCCL_ASYNC_ERROR_HANDLING=1",
-             std::string("OMP_NUM_THREADS=") + (nproc > 1 ? "1" : "<unset>")}) {
+          "GROUP_RANK=0", "ROLE_RANK=" + std::to_string(rank), "ROLE_NAME=default",
+          "LOCAL_WORLD_SIZE=" + n, "WORLD_SIZE=" + n, "GROUP_WORLD_SIZE=1",
+          "ROLE_WORLD_SIZE=" + n, "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500",
+          "TORCHELASTIC_RESTART_COUNT=0", "TORCHELASTIC_MAX_RESTARTS=0",
+          "TORCHELASTIC_RUN_ID=none", "TORCHELASTIC_USE_AGENT_STORE=False",
+          "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "NCCL_ASYNC_ERROR_HANDLING=1",
+          std::string("OMP_NUM_THREADS=") + (nproc > 1 ? "1" : "<unset>")}) {
       EXPECT_TRUE(contains(r.out, p + line + "\n")) << p + line << "\n" << r.describe();
     }
     std::regex error_file("\\[rank " + std::to_string(rank) +
@@ -255,19 +245,18 @@ TEST_F(DdprunTest, UserOmpNumThreadsIsKept) {
 
 // Second node of two, three workers each: global ranks 3..5, prefixes follow them.
 TEST_F(DdprunTest, MultiNodeStaticEnvironment) {
-  Result r =
-      run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3", "--master-addr",
-           "10.9.8.7", "--master-port", "1234", "--rdzv-id", "job42", "--collective-timeout", "5"},
-          {"print-env", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-           "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DDP_COLLECTIVE_TIMEOUT"});
+  Result r = run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3", "--master-addr",
+                  "10.9.8.7", "--master-port", "1234", "--rdzv-id", "job42", "--collective-timeout",
+                  "5"},
+                 {"print-env", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                  "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DDP_COLLECTIVE_TIMEOUT"});
   ASSERT_TRUE(r.exited(0)) << r.describe();
   for (int lr = 0; lr < 3; ++lr) {
     const std::string p = "[rank " + std::to_string(3 + lr) + "]: ";
-    for (const std::string& line :
-         std::vector<std::string>{"RANK=" + std::to_string(3 + lr),
-                                  "LOCAL_RANK=" + std::to_string(lr), "WORLD_SIZE=6",
-                                  "GROUP_RANK=1", "MASTER_ADDR=10.9.8.7", "MASTER_PORT=1234",
-                                  "TORCHELASTIC_RUN_ID=job42", "DDP_COLLECTIVE_TIMEOUT=5"}) {
+    for (const std::string& line : std::vector<std::string>{
+             "RANK=" + std::to_string(3 + lr), "LOCAL_RANK=" + std::to_string(lr), "WORLD_SIZE=6",
+             "GROUP_RANK=1", "MASTER_ADDR=10.9.8.7", "MASTER_PORT=1234",
+             "TORCHELASTIC_RUN_ID=job42", "DDP_COLLECTIVE_TIMEOUT=5"}) {
       EXPECT_TRUE(contains(r.out, p + line + "\n")) << p + line << "\n" << r.out;
     }
   }
@@ -284,9 +273,8 @@ TEST_F(DdprunTest, StandalonePicksAPortAndARunId) {
   EXPECT_NE(port, 29500);
   EXPECT_TRUE(contains(r.out, "[rank 1]: MASTER_PORT=" + m[1].str() + "\n")) << r.out;
   EXPECT_TRUE(contains(r.out, "[rank 0]: MASTER_ADDR=127.0.0.1\n"));
-  EXPECT_TRUE(
-      std::regex_search(r.out,
-                        std::regex("TORCHELASTIC_RUN_ID=[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-")))
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("TORCHELASTIC_RUN_ID=[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-")))
       << r.out;
 }
 
@@ -320,9 +308,9 @@ TEST_F(DdprunTest, StderrGoesToStderr) {
 
 TEST_F(DdprunTest, SigkilledWorkerStopsTheGroupAndIsReported) {
   const std::string d = dir_.string();
-  Result r =
-      run({"--nproc-per-node", "2"}, {"touch-pidfile", d, "only-rank", "1", "wait-file",
-                                      path("0.pid"), "kill-self", "SIGKILL", "end", "sleep", "60"});
+  Result r = run({"--nproc-per-node", "2"},
+                 {"touch-pidfile", d, "only-rank", "1", "wait-file", path("0.pid"), "kill-self",
+                  "SIGKILL", "end", "sleep", "60"});
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_LT(r.wall_s, 10.0) << r.describe();
   EXPECT_TRUE(contains(r.err, "worker group failed (attempt 1 of 1)")) << r.err;
@@ -344,9 +332,8 @@ TEST_F(DdprunTest, ExitCodeAndLastStderrLinesAreReported) {
   EXPECT_TRUE(contains(r.err, "rank      : 2 (local_rank 2)")) << r.err;
   EXPECT_TRUE(contains(r.err, "exit      : exit code 3")) << r.err;
   EXPECT_TRUE(contains(r.err, "error file: (none)")) << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "last stderr lines of rank 2:\n    warming up\n    ValueError: lr "
-                       "must be > 0\n"))
+  EXPECT_TRUE(contains(r.err, "last stderr lines of rank 2:\n    warming up\n    ValueError: lr "
+                              "must be > 0\n"))
       << r.err;
   EXPECT_TRUE(contains(r.err, "Other workers: ranks 0-1 stopped by ddprun (SIGTERM)")) << r.err;
 }
@@ -364,31 +351,13 @@ TEST_F(DdprunTest, ErrorFileMessageIsReported) {
 // closed by peer" after it and exits at once. ddprun observes rank 0's failure first, yet the
 // summary must blame rank 1 and still list rank 0's failure.
 TEST_F(DdprunTest, RootCauseIsTheEarliestErrorFileNotTheFirstExit) {
-  Result r = run({"--nproc-per-node", "2"}, {"touch-pidfile",
-                                             dir_.string(),
-                                             "only-rank",
-                                             "1",
-                                             "ignore-sigterm",
-                                             "record-error",
-                                             "ValueError: lr must be > 0",
-                                             "touch",
-                                             path("rank1-recorded"),
-                                             "wait-reaped",
-                                             path("0.pid"),
-                                             "stderr",
-                                             "rank 1 exits late",
-                                             "exit",
-                                             "1",
-                                             "end",
-                                             "only-rank",
-                                             "0",
-                                             "wait-file",
-                                             path("rank1-recorded"),
-                                             "record-error",
-                                             "RuntimeError: Connection closed by peer",
-                                             "exit",
-                                             "1",
-                                             "end"});
+  Result r = run({"--nproc-per-node", "2"},
+                 {"touch-pidfile", dir_.string(),
+                  "only-rank", "1", "ignore-sigterm", "record-error", "ValueError: lr must be > 0",
+                  "touch", path("rank1-recorded"), "wait-reaped", path("0.pid"), "stderr",
+                  "rank 1 exits late", "exit", "1", "end",
+                  "only-rank", "0", "wait-file", path("rank1-recorded"), "record-error",
+                  "RuntimeError: Connection closed by peer", "exit", "1", "end"});
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_LT(r.wall_s, 10.0) << r.describe();
   // ddprun saw rank 0 fail first and stopped the group because of it...
@@ -399,57 +368,36 @@ TEST_F(DdprunTest, RootCauseIsTheEarliestErrorFileNotTheFirstExit) {
   EXPECT_TRUE(contains(r.err, "  rank      : 1 (local_rank 1) on host ")) << r.err;
   EXPECT_TRUE(contains(r.err, "  pid       : " + std::to_string(pid_from("1.pid")) + "\n"))
       << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "  exit      : exit code 1\n"
-                       "  error file: ValueError: lr must be > 0\n"
-                       "  last stderr lines of rank 1:\n"
-                       "    rank 1 exits late\n"))
+  EXPECT_TRUE(contains(r.err, "  exit      : exit code 1\n"
+                              "  error file: ValueError: lr must be > 0\n"
+                              "  last stderr lines of rank 1:\n"
+                              "    rank 1 exits late\n"))
       << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "Other workers: rank 0 also failed (exit code 1)\n"
-                       "  error file of rank 0: RuntimeError: Connection closed by peer\n"))
+  EXPECT_TRUE(contains(r.err, "Other workers: rank 0 also failed (exit code 1)\n"
+                              "  error file of rank 0: RuntimeError: Connection closed by peer\n"))
       << r.err;
 }
 
 // The same race, but rank 1 is still tearing down when ddprun's SIGTERM kills it: having written
 // an error file, it failed (it was not merely stopped), and it failed first.
 TEST_F(DdprunTest, WorkerKilledByTheStopAfterRecordingItsErrorIsTheRootCause) {
-  Result r = run({"--nproc-per-node", "3"}, {"only-rank",
-                                             "1",
-                                             "record-error",
-                                             "ValueError: lr must be > 0",
-                                             "touch",
-                                             path("rank1-recorded"),
-                                             "sleep",
-                                             "60",
-                                             "end",
-                                             "only-rank",
-                                             "0",
-                                             "wait-file",
-                                             path("rank1-recorded"),
-                                             "record-error",
-                                             "RuntimeError: Connection closed by peer",
-                                             "exit",
-                                             "1",
-                                             "end",
-                                             "only-rank",
-                                             "2",
-                                             "sleep",
-                                             "60",
-                                             "end"});
+  Result r = run({"--nproc-per-node", "3"},
+                 {"only-rank", "1", "record-error", "ValueError: lr must be > 0", "touch",
+                  path("rank1-recorded"), "sleep", "60", "end",
+                  "only-rank", "0", "wait-file", path("rank1-recorded"), "record-error",
+                  "RuntimeError: Connection closed by peer", "exit", "1", "end",
+                  "only-rank", "2", "sleep", "60", "end"});
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_LT(r.wall_s, 10.0) << r.describe();
   EXPECT_TRUE(contains(r.err, "ddprun: rank 0 failed (exit code 1)")) << r.err;
   EXPECT_TRUE(contains(r.err, "Root cause (earliest error file):\n")) << r.err;
   EXPECT_TRUE(contains(r.err, "  rank      : 1 (local_rank 1) on host ")) << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "  exit      : SIGTERM (signal 15)\n"
-                       "  error file: ValueError: lr must be > 0\n"))
+  EXPECT_TRUE(contains(r.err, "  exit      : SIGTERM (signal 15)\n"
+                              "  error file: ValueError: lr must be > 0\n"))
       << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "Other workers: rank 0 also failed (exit code 1); rank 2 stopped by "
-                       "ddprun (SIGTERM)\n"
-                       "  error file of rank 0: RuntimeError: Connection closed by peer\n"))
+  EXPECT_TRUE(contains(r.err, "Other workers: rank 0 also failed (exit code 1); rank 2 stopped by "
+                              "ddprun (SIGTERM)\n"
+                              "  error file of rank 0: RuntimeError: Connection closed by peer\n"))
       << r.err;
 }
 
@@ -460,52 +408,27 @@ TEST_F(DdprunTest, RelayedErrorRecordedFirstBlamesTheRankItCameFrom) {
   Result r = run({"--nproc-per-node", "3"},
                  // Rank 1 relays only once rank 0 ignores SIGTERM and has written its pid:
                  // otherwise ddprun's teardown could end rank 0 before either.
-                 {"only-rank",
-                  "1",
-                  "wait-file",
-                  path("0.pid"),
-                  "record-relayed-error",
-                  "0",
+                 {"only-rank", "1", "wait-file", path("0.pid"), "record-relayed-error", "0",
                   "[rank 1] checkpoint save: rank 0 failed to write c.ckpt (its error says why)",
-                  "touch",
-                  path("relayed"),
-                  "exit",
-                  "1",
-                  "end",
-                  "only-rank",
-                  "0",
-                  "ignore-sigterm",
-                  "touch-pidfile",
-                  dir_.string(),
-                  "wait-file",
-                  path("relayed"),
-                  "sleep",
-                  "0.05",
-                  "record-error",
-                  "c.ckpt: cannot write the checkpoint: File too large",
-                  "exit",
-                  "1",
-                  "end",
-                  "only-rank",
-                  "2",
-                  "sleep",
-                  "60",
-                  "end"});
+                  "touch", path("relayed"), "exit", "1", "end",
+                  "only-rank", "0", "ignore-sigterm", "touch-pidfile", dir_.string(),
+                  "wait-file", path("relayed"), "sleep",
+                  "0.05", "record-error", "c.ckpt: cannot write the checkpoint: File too large",
+                  "exit", "1", "end",
+                  "only-rank", "2", "sleep", "60", "end"});
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_LT(r.wall_s, 10.0) << r.describe();
   EXPECT_TRUE(contains(r.err, "Root cause (earliest error file, relayed by rank 1):\n")) << r.err;
   EXPECT_TRUE(contains(r.err, "  rank      : 0 (local_rank 0) on host ")) << r.err;
   EXPECT_TRUE(contains(r.err, "  pid       : " + std::to_string(pid_from("0.pid")) + "\n"))
       << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "  exit      : exit code 1\n"
-                       "  error file: c.ckpt: cannot write the checkpoint: File too large\n"))
+  EXPECT_TRUE(contains(r.err, "  exit      : exit code 1\n"
+                              "  error file: c.ckpt: cannot write the checkpoint: File too large\n"))
       << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "Other workers: rank 1 also failed (exit code 1); rank 2 stopped by "
-                       "ddprun (SIGTERM)\n"
-                       "  error file of rank 1 (relayed from rank 0): [rank 1] checkpoint "
-                       "save: rank 0 failed to write c.ckpt (its error says why)\n"))
+  EXPECT_TRUE(contains(r.err, "Other workers: rank 1 also failed (exit code 1); rank 2 stopped by "
+                              "ddprun (SIGTERM)\n"
+                              "  error file of rank 1 (relayed from rank 0): [rank 1] checkpoint "
+                              "save: rank 0 failed to write c.ckpt (its error says why)\n"))
       << r.err;
 }
 
@@ -522,46 +445,26 @@ TEST_F(DdprunTest, RelayedErrorBlamesItsOriginEvenWithoutTheOriginsRecord) {
   EXPECT_TRUE(contains(r.err, "  rank      : 0 (local_rank 0) on host ")) << r.err;
   EXPECT_TRUE(contains(r.err, "  exit      : SIGTERM (signal 15)\n  error file: (none)\n"))
       << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "Other workers: rank 1 also failed (exit code 1)\n"
-                       "  error file of rank 1 (relayed from rank 0): "))
-      << r.err;
+  EXPECT_TRUE(contains(r.err, "Other workers: rank 1 also failed (exit code 1)\n"
+                              "  error file of rank 1 (relayed from rank 0): ")) << r.err;
 }
 
 // A frozen worker (SIGSTOP) acts on no SIGTERM: ddprun follows its SIGTERM with SIGCONT, so the
 // teardown takes no grace period, and the summary says the worker was stopped.
 TEST_F(DdprunTest, StoppedWorkerIsResumedAndEndedWithoutWaitingTheGracePeriod) {
-  Result r = run({"--nproc-per-node", "3", "--grace-period", "60"}, {"touch-pidfile",
-                                                                     dir_.string(),
-                                                                     "only-rank",
-                                                                     "1",
-                                                                     "stop-self",
-                                                                     "sleep",
-                                                                     "60",
-                                                                     "end",
-                                                                     "only-rank",
-                                                                     "2",
-                                                                     "sleep",
-                                                                     "60",
-                                                                     "end",
-                                                                     "only-rank",
-                                                                     "0",
-                                                                     "wait-file",
-                                                                     path("2.pid"),
-                                                                     "wait-stopped",
-                                                                     path("1.pid"),
-                                                                     "stderr",
-                                                                     "rank 1 stopped responding",
-                                                                     "exit",
-                                                                     "1",
-                                                                     "end"});
+  Result r = run({"--nproc-per-node", "3", "--grace-period", "60"},
+                 {"touch-pidfile", dir_.string(),
+                  "only-rank", "1", "stop-self", "sleep", "60", "end",
+                  "only-rank", "2", "sleep", "60", "end",
+                  "only-rank", "0", "wait-file", path("2.pid"), "wait-stopped", path("1.pid"),
+                  "stderr",
+                  "rank 1 stopped responding", "exit", "1", "end"});
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_LT(r.wall_s, 5.0) << r.describe();
   EXPECT_TRUE(contains(r.err, "  rank      : 0 (local_rank 0) on host ")) << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "Other workers: rank 1 was stopped (process state T: SIGSTOP or a "
-                       "debugger); ddprun resumed it: stopped by ddprun (SIGTERM); rank 2 "
-                       "stopped by ddprun (SIGTERM)\n"))
+  EXPECT_TRUE(contains(r.err, "Other workers: rank 1 was stopped (process state T: SIGSTOP or a "
+                              "debugger); ddprun resumed it: stopped by ddprun (SIGTERM); rank 2 "
+                              "stopped by ddprun (SIGTERM)\n"))
       << r.err;
   for (const char* f : {"0.pid", "1.pid", "2.pid"}) EXPECT_TRUE(process_gone(pid_from(f))) << f;
 }
@@ -569,9 +472,9 @@ TEST_F(DdprunTest, StoppedWorkerIsResumedAndEndedWithoutWaitingTheGracePeriod) {
 // ddprun itself interrupted while a worker is frozen: the forwarded SIGTERM reaches it too.
 TEST_F(DdprunTest, SigtermToDdprunEndsAStoppedWorkerAtOnce) {
   const std::string d = dir_.string();
-  Subprocess p = Subprocess::start(
-      command({"--nproc-per-node", "2", "--grace-period", "60"},
-              {"touch-pidfile", d, "only-rank", "1", "stop-self", "end", "sleep", "60"}));
+  Subprocess p = Subprocess::start(command(
+      {"--nproc-per-node", "2", "--grace-period", "60"},
+      {"touch-pidfile", d, "only-rank", "1", "stop-self", "end", "sleep", "60"}));
   ASSERT_TRUE(files_appear({"0.pid", "1.pid"})) << p.err_so_far();
   const pid_t frozen = pid_from("1.pid");
   ASSERT_TRUE(wait_until([&] { return process_state(frozen) == 'T'; }, 20)) << p.err_so_far();
@@ -590,8 +493,8 @@ TEST_F(DdprunTest, SigtermToDdprunEndsAStoppedWorkerAtOnce) {
 TEST_F(DdprunTest, WorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
   Result r = run({"--nproc-per-node", "2", "--grace-period", "1"},
                  {"touch-pidfile", dir_.string(), "only-rank", "1", "ignore-sigterm", "touch",
-                  path("ready"), "sleep", "60", "end", "only-rank", "0", "wait-file", path("ready"),
-                  "exit", "1", "end"});
+                  path("ready"), "sleep", "60", "end", "only-rank", "0", "wait-file",
+                  path("ready"), "exit", "1", "end"});
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_GE(r.wall_s, 1.0) << r.describe();
   EXPECT_LT(r.wall_s, 10.0) << r.describe();
@@ -620,7 +523,8 @@ TEST_F(DdprunTest, SigtermIsForwardedAndNothingSurvives) {
   const std::string d = dir_.string();
   Subprocess p = Subprocess::start(
       command({"--nproc-per-node", "2"}, {"touch-pidfile", d, "spawn-sleeper", d, "sleep", "60"}));
-  ASSERT_TRUE(files_appear({"0.pid", "1.pid", "0.child.pid", "1.child.pid"})) << p.err_so_far();
+  ASSERT_TRUE(files_appear({"0.pid", "1.pid", "0.child.pid", "1.child.pid"}))
+      << p.err_so_far();
   p.signal(SIGTERM);
   const Result& r = p.wait();
   EXPECT_FALSE(r.timed_out) << r.describe();
@@ -634,8 +538,8 @@ TEST_F(DdprunTest, SigtermIsForwardedAndNothingSurvives) {
 // ddprun SIGKILLed: nothing can be forwarded, PR_SET_PDEATHSIG takes the workers down.
 TEST_F(DdprunTest, WorkersDieWithASigkilledDdprun) {
   const std::string d = dir_.string();
-  Subprocess p =
-      Subprocess::start(command({"--nproc-per-node", "2"}, {"touch-pidfile", d, "sleep", "60"}));
+  Subprocess p = Subprocess::start(
+      command({"--nproc-per-node", "2"}, {"touch-pidfile", d, "sleep", "60"}));
   ASSERT_TRUE(files_appear({"0.pid", "1.pid"})) << p.err_so_far();
   p.signal(SIGKILL);
   EXPECT_EQ(p.wait().term_signal, SIGKILL) << p.wait().describe();
@@ -645,8 +549,8 @@ TEST_F(DdprunTest, WorkersDieWithASigkilledDdprun) {
 
 TEST_F(DdprunTest, LeftoverChildrenOfSuccessfulWorkersAreStopped) {
   const std::string d = dir_.string();
-  Result r =
-      run({"--nproc-per-node", "2", "--grace-period", "2"}, {"spawn-sleeper", d, "echo", "done"});
+  Result r = run({"--nproc-per-node", "2", "--grace-period", "2"},
+                 {"spawn-sleeper", d, "echo", "done"});
   EXPECT_TRUE(r.exited(0)) << r.describe();
   EXPECT_LT(r.wall_s, 10.0) << r.describe();
   EXPECT_TRUE(process_gone(pid_from("0.child.pid")));
@@ -678,9 +582,9 @@ TEST_F(DdprunTest, RedirectsWriteFilesAndKeepTheConsoleClean) {
   ASSERT_EQ(outs.size(), 2u);
   ASSERT_EQ(errs.size(), 2u);
   for (int lr = 0; lr < 2; ++lr) {
-    EXPECT_TRUE(
-        std::regex_match(outs[lr].string(), std::regex(logs.string() + "/myjob_[^/]+/attempt_0/" +
-                                                       std::to_string(lr) + "/stdout.log")))
+    EXPECT_TRUE(std::regex_match(outs[lr].string(),
+                                 std::regex(logs.string() + "/myjob_[^/]+/attempt_0/" +
+                                            std::to_string(lr) + "/stdout.log")))
         << outs[lr];
     EXPECT_EQ(read_file(outs[lr]), "to-stdout\n");
     EXPECT_EQ(read_file(errs[lr]), "to-stderr\n");
@@ -805,3 +709,4 @@ TEST_F(DdprunTest, Help) {
 }
 
 }  // namespace
+// clang-format on

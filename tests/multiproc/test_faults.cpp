@@ -17,6 +17,9 @@
 #include "ddp/checkpoint.h"  // verify_checkpoint
 #include "support/subprocess.h"
 
+// Command lines and worker scripts are laid out by hand (a flag with its value, an action with
+// its arguments), which clang-format would put one string per line.
+// clang-format off
 namespace ddp {
 namespace {
 
@@ -57,26 +60,11 @@ class FaultTest : public ::testing::Test {
   // ddprun --standalone --nproc-per-node 2 ddp-train (a small MLP run) <extra>, its folder
   // dir_/run.
   Command train(std::vector<std::string> extra) {
-    std::vector<std::string> argv = {kDdprun,
-                                     "--standalone",
-                                     "--nproc-per-node",
-                                     "2",
-                                     kTrain,
-                                     "--model",
-                                     "mlp",
-                                     "--train-subset",
-                                     "1536",
-                                     "--test-subset",
-                                     "1000",
-                                     "--batch-size",
-                                     "32",
-                                     "--output-dir",
-                                     (dir_ / "run").string(),
-                                     "--workers",
-                                     "1",
-                                     "--no-plots",
-                                     "--checkpoint-every",
-                                     "10"};
+    std::vector<std::string> argv = {kDdprun, "--standalone", "--nproc-per-node", "2", kTrain,
+                                     "--model", "mlp", "--train-subset", "1536",
+                                     "--test-subset", "1000", "--batch-size", "32",
+                                     "--output-dir", (dir_ / "run").string(), "--workers", "1",
+                                     "--no-plots", "--checkpoint-every", "10"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return {.argv = argv, .timeout_s = 240};
   }
@@ -147,16 +135,15 @@ TEST_F(FaultTest, ReadOnlyCheckpointFolderFailsClearlyAndKeepsThePrevious) {
                                      fs::perms::group_read | fs::perms::group_exec |
                                      fs::perms::others_read | fs::perms::others_exec);
   Command c = second_epoch();
-  c.argv.insert(c.argv.begin(),
-                {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"});
+  c.argv.insert(c.argv.begin(), {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                                 "--clear-groups"});
   Result r = run_command(c);
   measured("read-only checkpoint folder", r);
   EXPECT_TRUE(r.exited(1)) << r.describe();
   EXPECT_LT(r.wall_s, kBound) << r.describe();
   EXPECT_TRUE(contains(r.err, "epoch=1-step=30.ckpt: cannot create the temporary file ")) << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "(the checkpoint directory is not writable by this process; earlier "
-                       "checkpoints in it are untouched): Permission denied"))
+  EXPECT_TRUE(contains(r.err, "(the checkpoint directory is not writable by this process; earlier "
+                              "checkpoints in it are untouched): Permission denied"))
       << r.err;
   EXPECT_TRUE(contains(r.err, "  rank      : 0 (local_rank 0) on host ")) << r.err;
   expect_previous_checkpoint_intact(before);
@@ -170,10 +157,9 @@ TEST_F(FaultTest, CorruptDatasetFileIsNamed) {
     bool truncate;  // else flip a bit in the middle
     const char* says;
   };
-  for (const Damage& d :
-       {Damage{"train-images-idx3-ubyte.gz", true, "the file is truncated"},
-        Damage{"train-images-idx3-ubyte.gz", false, "the gzip stream is corrupt"},
-        Damage{"t10k-labels-idx1-ubyte.gz", false, "the gzip stream is corrupt"}}) {
+  for (const Damage& d : {Damage{"train-images-idx3-ubyte.gz", true, "the file is truncated"},
+                          Damage{"train-images-idx3-ubyte.gz", false, "the gzip stream is corrupt"},
+                          Damage{"t10k-labels-idx1-ubyte.gz", false, "the gzip stream is corrupt"}}) {
     const fs::path data = dir_ / "data";
     fs::remove_all(data);
     fs::create_directories(data);
@@ -210,10 +196,10 @@ TEST_F(FaultTest, CorruptDatasetFileIsNamed) {
 // each rank are to close), so only the bound and the exit code are asserted.
 TEST_F(FaultTest, RankExitingZeroEarlyFailsTheOthersNamingIt) {
   for (const char* backend : {"shm", "gloo"}) {
-    Result r = run_command(
-        {.argv = {kDdprun, "--standalone", "--nproc-per-node", "3", kEarlyExitWorker, "40", "1"},
-         .env = {{"DDP_BACKEND", backend}, {"DDP_COLLECTIVE_TIMEOUT", "60"}},
-         .timeout_s = 120});
+    Result r = run_command({.argv = {kDdprun, "--standalone", "--nproc-per-node", "3",
+                                     kEarlyExitWorker, "40", "1"},
+                            .env = {{"DDP_BACKEND", backend}, {"DDP_COLLECTIVE_TIMEOUT", "60"}},
+                            .timeout_s = 120});
     measured(fmt::format("rank 1 of 3 exits 0 at step 20 of 40 ({})", backend), r);
     EXPECT_TRUE(r.exited(1)) << backend << "\n" << r.describe();
     EXPECT_LT(r.wall_s, 30.0) << backend << "\n" << r.describe();
@@ -221,12 +207,10 @@ TEST_F(FaultTest, RankExitingZeroEarlyFailsTheOthersNamingIt) {
     EXPECT_FALSE(contains(r.out, "done")) << r.out;
     EXPECT_TRUE(contains(r.err, "ddprun: worker group failed (attempt 1 of 1)")) << r.err;
     if (std::string(backend) == "shm") {
-      EXPECT_TRUE(contains(r.err,
-                           "Left early: rank 1 exited with code 0 before any worker "
-                           "failed, while the others still ran") ||
-                  contains(r.err,
-                           "rank 1 destroyed its process group (or is shutting down) "
-                           "without reaching it"))
+      EXPECT_TRUE(contains(r.err, "Left early: rank 1 exited with code 0 before any worker "
+                                  "failed, while the others still ran") ||
+                  contains(r.err, "rank 1 destroyed its process group (or is shutting down) "
+                                  "without reaching it"))
           << r.err;
     }
   }
@@ -234,3 +218,4 @@ TEST_F(FaultTest, RankExitingZeroEarlyFailsTheOthersNamingIt) {
 
 }  // namespace
 }  // namespace ddp
+// clang-format on

@@ -13,6 +13,9 @@
 #include "process.h"  // resolve_program, ExecError
 #include "summary.h"
 
+// Command lines and worker scripts are laid out by hand (a flag with its value, an action with
+// its arguments), which clang-format would put one string per line.
+// clang-format off
 namespace ddp::launcher {
 namespace {
 
@@ -34,13 +37,13 @@ std::string usage_error(std::vector<std::string> args, const EnvMap& env = {}) {
   return "";
 }
 
-#define EXPECT_USAGE_ERROR(args, ...)                                                       \
-  do {                                                                                      \
-    std::string msg_ = usage_error args;                                                    \
-    EXPECT_FALSE(msg_.empty()) << "no error for " #args;                                    \
-    for (const char* part : {__VA_ARGS__}) {                                                \
+#define EXPECT_USAGE_ERROR(args, ...)                                         \
+  do {                                                                        \
+    std::string msg_ = usage_error args;                                      \
+    EXPECT_FALSE(msg_.empty()) << "no error for " #args;                      \
+    for (const char* part : {__VA_ARGS__}) {                                  \
       EXPECT_NE(msg_.find(part), std::string::npos) << "'" << part << "' not in: " << msg_; \
-    }                                                                                       \
+    }                                                                         \
   } while (0)
 
 TEST(DdprunArgs, Defaults) {
@@ -74,37 +77,13 @@ TEST(DdprunArgs, BothSpellingsOfEveryMultiWordFlag) {
       return "--" + name;
     };
     SCOPED_TRACE(std::string("separator ") + sep);
-    LaunchConfig c = parse({flag("nproc-per-node"),
-                            "3",
-                            "--nnodes",
-                            "2",
-                            flag("node-rank"),
-                            "1",
-                            flag("master-addr"),
-                            "10.1.2.3",
-                            flag("master-port"),
-                            "1234",
-                            flag("rdzv-id"),
-                            "job7",
-                            flag("rdzv-conf"),
-                            "join_timeout=60",
-                            flag("max-restarts"),
-                            "2",
-                            flag("monitor-interval"),
-                            "0.5",
-                            flag("log-dir"),
-                            "/tmp/logs",
-                            flag("local-ranks-filter"),
-                            "0,2",
-                            flag("rdzv-timeout"),
-                            "30",
-                            flag("collective-timeout"),
-                            "7.5",
-                            flag("grace-period"),
-                            "1",
-                            flag("start-method"),
-                            "fork",
-                            "prog"});
+    LaunchConfig c = parse({flag("nproc-per-node"), "3", "--nnodes", "2", flag("node-rank"), "1",
+                            flag("master-addr"), "10.1.2.3", flag("master-port"), "1234",
+                            flag("rdzv-id"), "job7", flag("rdzv-conf"), "join_timeout=60",
+                            flag("max-restarts"), "2", flag("monitor-interval"), "0.5",
+                            flag("log-dir"), "/tmp/logs", flag("local-ranks-filter"), "0,2",
+                            flag("rdzv-timeout"), "30", flag("collective-timeout"), "7.5",
+                            flag("grace-period"), "1", flag("start-method"), "fork", "prog"});
     EXPECT_EQ(c.nproc_per_node, 3);
     EXPECT_EQ(c.node_rank, 1);
     EXPECT_EQ(c.master_addr, "10.1.2.3");
@@ -138,8 +117,9 @@ TEST(DdprunArgs, ShortFlagsAndEqualsSyntax) {
 }
 
 TEST(DdprunArgs, PetEnvironmentFallbackAndCommandLinePrecedence) {
-  EnvMap env{{"PET_NPROC_PER_NODE", "4"}, {"PET_MASTER_PORT", "4321"}, {"PET_MAX_RESTARTS", "3"},
-             {"PET_STANDALONE", "0"},     {"PET_GRACE_PERIOD", "2"},   {"PET_RDZV_ID", "from-env"}};
+  EnvMap env{{"PET_NPROC_PER_NODE", "4"}, {"PET_MASTER_PORT", "4321"},
+             {"PET_MAX_RESTARTS", "3"},   {"PET_STANDALONE", "0"},
+             {"PET_GRACE_PERIOD", "2"},   {"PET_RDZV_ID", "from-env"}};
   LaunchConfig from_env = parse({"prog"}, env);
   EXPECT_EQ(from_env.nproc_per_node, 4);
   EXPECT_EQ(from_env.master_port, 4321);
@@ -172,8 +152,8 @@ TEST(DdprunArgs, NprocPerNodeForms) {
 TEST(DdprunArgs, NnodesFixedOnly) {
   EXPECT_EQ(parse({"--nnodes", "3", "p"}).nnodes, 3);
   EXPECT_EQ(parse({"--nnodes", "2:2", "p"}).nnodes, 2);
-  EXPECT_USAGE_ERROR(({"--nnodes", "1:4", "p"}), "--nnodes", "elastic ranges", "not supported yet",
-                     "--nnodes 4");
+  EXPECT_USAGE_ERROR(({"--nnodes", "1:4", "p"}), "--nnodes", "elastic ranges",
+                     "not supported yet", "--nnodes 4");
   EXPECT_USAGE_ERROR(({"--nnodes", "0", "p"}), "--nnodes");
   EXPECT_USAGE_ERROR(({"--nnodes", "a:b", "p"}), "--nnodes", "MIN:MAX");
 }
@@ -224,8 +204,8 @@ TEST(DdprunArgs, LocalRanksFilter) {
 }
 
 TEST(DdprunArgs, ProgramArgumentsPassThroughUntouched) {
-  LaunchConfig c = parse(
-      {"--nproc-per-node", "2", "prog", "--nproc-per-node", "5", "-x", "--", "--help", "-r", "3"});
+  LaunchConfig c = parse({"--nproc-per-node", "2", "prog", "--nproc-per-node", "5", "-x", "--",
+                          "--help", "-r", "3"});
   EXPECT_EQ(c.nproc_per_node, 2);
   EXPECT_EQ(c.program, "prog");
   EXPECT_EQ(c.worker_argv, (std::vector<std::string>{"prog", "--nproc-per-node", "5", "-x", "--",
@@ -289,9 +269,8 @@ TEST(DdprunArgs, RdzvConfTimeouts) {
 }
 
 TEST(DdprunArgs, Standalone) {
-  CommandLine cl =
-      parse_command_line({"--standalone", "--rdzv-endpoint", "x:1", "--nproc-per-node", "2", "p"},
-                         {}, kHost);
+  CommandLine cl = parse_command_line(
+      {"--standalone", "--rdzv-endpoint", "x:1", "--nproc-per-node", "2", "p"}, {}, kHost);
   EXPECT_TRUE(cl.config.pick_free_port);
   EXPECT_TRUE(cl.config.random_run_id);
   EXPECT_EQ(cl.config.master_addr, "127.0.0.1");
@@ -320,14 +299,14 @@ TEST(DdprunArgs, UsageErrors) {
 TEST(DdprunArgs, HelpDocumentsEveryFlagAndDefault) {
   CommandLine cl = parse_command_line({"--help"}, {}, kHost);
   ASSERT_TRUE(cl.help);
-  for (const char* s :
-       {"--nproc-per-node",     "--nproc_per_node", "--nnodes",     "--node-rank",
-        "--master-addr",        "--master-port",    "--standalone", "--rdzv-backend",
-        "--rdzv-endpoint",      "--rdzv-id",        "--rdzv-conf",  "--max-restarts",
-        "--monitor-interval",   "--log-dir",        "--redirects",  "--tee",
-        "--local-ranks-filter", "--no-python",      "--module",     "--rdzv-timeout",
-        "--collective-timeout", "--grace-period",   "--backend",    "DDP_BACKEND",
-        "[default: 29500]",     "[default: 10]",    "PET_",         "Exit codes"}) {
+  for (const char* s : {"--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
+                        "--master-addr", "--master-port", "--standalone", "--rdzv-backend",
+                        "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--max-restarts",
+                        "--monitor-interval", "--log-dir", "--redirects", "--tee",
+                        "--local-ranks-filter", "--no-python", "--module", "--rdzv-timeout",
+                        "--collective-timeout", "--grace-period", "--backend", "DDP_BACKEND",
+                        "[default: 29500]",
+                        "[default: 10]", "PET_", "Exit codes"}) {
     EXPECT_NE(cl.help_text.find(s), std::string::npos) << s;
   }
   EXPECT_EQ(help_text(), cl.help_text);
@@ -531,8 +510,8 @@ TEST(DdprunRootCause, WhoFailed) {
 
 TEST(DdprunRootCause, FirstObservedFailureWithoutErrorFiles) {
   // Rank 2 was reaped first; rank 0 only stopped; rank 1 failed later.
-  std::vector<WorkerEnd> w = {end_of(0, killed_by(SIGTERM), 2, SIGTERM), end_of(1, exited(1), 1),
-                              end_of(2, killed_by(SIGKILL), 0)};
+  std::vector<WorkerEnd> w = {end_of(0, killed_by(SIGTERM), 2, SIGTERM),
+                              end_of(1, exited(1), 1), end_of(2, killed_by(SIGKILL), 0)};
   auto root = pick_root_cause(w);
   ASSERT_TRUE(root);
   EXPECT_EQ(root->index, 2u);
@@ -646,34 +625,29 @@ bool contains(const std::string& text, const std::string& part) {
 
 TEST(DdprunSummary, ReportNamesTheRootCauseAndListsTheOthers) {
   constexpr std::int64_t t = 1717171717 * kUs;
-  std::vector<WorkerEnd> w = {end_of(0, exited(1), 0, 0, t + 2000,
-                                     "RuntimeError: Connection closed by peer"),
-                              end_of(1, exited(1), 1, SIGTERM, t,
-                                     "ValueError: lr must be > 0\nline 2"),
-                              end_of(2, killed_by(SIGTERM), 2, SIGTERM),
-                              end_of(3, killed_by(SIGKILL), 3, SIGKILL)};
+  std::vector<WorkerEnd> w = {
+      end_of(0, exited(1), 0, 0, t + 2000, "RuntimeError: Connection closed by peer"),
+      end_of(1, exited(1), 1, SIGTERM, t, "ValueError: lr must be > 0\nline 2"),
+      end_of(2, killed_by(SIGTERM), 2, SIGTERM), end_of(3, killed_by(SIGKILL), 3, SIGKILL)};
   w[1].stderr_tail = {"warming up", "ValueError: lr must be > 0"};
   SummaryContext context{2, 3, "node7", "after the 1s grace period"};
   std::string s = format_failure_summary(context, w, pick_root_cause(w));
-  EXPECT_TRUE(contains(s,
-                       "ddprun: worker group failed (attempt 2 of 3)\n"
-                       "Root cause (earliest error file):\n  time      : "))
+  EXPECT_TRUE(contains(s, "ddprun: worker group failed (attempt 2 of 3)\n"
+                          "Root cause (earliest error file):\n  time      : "))
       << s;
-  EXPECT_TRUE(contains(s,
-                       "  rank      : 1 (local_rank 1) on host node7\n"
-                       "  pid       : 1001\n"
-                       "  exit      : exit code 1\n"
-                       "  error file: ValueError: lr must be > 0\n"
-                       "              line 2\n"
-                       "  last stderr lines of rank 1:\n"
-                       "    warming up\n"
-                       "    ValueError: lr must be > 0\n"))
+  EXPECT_TRUE(contains(s, "  rank      : 1 (local_rank 1) on host node7\n"
+                          "  pid       : 1001\n"
+                          "  exit      : exit code 1\n"
+                          "  error file: ValueError: lr must be > 0\n"
+                          "              line 2\n"
+                          "  last stderr lines of rank 1:\n"
+                          "    warming up\n"
+                          "    ValueError: lr must be > 0\n"))
       << s;
-  EXPECT_TRUE(contains(s,
-                       "Other workers: rank 0 also failed (exit code 1); rank 2 stopped by "
-                       "ddprun (SIGTERM); rank 3 killed by ddprun (SIGKILL after the 1s grace "
-                       "period)\n"
-                       "  error file of rank 0: RuntimeError: Connection closed by peer\n"))
+  EXPECT_TRUE(contains(s, "Other workers: rank 0 also failed (exit code 1); rank 2 stopped by "
+                          "ddprun (SIGTERM); rank 3 killed by ddprun (SIGKILL after the 1s grace "
+                          "period)\n"
+                          "  error file of rank 0: RuntimeError: Connection closed by peer\n"))
       << s;
 
   // Without error files: the first observed failure, and no error lines.
@@ -681,10 +655,9 @@ TEST(DdprunSummary, ReportNamesTheRootCauseAndListsTheOthers) {
        end_of(2, killed_by(SIGTERM), 2, SIGTERM)};
   s = format_failure_summary(context, w, pick_root_cause(w));
   EXPECT_TRUE(contains(s, "Root cause (first observed failure):\n")) << s;
-  EXPECT_TRUE(contains(s,
-                       "  exit      : SIGSEGV (signal 11)\n  error file: (none)\n"
-                       "  last stderr lines of rank 1: (none)\n"
-                       "Other workers: ranks 0,2 stopped by ddprun (SIGTERM)\n"))
+  EXPECT_TRUE(contains(s, "  exit      : SIGSEGV (signal 11)\n  error file: (none)\n"
+                          "  last stderr lines of rank 1: (none)\n"
+                          "Other workers: ranks 0,2 stopped by ddprun (SIGTERM)\n"))
       << s;
   EXPECT_FALSE(contains(s, "error file of")) << s;
 
@@ -734,3 +707,4 @@ TEST(DdprunSummary, ResolveProgram) {
 
 }  // namespace
 }  // namespace ddp::launcher
+// clang-format on
