@@ -12,6 +12,7 @@
 #include "support/netns.h"
 #include "support/saved_state.h"
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 // Command lines and worker scripts are laid out by hand (a flag with its value, an action with
 // its arguments), which clang-format would put one string per line.
@@ -33,8 +34,7 @@ class MultiNode : public ::testing::Test {
   void SetUp() override {
     std::string why;
     if (!Hosts::available(&why) || !Hosts::usable(&why)) GTEST_SKIP() << why;
-    char tmpl[] = "/tmp/ddp_multinode_XXXXXX";
-    dir_ = mkdtemp(tmpl);
+    dir_ = ddp::testing::make_temp_dir("ddp_multinode");
   }
   void TearDown() override {
     if (!dir_.empty()) fs::remove_all(dir_);

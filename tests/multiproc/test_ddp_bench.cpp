@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace ddp {
 namespace {
@@ -41,10 +42,7 @@ std::vector<std::vector<std::string>> read_csv(const fs::path& path) {
 
 class BenchTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ddp_bench_test_XXXXXX";
-    dir_ = mkdtemp(tmpl);
-  }
+  void SetUp() override { dir_ = ddp::testing::make_temp_dir("ddp_bench_test"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   // ddp-bench alone (ranks == 1) or under ddprun --standalone --nproc-per-node `ranks`.

@@ -13,6 +13,7 @@
 #include "support/ranks.h"  // free_port
 #include "support/saved_state.h"
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace ddp {
 namespace {
@@ -27,8 +28,7 @@ TEST_P(Processes, EqualOneProcessOnTheWholeBatch) {
   const std::string kind = GetParam();
   const std::string worker = testing::env_or_die("EQUIVALENCE_WORKER");
   const std::string ddprun = testing::env_or_die("DDPRUN");
-  char tmpl[] = "/tmp/ddp_processes_XXXXXX";
-  const fs::path dir = mkdtemp(tmpl);
+  const fs::path dir = ddp::testing::make_temp_dir("ddp_processes");
   for (int n : {2, 3, 4}) {
     SCOPED_TRACE(fmt::format("{} at {} processes", kind, n));
     const std::string chunks = std::to_string(n);
@@ -59,8 +59,7 @@ TEST(TwoHosts, HierarchicalTransportEqualsOneProcess) {
   const std::string worker = testing::env_or_die("EQUIVALENCE_WORKER");
   const std::string ddprun = testing::env_or_die("DDPRUN");
   if (::geteuid() != 0) GTEST_SKIP() << "needs root for unshare --uts";
-  char tmpl[] = "/tmp/ddp_two_hosts_XXXXXX";
-  const fs::path dir = mkdtemp(tmpl);
+  const fs::path dir = ddp::testing::make_temp_dir("ddp_two_hosts");
   const fs::path one = dir / "one.pt", many = dir / "many.pt";
   Result ref =
       run_command({.argv = {worker, "mlp", one.string(), "--chunks", "4"}, .timeout_s = 60});

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "train_test_support.h"
+#include "support/temp_dir.h"
 
 namespace ddp {
 namespace {
@@ -44,8 +45,7 @@ std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std:
 class TrainFaultTest : public TrainTest {
  protected:
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/ddp_train_whole_XXXXXX";
-    whole_dir_ = mkdtemp(tmpl);
+    whole_dir_ = ddp::testing::make_temp_dir("ddp_train_whole");
     Result r = run_command(testing::train_command(whole_dir_, "whole", kCnn));
     whole_ok_ = r.exited(0);
     if (!whole_ok_) whole_error_ = r.describe();

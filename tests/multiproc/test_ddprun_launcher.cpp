@@ -3,7 +3,6 @@
 // Every run has its own deadline (Command::timeout_s): a hang fails the test. Tests that kill
 // things check afterwards, through the pids the workers wrote, that no process survived.
 #include <signal.h>  // kill
-#include <stdlib.h>  // mkdtemp
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -19,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 extern char** environ;
 
@@ -85,9 +85,7 @@ class DdprunTest : public ::testing::Test {
     worker_ = binary("TEST_WORKER", "tests/multiproc/launcher_test_worker");
     ASSERT_TRUE(fs::exists(ddprun_)) << ddprun_ << " not found; run through ctest";
     ASSERT_TRUE(fs::exists(worker_)) << worker_ << " not found; run through ctest";
-    std::string tmpl = (fs::temp_directory_path() / "ddprun_test_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = ddp::testing::make_temp_dir("ddprun_test");
   }
   void TearDown() override {
     std::error_code ec;

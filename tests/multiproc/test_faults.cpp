@@ -16,6 +16,7 @@
 
 #include "ddp/checkpoint.h"  // verify_checkpoint
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 // Command lines and worker scripts are laid out by hand (a flag with its value, an action with
 // its arguments), which clang-format would put one string per line.
@@ -52,8 +53,7 @@ std::string read_bytes(const fs::path& p) {
 class FaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/ddp_faults_XXXXXX";
-    dir_ = mkdtemp(tmpl);
+    dir_ = ddp::testing::make_temp_dir("ddp_faults");
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -2,7 +2,6 @@
 // before the collective timeout, a skipped collective's verdict opens ddprun's summary, and each
 // rank's flight recorder is dumped as JSON in its log folder.
 #include <signal.h>  // kill
-#include <stdlib.h>  // mkdtemp
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace ddp {
 namespace {
@@ -24,10 +24,7 @@ const std::string kWorker = testing::env_or_die("HANG_TEST_WORKER");
 
 class TempDir {
  public:
-  TempDir() {
-    char tmpl[] = "/tmp/ddp_hang_XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
+  TempDir() { path_ = ddp::testing::make_temp_dir("ddp_hang"); }
   ~TempDir() { fs::remove_all(path_); }
   const std::string& path() const { return path_; }
 

@@ -16,6 +16,7 @@
 
 #include "support/ranks.h"  // free_port
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace ddp {
 namespace {
@@ -257,8 +258,7 @@ std::map<std::string, torch::Tensor> load_params(const std::string& path) {
 }
 
 TEST(MultiProcess, DdpAcrossProcessesEqualsOneProcessOnTheWholeBatch) {
-  char dir_template[] = "/tmp/ddp_mp_XXXXXX";
-  const std::string dir = mkdtemp(dir_template);
+  const std::string dir = ddp::testing::make_temp_dir("ddp_mp");
   const std::vector<std::string> common = {"--steps",         "20",   "--global-batch", "48",
                                            "--bucket-cap-mb", "0.005"};
   auto with = [&](std::vector<std::string> argv, const std::string& save) {

@@ -26,6 +26,7 @@
 #include "support/ranks.h"  // free_port
 #include "support/store_peers.h"
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace ddp {
 namespace {
@@ -49,10 +50,7 @@ void expect_contains(const std::string& text, std::initializer_list<std::string>
 
 class TempDir {
  public:
-  TempDir() {
-    char tmpl[] = "/tmp/ddp_store_mp_XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
+  TempDir() { path_ = ddp::testing::make_temp_dir("ddp_store_mp"); }
   ~TempDir() { fs::remove_all(path_); }
   std::string operator/(const std::string& name) const { return (path_ / name).string(); }
 

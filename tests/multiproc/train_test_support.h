@@ -20,6 +20,7 @@
 
 #include "support/saved_state.h"
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace ddp::testing {
 
@@ -45,10 +46,7 @@ inline Command train_command(const std::filesystem::path& dir, const std::string
 // A temporary folder per test, for the runs' output folders.
 class TrainTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ddp_train_test_XXXXXX";
-    dir_ = mkdtemp(tmpl);
-  }
+  void SetUp() override { dir_ = ddp::testing::make_temp_dir("ddp_train_test"); }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
  public:

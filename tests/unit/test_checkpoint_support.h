@@ -2,8 +2,6 @@
 // a tiny dataset, file helpers and bitwise comparisons.
 #pragma once
 
-#include <stdlib.h>  // mkdtemp
-
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "ddp/datasets.h"
+#include "support/temp_dir.h"
 
 namespace ddp::testing {
 
@@ -22,10 +21,7 @@ namespace fs = std::filesystem;
 // A fresh directory under $TMPDIR, removed with its contents on destruction.
 class TempDir {
  public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ddp-ckpt-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
+  TempDir() { path_ = ddp::testing::make_temp_dir("ddp-ckpt"); }
   ~TempDir() {
     std::error_code ec;
     fs::remove_all(path_, ec);

@@ -15,6 +15,7 @@
 #include "run_log.h"
 #include "schedule.h"
 #include "support/ranks.h"
+#include "support/temp_dir.h"
 
 namespace ddp::train {
 namespace {
@@ -159,8 +160,7 @@ TEST(TrainMessages, OnlyThisRanksOwnPrefixIsDropped) {
 
 TEST(RunLog, DropAfterKeepsTheRowsUpToTheStepThenAppends) {
   namespace fs = std::filesystem;
-  char tmpl[] = "/tmp/run_log_test_XXXXXX";
-  const fs::path dir = mkdtemp(tmpl);
+  const fs::path dir = ddp::testing::make_temp_dir("run_log_test");
   {
     RunLog log(dir);
     for (int64_t s = 1; s <= 6; ++s) log.append({.step = s, .split = "train", .loss = 1});
