@@ -4,7 +4,7 @@
 #include <arpa/inet.h>   // htonl, ntohs
 #include <netinet/in.h>  // sockaddr_in
 #include <sys/socket.h>  // socket, bind, getsockname
-#include <unistd.h>      // close
+#include <unistd.h>      // close, gethostname
 
 #include <cerrno>
 #include <cstring>  // strerror
@@ -14,6 +14,12 @@
 #include "ddp/error.h"
 
 namespace ddp::net {
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
+  return name;
+}
 
 int pick_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -1,7 +1,7 @@
 // Forming the shared-memory transport (see shm_setup.h).
 #include "process_group/shm_setup.h"
 
-#include <unistd.h>  // gethostname, getpid, readlink
+#include <unistd.h>  // getpid, readlink
 
 #include <algorithm>
 #include <cstdio>   // sscanf
@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "base/net.h"  // host_name
 
 namespace ddp {
 namespace {
@@ -36,8 +37,7 @@ size_t chunk_bytes(int size) {
 // (a peer opens /proc/<pid>/fd/<fd> of the segment's creator). Hostnames alone lie: containers
 // on one host can share a hostname, and one container can see another's name.
 std::string host_identity() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
+  const std::string host = net::host_name();
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
   char ns[128] = {0};

@@ -1,7 +1,7 @@
 // Counting rendezvous over the store (see Note [Counting rendezvous] in rendezvous.h).
 #include "rendezvous/rendezvous.h"
 
-#include <unistd.h>  // gethostname, getpid
+#include <unistd.h>  // getpid
 
 #include <algorithm>
 #include <cerrno>  // EADDRINUSE
@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "base/check.h"
+#include "base/net.h"  // host_name
 #include "c10d/compat.h"
 #include "store/bind.h"        // plan_bind
 #include "store/c10d_store.h"  // DdpStore, BoundedStore
@@ -29,12 +30,6 @@ std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; 
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 double seconds(std::chrono::milliseconds ms) { return ms.count() / 1000.0; }
-
-std::string this_host() {
-  char name[256] = {0};
-  gethostname(name, sizeof(name) - 1);
-  return name;
-}
 
 std::string endpoint(const Config& c) {
   return store::format_endpoint(c.master_addr, c.master_port);
@@ -138,7 +133,7 @@ c10::intrusive_ptr<::c10d::Store> connect(const Config& c) {
   o.port = server ? server->port() : c.master_port;
   o.key = key;
   o.identity =
-      fmt::format("rank {}, pid {} on {}", c.rank, static_cast<int>(getpid()), this_host());
+      fmt::format("rank {}, pid {} on {}", c.rank, static_cast<int>(getpid()), net::host_name());
   o.who = fmt::format("[rank {}]", c.rank);
   o.owner = who_hosts(c);
   auto s = c10::make_intrusive<store::DdpStore>(o, c.timeout, server);
@@ -162,7 +157,7 @@ constexpr auto kMinCallTime = std::chrono::seconds(1);
 // `raw` is the store under `prefixed`, whose timeout bounds each call.
 void count(::c10d::Store& prefixed, ::c10d::Store& raw, const Config& c) {
   const std::string me =
-      fmt::format("{}:{}:{}:{}", c.world_size, c.rank, this_host(), static_cast<int>(getpid()));
+      fmt::format("{}:{}:{}:{}", c.world_size, c.rank, net::host_name(), static_cast<int>(getpid()));
   const bool hosting = rendezvous::hosting(c);
   const auto deadline = Clock::now() + c.timeout;
   // The store, its next call bounded by the time left.

@@ -43,6 +43,11 @@ void Client::fail(const std::string& message) {
   throw RendezvousError(message);
 }
 
+void Client::refuse(const std::string& message) {
+  fd_.reset();
+  throw RefusedError(message);
+}
+
 std::string Client::silent_host_hint() const {
   return fmt::format(
       "the process hosting it ({}) is stopped (SIGSTOP, a debugger), frozen or overloaded, or "
@@ -94,7 +99,7 @@ std::string Client::read_frame(size_t limit, Clock::time_point deadline) {
   read_exact(kFrameHeaderBytes);
   const uint32_t length = frame_length(data);
   if (length > limit) {
-    fail(
+    refuse(
         fmt::format("{} {} is not a ddp-cpp rendezvous store, or is a broken one: it sent \"{}\" "
                     "(as a frame of {} bytes, more than the {} expected here). Check "
                     "MASTER_ADDR and MASTER_PORT.",
@@ -118,13 +123,13 @@ void Client::handshake(Clock::time_point deadline, Clock::time_point started) {
   }
   const std::optional<Nonce> server_nonce = parse_greeting(body);
   if (!server_nonce) {
-    fail(
+    refuse(
         fmt::format("{} {} is not a ddp-cpp rendezvous store: it greeted with \"{}\". Check "
                     "MASTER_ADDR and MASTER_PORT.",
                     o_.who, ep, printable(body)));
   }
   if (static_cast<uint8_t>(body[kMagic.size()]) != kVersion) {
-    fail(
+    refuse(
         fmt::format("{} the rendezvous store at {} speaks protocol version {}, this process {}: "
                     "the ranks run different builds of ddp-cpp.",
                     o_.who, ep, static_cast<int>(static_cast<uint8_t>(body[kMagic.size()])),
@@ -146,12 +151,13 @@ void Client::handshake(Clock::time_point deadline, Clock::time_point started) {
     const auto status = static_cast<Status>(r.u8());
     if (status == Status::kError) {
       const std::string why(r.bytes(kMaxWelcomeBytes));
-      fail(fmt::format("{} the rendezvous store at {} refused this process: {}.", o_.who, ep, why));
+      refuse(
+          fmt::format("{} the rendezvous store at {} refused this process: {}.", o_.who, ep, why));
     }
     const std::string_view proof = r.raw(kProofBytes);
     r.expect_done();
     if (status != Status::kOk || !proofs_equal(proof, server_proof(o_.key, nonce, *server_nonce))) {
-      fail(
+      refuse(
           fmt::format("{} the server at {} does not hold this job's key: it is another job's "
                       "rendezvous store, or was given another DDP_STORE_SECRET. Check "
                       "MASTER_ADDR and MASTER_PORT, and give every process of the job the same "

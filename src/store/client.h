@@ -33,6 +33,14 @@ class UnreachableError : public RendezvousError {
   std::string cause;  // "connection refused"
 };
 
+// The endpoint answered, but not as this job's store does: it refused this process (another
+// job key), proved no key, speaks another protocol version, or is another program. Waiting and
+// trying again cannot help, unlike a store that is not up yet or does not answer in time.
+class RefusedError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
 struct ClientOptions {
   std::string host;      // a name or an IP literal (MASTER_ADDR)
   int port = 0;          // MASTER_PORT
@@ -84,6 +92,7 @@ class Client {
   void send_all(std::string_view bytes, Clock::time_point deadline);
   std::string read_frame(size_t limit, Clock::time_point deadline);
   [[noreturn]] void fail(const std::string& message);
+  [[noreturn]] void refuse(const std::string& message);  // fail() with a RefusedError
   std::string silent_host_hint() const;
 
   // Constant after construction.

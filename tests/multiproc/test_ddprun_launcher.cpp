@@ -10,13 +10,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "base/net.h"  // pick_free_port
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 
@@ -223,12 +226,18 @@ TEST_F(DdprunTest, WorkersGetTheJobsStoreSecret) {
   ASSERT_TRUE(inherited.exited(0)) << inherited.describe();
   EXPECT_EQ(secret_of(inherited.out, 1), "given-by-the-scheduler");
 
-  Command node = command({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
-                          "--master-addr", "10.9.8.7", "--master-port", "1234"},
-                         {"print-env", "DDP_STORE_SECRET"});
-  node.unset_env.push_back("DDP_STORE_SECRET");
-  Result multi = ddp::testing::run_command(node);
+  const std::string port = std::to_string(ddp::net::pick_free_port());
+  auto node = [&](int k) {
+    Command c = command({"--nnodes", "2", "--node-rank", std::to_string(k), "--nproc-per-node", "1",
+                         "--master-port", port},
+                        {"print-env", "DDP_STORE_SECRET"});
+    c.unset_env.push_back("DDP_STORE_SECRET");
+    return c;
+  };
+  Subprocess node0 = Subprocess::start(node(0));
+  Result multi = ddp::testing::run_command(node(1));
   ASSERT_TRUE(multi.exited(0)) << multi.describe();
+  EXPECT_TRUE(node0.wait().exited(0)) << node0.wait().describe();
   EXPECT_EQ(secret_of(multi.out, 1), "<unset>") << multi.out;
 }
 
@@ -242,22 +251,32 @@ TEST_F(DdprunTest, UserOmpNumThreadsIsKept) {
 }
 
 // Second node of two, three workers each: global ranks 3..5, prefixes follow them.
+// Two nodes on this host: node 0's ddprun hosts the agent store on the master port, where every
+// worker meets (Note [Restart rounds] in tools/ddprun/rounds.h).
 TEST_F(DdprunTest, MultiNodeStaticEnvironment) {
-  Result r = run({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3", "--master-addr",
-                  "10.9.8.7", "--master-port", "1234", "--rdzv-id", "job42", "--collective-timeout",
-                  "5"},
-                 {"print-env", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                  "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DDP_COLLECTIVE_TIMEOUT"});
+  const std::string port = std::to_string(ddp::net::pick_free_port());
+  auto node = [&](int k) {
+    return command({"--nnodes", "2", "--node-rank", std::to_string(k), "--nproc-per-node", "3",
+                    "--master-port", port, "--rdzv-id", "job42", "--collective-timeout", "5"},
+                   {"print-env", "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DDP_COLLECTIVE_TIMEOUT",
+                    "TORCHELASTIC_USE_AGENT_STORE", "DDP_AGENT_STORE"});
+  };
+  Subprocess node0 = Subprocess::start(node(0));
+  Result r = ddp::testing::run_command(node(1));
   ASSERT_TRUE(r.exited(0)) << r.describe();
+  ASSERT_TRUE(node0.wait().exited(0)) << node0.wait().describe();
   for (int lr = 0; lr < 3; ++lr) {
     const std::string p = "[rank " + std::to_string(3 + lr) + "]: ";
     for (const std::string& line : std::vector<std::string>{
              "RANK=" + std::to_string(3 + lr), "LOCAL_RANK=" + std::to_string(lr), "WORLD_SIZE=6",
-             "GROUP_RANK=1", "MASTER_ADDR=10.9.8.7", "MASTER_PORT=1234",
-             "TORCHELASTIC_RUN_ID=job42", "DDP_COLLECTIVE_TIMEOUT=5"}) {
+             "GROUP_RANK=1", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+             "TORCHELASTIC_RUN_ID=job42", "DDP_COLLECTIVE_TIMEOUT=5",
+             "TORCHELASTIC_USE_AGENT_STORE=True", "DDP_AGENT_STORE=ddp"}) {
       EXPECT_TRUE(contains(r.out, p + line + "\n")) << p + line << "\n" << r.out;
     }
   }
+  EXPECT_TRUE(contains(node0.wait().out, "[rank 0]: GROUP_RANK=0\n")) << node0.wait().out;
 }
 
 TEST_F(DdprunTest, StandalonePicksAPortAndARunId) {
@@ -647,6 +666,69 @@ TEST_F(DdprunTest, RestartsExhausted) {
   EXPECT_TRUE(contains(r.err, "(attempt 2 of 3)")) << r.err;
   EXPECT_TRUE(contains(r.err, "ddprun: worker group failed (attempt 3 of 3)\nRoot cause")) << r.err;
   EXPECT_TRUE(contains(r.err, "exit      : exit code 5")) << r.err;
+}
+
+// Several nodes restart together (Note [Restart rounds]): a worker failing on node 1 stops node
+// 0's workers at once (they would wait 30 s), and both nodes run round 1.
+TEST_F(DdprunTest, RestartNodesTogetherAfterAFailureOnOne) {
+  const std::string port = std::to_string(ddp::net::pick_free_port());
+  auto node = [&](int k) {
+    return command({"--nnodes", "2", "--node-rank", std::to_string(k), "--nproc-per-node", "2",
+                    "--master-port", port, "--max-restarts", "1", "--grace-period", "2"},
+                   // rank 3 fails once node 0's workers run (it joins a round within 0.1 s)
+                   {"only-rank", "3", "sleep", "1", "fail-once", path("failed-once"), "touch", path("round-1"), "end",
+                    "wait-file", path("round-1"),
+                    "print-env", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"});
+  };
+  Subprocess node0 = Subprocess::start(node(0));
+  Result r1 = ddp::testing::run_command(node(1));
+  const Result& r0 = node0.wait();
+  ASSERT_TRUE(r0.exited(0)) << r0.describe();
+  ASSERT_TRUE(r1.exited(0)) << r1.describe();
+  EXPECT_LT(r0.wall_s, 20.0) << "node 0's workers waited out their wait-file\n" << r0.describe();
+  EXPECT_TRUE(contains(r0.err, "another node failed (node 1 (")) << r0.err;
+  EXPECT_TRUE(contains(r0.err, "rank 3 failed (exit code 1)")) << r0.err;
+  EXPECT_TRUE(contains(r0.err, "worker group failed (attempt 1 of 2): another node failed first"))
+      << r0.err;
+  EXPECT_TRUE(contains(r1.err, "worker group failed (attempt 1 of 2): rank 3")) << r1.err;
+  for (const auto& [r, rank] : {std::pair{&r0, 0}, {&r0, 1}, {&r1, 2}, {&r1, 3}}) {
+    const std::string p = "[rank " + std::to_string(rank) + "]: ";
+    EXPECT_TRUE(contains(r->out, p + "TORCHELASTIC_RESTART_COUNT=1\n")) << r->out;
+    EXPECT_TRUE(contains(r->out, p + "TORCHELASTIC_USE_AGENT_STORE=True\n")) << r->out;
+  }
+}
+
+// A node's ddprun killed with its workers and started again (as a scheduler would) rejoins: the
+// round it had joined ends on every node, and all meet in the next one.
+TEST_F(DdprunTest, AKilledNodeStartedAgainRejoinsTheJob) {
+  const std::string port = std::to_string(ddp::net::pick_free_port());
+  const std::string d = dir_.string();
+  auto node = [&](int k) {
+    return command({"--nnodes", "2", "--node-rank", std::to_string(k), "--nproc-per-node", "1",
+                    "--master-port", port, "--max-restarts", "2", "--grace-period", "2"},
+                   {"touch-pidfile", d, "wait-file", path("go"),
+                    "print-env", "TORCHELASTIC_RESTART_COUNT"}, 60);
+  };
+  Subprocess node0 = Subprocess::start(node(0));
+  std::optional<Subprocess> node1;
+  node1.emplace(Subprocess::start(node(1)));
+  ASSERT_TRUE(files_appear({"0.pid", "1.pid"})) << node0.err_so_far() << node1->err_so_far();
+  const pid_t old_worker = pid_from("1.pid");
+  node1->signal(SIGKILL);  // its worker dies with it (PR_SET_PDEATHSIG)
+  EXPECT_EQ(node1->wait().term_signal, SIGKILL);
+  EXPECT_TRUE(process_gone(old_worker));
+  node1.emplace(Subprocess::start(node(1)));
+  ASSERT_TRUE(wait_until([&] { return contains(node0.err_so_far(), "restarting it"); }, 20))
+      << node0.err_so_far() << node1->err_so_far();
+  std::ofstream(dir_ / "go").put('\n');
+  const Result& r0 = node0.wait();
+  const Result& r1 = node1->wait();
+  ASSERT_TRUE(r0.exited(0)) << r0.describe();
+  ASSERT_TRUE(r1.exited(0)) << r1.describe();
+  EXPECT_TRUE(contains(r0.err, "its ddprun started again")) << r0.err;
+  EXPECT_TRUE(contains(r1.err, "previous ddprun took part in restart round 0")) << r1.err;
+  EXPECT_TRUE(contains(r0.out, "[rank 0]: TORCHELASTIC_RESTART_COUNT=1\n")) << r0.out;
+  EXPECT_TRUE(contains(r1.out, "[rank 1]: TORCHELASTIC_RESTART_COUNT=1\n")) << r1.out;
 }
 
 // PROGRAM.py runs as "python3 -u PROGRAM.py args" (torchrun's default).

@@ -36,7 +36,7 @@
 #include <poll.h>        // poll
 #include <sys/random.h>  // getrandom: the job's store secret
 #include <sys/wait.h>    // waitpid, W* macros
-#include <unistd.h>      // access, gethostname
+#include <unistd.h>      // access
 
 #include <algorithm>
 #include <cerrno>
@@ -51,9 +51,10 @@
 
 #include <fmt/format.h>
 
-#include "base/net.h"  // pick_free_port
+#include "base/net.h"  // pick_free_port, host_name
 #include "ddp/env.h"   // current_environment
 #include "output.h"    // Stream, RunDirectory, note
+#include "rounds.h"    // Rounds: restarting several nodes together
 #include "summary.h"   // WorkerEnd, pick_root_cause, format_failure_summary
 
 namespace ddp::launcher {
@@ -72,12 +73,6 @@ double seconds_between(SteadyClock::time_point a, SteadyClock::time_point b) {
 
 std::int64_t unix_us(WallClock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
-}
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
-  return buf;
 }
 
 // A UUID4-shaped id, like torchrun's --standalone run ids.
@@ -159,7 +154,8 @@ struct SharedState {
 
 class WorkerGroup {
  public:
-  WorkerGroup(SharedState& shared, GroupSpec group) : s_(shared), group_(std::move(group)) {}
+  WorkerGroup(SharedState& shared, Rounds& rounds, GroupSpec group)
+      : s_(shared), rounds_(rounds), group_(std::move(group)) {}
   ~WorkerGroup() { kill_and_reap_everything(); }
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -169,6 +165,8 @@ class WorkerGroup {
   // After run():
   int interrupt_signal() const { return interrupt_signal_; }
   bool has_root_cause() const { return root_cause_.has_value(); }
+  // The round's first failure, when it was another node's (Note [Restart rounds]).
+  const std::string& failure_elsewhere() const { return failure_elsewhere_; }
   std::string one_line_failure() const;
   std::string summary(int attempt, int attempts) const;
 
@@ -180,6 +178,7 @@ class WorkerGroup {
   void reap();
   void on_exit(Worker& w, int status);
   void advance();
+  void watch_other_nodes();
   bool finished();
   void signal_all(int signal);
   void stop_all(int signal);
@@ -191,6 +190,7 @@ class WorkerGroup {
 
   // Constant after construction.
   SharedState& s_;
+  Rounds& rounds_;
   const GroupSpec group_;
 
   std::vector<std::unique_ptr<Worker>> workers_;
@@ -205,6 +205,7 @@ class WorkerGroup {
   Worker* first_failure_ = nullptr;  // the failure that stopped the group; not the root cause
   int interrupt_signal_ = 0;         // first forwarded signal received
   bool warned_stuck_ = false;
+  std::string failure_elsewhere_;  // another node failed first: its line from the agent store
 
   // Set at the end of run().
   std::vector<WorkerEnd> ends_;          // one per worker, in local rank order
@@ -218,6 +219,7 @@ Outcome WorkerGroup::run() {
     handle_signals();
     reap();
     advance();
+    watch_other_nodes();
   }
   for (auto& w : workers_) {
     w->out.drain();
@@ -226,7 +228,8 @@ Outcome WorkerGroup::run() {
   collect_ends();
   if (first_failure_ != nullptr) root_cause_ = pick_root_cause(ends_);
   if (interrupt_signal_ != 0) return Outcome::kInterrupted;
-  return first_failure_ != nullptr ? Outcome::kFailed : Outcome::kSucceeded;
+  return first_failure_ != nullptr || !failure_elsewhere_.empty() ? Outcome::kFailed
+                                                                  : Outcome::kSucceeded;
 }
 
 void WorkerGroup::start_all() {
@@ -333,6 +336,12 @@ void WorkerGroup::advance() {
     Worker& w = *first_failure_;
     w.out.pump();  // its last words first, then ours
     w.err.pump();
+    // The other nodes learn it now, not from a collective timeout (Note [Restart rounds]).
+    if (auto first = rounds_.report_failure(group_.restart_count,
+                                            fmt::format("rank {} failed ({})", w.rank,
+                                                        describe_wait_status(w.wait_status)))) {
+      failure_elsewhere_ = *first;
+    }
     auto running = std::ranges::count_if(workers_, [](const auto& o) { return o->running; });
     note(
         fmt::format("rank {} failed ({}); stopping the other {} running worker(s): SIGTERM, then "
@@ -352,6 +361,21 @@ void WorkerGroup::advance() {
   if (killed_) {
     for (auto& w : workers_) w->signal_group(SIGKILL);  // stragglers forked during the stop
   }
+}
+
+// Another node's workers failed in this round: this node's stop too, and the round restarts
+// everywhere (Note [Restart rounds]).
+void WorkerGroup::watch_other_nodes() {
+  if (stopping_) return;
+  std::optional<std::string> elsewhere = rounds_.failure_elsewhere(group_.restart_count);
+  if (!elsewhere) return;
+  failure_elsewhere_ = *elsewhere;
+  auto running = std::ranges::count_if(workers_, [](const auto& o) { return o->running; });
+  note(
+      fmt::format("another node failed ({}); stopping this node's {} running worker(s): "
+                  "SIGTERM, then SIGKILL after {}",
+                  failure_elsewhere_, running, format_seconds(s_.config.grace_period.count())));
+  stop_all(SIGTERM);
 }
 
 // Done when every worker is reaped and its process group is empty. Processes that outlive
@@ -454,6 +478,7 @@ void WorkerGroup::kill_and_reap_everything() {
 }
 
 std::string WorkerGroup::one_line_failure() const {
+  if (!failure_elsewhere_.empty()) return "another node failed first: " + failure_elsewhere_;
   if (!root_cause_) return "no root cause recorded";
   const WorkerEnd& w = ends_[root_cause_->index];
   return fmt::format("rank {} (local_rank {}) {}", w.rank, w.local_rank,
@@ -462,7 +487,11 @@ std::string WorkerGroup::one_line_failure() const {
 
 std::string WorkerGroup::summary(int attempt, int attempts) const {
   SummaryContext context{attempt, attempts, s_.host, kill_reason_};
-  return format_failure_summary(context, ends_, root_cause_);
+  std::string out = format_failure_summary(context, ends_, root_cause_);
+  if (!failure_elsewhere_.empty()) {
+    out += fmt::format("The job's first failure was on another node: {}\n", failure_elsewhere_);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -480,14 +509,18 @@ void print_startup_notes(const LaunchConfig& config, const EnvMap& base, const R
   }
 }
 
-GroupSpec group_for_attempt(const LaunchConfig& config, const std::string& run_id,
-                            const std::string& secret, int attempt) {
+GroupSpec group_for_round(const LaunchConfig& config, const std::string& run_id,
+                          const std::string& secret, int round, bool agent_store) {
   GroupSpec g;
   g.store_secret = secret;
   g.master_addr = config.master_addr;
   g.master_port = config.pick_free_port ? net::pick_free_port() : config.master_port;
   g.run_id = run_id;
-  g.restart_count = attempt;
+  g.restart_count = round;
+  // Python workers reach a store with a TCPStore client, which cannot talk to ours: their rank
+  // 0 hosts one (PyTorch's env://) on the next port (Note [Restart rounds]).
+  g.agent_store = agent_store && !config.via_python;
+  if (agent_store && config.via_python) g.master_port += 1;
   return g;
 }
 
@@ -512,30 +545,54 @@ RunResult run(const LaunchConfig& config) {
   RunDirectory run_dir(config, run_id);
   SignalChannel signals;  // blocked from here on: before the first fork
   SubreaperScope subreaper;
-  SharedState shared{config, signals, run_dir, base_env, program_path, fd_limit, host_name()};
+  SharedState shared{config, signals, run_dir, base_env, program_path, fd_limit, net::host_name()};
   print_startup_notes(config, base_env, run_dir);
 
+  // Rounds: this node's attempts, the same on every node of the job (Note [Restart rounds]).
+  std::unique_ptr<Rounds> rounds = make_rounds(config, base_env, run_id, secret);
+  int stop_signal = 0;
+  auto signalled = [&] {
+    for (int sig : signals.read_pending()) {
+      if (sig != SIGCHLD && stop_signal == 0) stop_signal = sig;
+    }
+    return stop_signal != 0;
+  };
   const int attempts = config.max_restarts + 1;
-  for (int attempt = 0; attempt < attempts; ++attempt) {
-    WorkerGroup group(shared, group_for_attempt(config, run_id, secret, attempt));
+  int next = 0;
+  while (true) {
+    const std::optional<int> round = rounds->join(next, signalled);
+    if (!round) {
+      note(
+          fmt::format("stopped by {} while waiting for the other nodes", signal_name(stop_signal)));
+      return RunResult{128 + stop_signal, stop_signal};
+    }
+    WorkerGroup group(shared, *rounds,
+                      group_for_round(config, run_id, secret, *round, rounds->agent_store()));
     Outcome outcome = group.run();
-    if (outcome == Outcome::kSucceeded) return RunResult{0, 0};
-    if (outcome == Outcome::kFailed && attempt + 1 < attempts) {
+    if (outcome == Outcome::kSucceeded) {
+      rounds->leave(*round, false);
+      return RunResult{0, 0};
+    }
+    if (outcome == Outcome::kFailed && *round + 1 < attempts) {
       note(fmt::format(
           "worker group failed (attempt {} of {}): {}; restarting it (restart {} of {})",
-          attempt + 1, attempts, group.one_line_failure(), attempt + 1, config.max_restarts));
+          *round + 1, attempts, group.one_line_failure(), *round + 1, config.max_restarts));
+      next = *round + 1;
       continue;
     }
-    const std::string summary = group.summary(attempt + 1, attempts);
+    const std::string summary = group.summary(*round + 1, attempts);
     if (outcome == Outcome::kInterrupted) {
+      const int sig = group.interrupt_signal();
       if (group.has_root_cause()) write_all(STDERR_FILENO, summary);
-      note(fmt::format("stopped by {}", signal_name(group.interrupt_signal())));
-      return RunResult{128 + group.interrupt_signal(), group.interrupt_signal()};
+      rounds->report_failure(*round, fmt::format("its ddprun was stopped by {}", signal_name(sig)));
+      rounds->leave(*round, true);
+      note(fmt::format("stopped by {}", signal_name(sig)));
+      return RunResult{128 + sig, sig};
     }
     write_all(STDERR_FILENO, summary);
+    rounds->leave(*round, true);
     return RunResult{1, 0};
   }
-  return RunResult{1, 0};  // not reached: the last attempt returns above
 }
 
 }  // namespace ddp::launcher

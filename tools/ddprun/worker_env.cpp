@@ -8,8 +8,11 @@ namespace {
 
 // Note [Worker environment]
 // torchrun's contract (run.py docstring; local_elastic_agent_test.py _check_env_function), with
-// one deliberate difference: TORCHELASTIC_USE_AGENT_STORE=False, because ddprun hosts no store;
-// the worker with global rank 0 does (ddp-cpp, and PyTorch's env:// init, both handle that).
+// one deliberate difference for a single node: TORCHELASTIC_USE_AGENT_STORE=False, because
+// ddprun hosts no store there; the worker with global rank 0 does (ddp-cpp, and PyTorch's env://
+// init, both handle that). With several nodes node 0's ddprun hosts the store (Note [Restart
+// rounds] in rounds.h), as torchrun's agent does: TORCHELASTIC_USE_AGENT_STORE=True, and
+// DDP_AGENT_STORE=ddp tells ddp-cpp workers that it is a ddp-cpp store, not a TCPStore.
 // Knobs the user set win where torchrun lets them (OMP_NUM_THREADS, NCCL error handling).
 void set_default(EnvMap& env, const std::string& key, const std::string& value) {
   if (env.find(key) == env.end()) env[key] = value;
@@ -36,7 +39,8 @@ EnvMap worker_environment(const LaunchConfig& config, const GroupSpec& group, in
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(group.restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(config.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = group.run_id;
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  env["TORCHELASTIC_USE_AGENT_STORE"] = group.agent_store ? "True" : "False";
+  if (group.agent_store) env["DDP_AGENT_STORE"] = "ddp";
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
   if (!group.store_secret.empty()) env["DDP_STORE_SECRET"] = group.store_secret;
   if (config.rdzv_timeout)

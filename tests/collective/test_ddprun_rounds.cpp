@@ -1,0 +1,206 @@
+// ddprun's restart rounds (Note [Restart rounds] in tools/ddprun/rounds.h), nodes as threads in
+// one process over a real agent store on 127.0.0.1: every node joins the same round, a failure
+// reaches the others, a node whose ddprun starts again ends the round it had joined and everyone
+// meets in the next, a missing node is named within the timeout, restarts are bounded, and node
+// 0 keeps its store up until the others are done.
+#include <chrono>
+#include <future>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "base/net.h"  // pick_free_port
+#include "ddp/error.h"
+#include "rounds.h"
+
+namespace ddp::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+class RoundsTest : public ::testing::Test {
+ protected:
+  LaunchConfig node_config(int node_rank) const {
+    LaunchConfig c;
+    c.nnodes = 2;
+    c.node_rank = node_rank;
+    c.master_addr = "127.0.0.1";
+    c.master_port = port_;
+    c.max_restarts = 2;
+    c.rdzv_timeout = Seconds(5);
+    c.grace_period = Seconds(0.5);
+    return c;
+  }
+  std::unique_ptr<Rounds> node(const LaunchConfig& c) {
+    return make_rounds(c, EnvMap{}, "run-1", "secret");
+  }
+  // Polls `rounds` for another node's failure in `round`, up to `limit_s`.
+  static std::optional<std::string> failure_within(Rounds& rounds, int round, double limit_s) {
+    const auto start = Clock::now();
+    while (seconds_since(start) < limit_s) {
+      if (auto f = rounds.failure_elsewhere(round)) return f;
+      std::this_thread::sleep_for(20ms);
+    }
+    return std::nullopt;
+  }
+
+  const int port_ = net::pick_free_port();
+  const LaunchConfig c0_ = node_config(0), c1_ = node_config(1);
+};
+
+const auto kNoStop = [] { return false; };
+
+TEST_F(RoundsTest, ASingleNodeRunsItsOwnAttempts) {
+  LaunchConfig c;
+  auto local = make_rounds(c, EnvMap{}, "run-1", "");
+  EXPECT_FALSE(local->agent_store());
+  EXPECT_EQ(local->join(3, kNoStop), 3);
+  EXPECT_EQ(local->failure_elsewhere(3), std::nullopt);
+}
+
+TEST_F(RoundsTest, EveryNodeJoinsTheRoundAndAFailureReachesTheOthers) {
+  auto n0 = node(c0_);
+  auto n1 = node(c1_);
+  EXPECT_TRUE(n0->agent_store());
+  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
+  EXPECT_EQ(n0->join(0, kNoStop), 0);
+  EXPECT_EQ(joined1.get(), 0);
+  EXPECT_EQ(n0->failure_elsewhere(0), std::nullopt);
+
+  EXPECT_EQ(n1->report_failure(0, "rank 3 failed (exit code 1)"), std::nullopt);  // the first
+  const auto start = Clock::now();
+  auto seen = failure_within(*n0, 0, 3.0);
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_LT(seconds_since(start), 1.5) << "polled every kPollInterval";
+  EXPECT_TRUE(contains(*seen, "node 1 (")) << *seen;
+  EXPECT_TRUE(contains(*seen, "rank 3 failed (exit code 1)")) << *seen;
+  // Node 0's own failure came second: it learns the first.
+  auto first = n0->report_failure(0, "rank 0 failed (exit code 1)");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, *seen);
+
+  auto again1 = std::async(std::launch::async, [&] { return n1->join(1, kNoStop); });
+  EXPECT_EQ(n0->join(1, kNoStop), 1);
+  EXPECT_EQ(again1.get(), 1);
+}
+
+TEST_F(RoundsTest, ANodeWhoseDdprunStartsAgainEndsItsRoundAndAllMeetInTheNext) {
+  auto n0 = node(c0_);
+  {
+    auto n1 = node(c1_);
+    auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
+    ASSERT_EQ(n0->join(0, kNoStop), 0);
+    ASSERT_EQ(joined1.get(), 0);
+  }  // node 1's ddprun is gone (killed with its workers), and started again: it remembers nothing
+  auto n1_again = node(c1_);
+  auto rejoined = std::async(std::launch::async, [&] { return n1_again->join(0, kNoStop); });
+  auto seen = failure_within(*n0, 0, 3.0);
+  ASSERT_TRUE(seen.has_value()) << "node 0 was not told that round 0 is over";
+  EXPECT_TRUE(contains(*seen, "node 1 (")) << *seen;
+  EXPECT_TRUE(contains(*seen, "its ddprun started again")) << *seen;
+  EXPECT_EQ(n0->join(1, kNoStop), 1);
+  EXPECT_EQ(rejoined.get(), 1);
+}
+
+TEST_F(RoundsTest, AMissingNodeIsNamedWithinTheTimeout) {
+  LaunchConfig c = c0_;
+  c.rdzv_timeout = Seconds(1);
+  auto n0 = node(c);
+  const auto start = Clock::now();
+  try {
+    n0->join(0, kNoStop);
+    FAIL() << "joined without node 1";
+  } catch (const RendezvousError& e) {
+    EXPECT_TRUE(contains(e.what(), "1/2 nodes joined restart round 0")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "missing nodes: 1")) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 3.0);
+}
+
+TEST_F(RoundsTest, NoAgentStoreIsABoundedErrorNamingIt) {
+  LaunchConfig c = c1_;
+  c.rdzv_timeout = Seconds(1);
+  auto n1 = node(c);
+  const auto start = Clock::now();
+  try {
+    n1->join(0, kNoStop);
+    FAIL() << "joined without a store";
+  } catch (const RendezvousError& e) {
+    EXPECT_TRUE(contains(e.what(), "node 1 (")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "could not reach the job's agent store at 127.0.0.1:" +
+                                       std::to_string(port_)))
+        << e.what();
+    EXPECT_TRUE(contains(e.what(), "Node 0's ddprun hosts it")) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 4.0);
+}
+
+TEST_F(RoundsTest, AnotherJobsSecretIsRefusedAtOnce) {
+  auto n0 = node(c0_);
+  auto stranger = make_rounds(c1_, EnvMap{}, "run-1", "another secret");
+  const auto start = Clock::now();
+  try {
+    stranger->join(0, kNoStop);
+    FAIL() << "joined with another secret";
+  } catch (const RendezvousError& e) {
+    EXPECT_TRUE(contains(e.what(), "refused this process")) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 2.0) << "not retried until the timeout";
+}
+
+TEST_F(RoundsTest, ARoundPastMaxRestartsIsRefused) {
+  LaunchConfig a = c0_, b = c1_;
+  a.max_restarts = b.max_restarts = 0;
+  auto n0 = node(a);
+  auto n1 = node(b);
+  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
+  ASSERT_EQ(n0->join(0, kNoStop), 0);
+  ASSERT_EQ(joined1.get(), 0);
+  try {
+    n1->join(1, kNoStop);
+    FAIL() << "round 1 with --max-restarts 0";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "past --max-restarts 0")) << e.what();
+  }
+}
+
+TEST_F(RoundsTest, ASignalEndsTheWaitForTheOthers) {
+  auto n0 = node(c0_);
+  const auto start = Clock::now();
+  auto stop = [&] { return seconds_since(start) > 0.3; };
+  EXPECT_EQ(n0->join(0, stop), std::nullopt);
+  EXPECT_LT(seconds_since(start), 1.5);
+}
+
+TEST_F(RoundsTest, NodeZeroKeepsItsStoreUntilTheOthersAreDone) {
+  auto n0 = node(c0_);
+  auto n1 = node(c1_);
+  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
+  ASSERT_EQ(n0->join(0, kNoStop), 0);
+  ASSERT_EQ(joined1.get(), 0);
+  const auto start = Clock::now();
+  auto left0 = std::async(std::launch::async, [&] {
+    n0->leave(0, /*failed=*/false);
+    return seconds_since(start);
+  });
+  std::this_thread::sleep_for(700ms);
+  EXPECT_EQ(left0.wait_for(0s), std::future_status::timeout) << "node 0 left before node 1";
+  n1->leave(0, false);
+  const double took = left0.get();
+  EXPECT_GT(took, 0.6);
+  EXPECT_LT(took, 2.0);
+}
+
+}  // namespace
+}  // namespace ddp::launcher

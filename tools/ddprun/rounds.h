@@ -1,0 +1,93 @@
+// Restart rounds: how the ddprun of every node of a job restarts the job together.
+//
+// Note [Restart rounds]
+// Each ddprun starts, stops and restarts only its own node's workers; a job of several nodes must
+// restart as a whole. It does so in rounds that every node's ddprun joins through the agent
+// store: node 0's ddprun hosts our store (src/store: bounded, admitting only holders of the job's
+// key) on MASTER_ADDR:MASTER_PORT for the whole run, and the workers rendezvous there too
+// (TORCHELASTIC_USE_AGENT_STORE=True, DDP_AGENT_STORE=ddp) under their round's keys
+// ("ddp/<run id>/attempt_<round>/"), so two rounds never meet. ddprun's keys, under
+// "ddprun/<run id>/":
+//   round          the newest round; it only grows (compare_set)
+//   <R>/node/<K>   add(1) by node K's ddprun joining round R: 1 for the first, more when a
+//                  ddprun of node K joins again (its scheduler started it again)
+//   <R>/joined     how many nodes joined round R
+//   <R>/failed     round R's first failure, one line ("node 1 (host h): rank 3 exited with
+//                  code 1"); the first writer wins
+//   <R>/ended      how many nodes are done with round R
+// Joining: a node raises "round" to the round it may run next (0 at first, R + 1 after round R
+// failed), counts itself in and waits until every node has, bounded by the rendezvous timeout
+// (the missing nodes are named); if round R fails or a newer round opens meanwhile, it joins that
+// one instead. The round is the job's restart count, the same on every node: it is the workers'
+// TORCHELASTIC_RESTART_COUNT, and a round past --max-restarts is refused.
+// Running: a failure on this node is written to "<R>/failed" as soon as ddprun reaps it, and
+// every node polls that key (kPollInterval): another node's failure stops this node's workers at
+// once (SIGTERM, grace period, SIGKILL) instead of leaving them to a collective timeout.
+// Rejoining: a ddprun killed with its node and started again joins with nothing to remember: it
+// finds "<R>/node/<K>" already counted, so its node's workers of round R are gone. It fails round
+// R ("node K's ddprun started again") and joins R + 1, where the others, stopped by that
+// failure, meet it.
+// Ending: node 0's store must outlive the others' use of it. When its part of a round is over it
+// waits until "<R>/ended" counts every node: after a success up to the rendezvous timeout (the
+// others may still be finishing), after a failure at most the grace period and kFailureLinger
+// (the others only need to read why, and stop).
+// What this cannot keep: node 0's host dying takes the store and its counts with it. A ddprun
+// started again there hosts a fresh store, and the other nodes, which retry connecting until the
+// rendezvous timeout, raise "round" to theirs again, so the job goes on with its round numbers.
+// A single-node job needs none of this: its rounds are its own attempts (LocalRounds).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "args.h"  // LaunchConfig, EnvMap
+
+namespace ddp::launcher {
+
+// How often a node asks whether another node's workers failed.
+inline constexpr std::chrono::milliseconds kPollInterval{500};
+// After a failed poll (the store did not answer), the next one waits this long.
+inline constexpr std::chrono::milliseconds kPollBackoff{5000};
+// Each store call made while workers run is bounded by this.
+inline constexpr std::chrono::milliseconds kCallTime{2000};
+// How long a node waits for the others to join a round, without --rdzv-timeout (as long as the
+// workers' rendezvous, DDP_RDZV_TIMEOUT's default).
+inline constexpr double kDefaultJoinTimeout = 300.0;  // s
+// After a failure, how long node 0 keeps the store up beyond the grace period for the others.
+inline constexpr std::chrono::milliseconds kFailureLinger{5000};
+
+class Rounds {
+ public:
+  virtual ~Rounds() = default;
+
+  // Whether the workers reach the store through the agent (node 0's ddprun).
+  virtual bool agent_store() const = 0;
+
+  // The round this node's next attempt runs as, once every node has joined it; `next` is the
+  // lowest it may be (0, or a failed round + 1). nullopt when `stop` said so (ddprun received
+  // a signal) before that. Throws ddp::Error: a node did not join in time, the store could not
+  // be reached in that time, the round is past --max-restarts.
+  virtual std::optional<int> join(int next, const std::function<bool()>& stop) = 0;
+
+  // Another node's failure in `round`, when one was reported (polled while the workers run; asks
+  // the store at most every kPollInterval, so it may be called often).
+  virtual std::optional<std::string> failure_elsewhere(int round) = 0;
+
+  // Tells the other nodes that this node's workers failed in `round` (`what`: "rank 3 exited
+  // with code 1"). Returns another node's failure when that came first.
+  virtual std::optional<std::string> report_failure(int round, const std::string& what) = 0;
+
+  // This node is done with `round` (it succeeded, or failed for good). Node 0 waits, bounded,
+  // until the others are done with its store too.
+  virtual void leave(int round, bool failed) = 0;
+};
+
+// LocalRounds for a single node; store rounds (hosting the store on node 0) for several.
+// `base_env` supplies DDP_STORE_BIND; `secret` and `run_id` make the store's key.
+std::unique_ptr<Rounds> make_rounds(const LaunchConfig& config, const EnvMap& base_env,
+                                    const std::string& run_id, const std::string& secret);
+
+}  // namespace ddp::launcher
