@@ -4,6 +4,7 @@
 // link taken down mid-training fails every rank within the collective timeout, naming the rank
 // across the link, and leaves no process; a slow link slows training but does not fail it.
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -149,6 +150,77 @@ TEST_F(MultiNode, AHostWhoseProcessesAreAllKilledIsReportedByTheOther) {
               all0.find("[" + hosts.address(1) + "]") != std::string::npos)
       << r0.describe();
   EXPECT_EQ(hosts.processes(0), 0);
+}
+
+// A node failure with a scheduler that starts the node again: every process on one host is
+// SIGKILLed after a checkpoint, a new ddprun starts there, and the job (--max-restarts, --resume
+// auto) restarts on both hosts together (Note [Restart rounds] in tools/ddprun/rounds.h),
+// resumes from the checkpoint and ends with the weights of an uninterrupted run. Host 1, then
+// host 0, whose ddprun hosts the agent store: its new ddprun hosts a fresh one, which host 1's
+// ddprun finds again.
+TEST_F(MultiNode, AKilledHostStartedAgainRejoinsAndTheJobResumesFromItsCheckpoint) {
+  auto train = [&](const std::string& name) {
+    return std::vector<std::string>{kTrain, "--model", "cnn", "--epochs", "3", "--train-subset",
+                                    "1536", "--test-subset", "1000", "--batch-size", "32",
+                                    "--checkpoint-every", "5", "--resume", "auto", "--no-plots",
+                                    "--workers", "1", "--output-dir", (dir_ / name).string()};
+  };
+  const std::vector<std::string> flags = {"--max-restarts", "2", "--rdzv-timeout", "60",
+                                          "--collective-timeout", "30", "--grace-period", "5"};
+  {
+    Hosts hosts(2);
+    auto h0 = node(hosts, 0, 29500, train("whole"), flags);
+    auto h1 = node(hosts, 1, 29500, train("whole"), flags);
+    const Result& w0 = h0.wait();
+    const Result& w1 = h1.wait();
+    ASSERT_TRUE(w0.exited(0)) << w0.describe();
+    ASSERT_TRUE(w1.exited(0)) << w1.describe();
+  }
+  const auto whole = testing::load_state(dir_ / "whole" / "model_state.pt");
+
+  for (const int killed : {1, 0}) {
+    SCOPED_TRACE(fmt::format("host {} killed", killed));
+    const std::string name = fmt::format("run{}", killed);
+    const int kept = 1 - killed;
+    Hosts hosts(2);
+    std::vector<std::optional<Subprocess>> h(2);
+    h[0].emplace(node(hosts, 0, 29500, train(name), flags));
+    h[1].emplace(node(hosts, 1, 29500, train(name), flags));
+    const fs::path ckpt = dir_ / name / "checkpoints" / "epoch=0-step=10.ckpt";
+    ASSERT_TRUE(testing::wait_until([&] { return fs::exists(ckpt); }, 120))
+        << h[0]->out_so_far() << h[0]->err_so_far();
+    // The host fails whole (its ddprun and both workers); its scheduler starts ddprun again.
+    std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(killed)).c_str());
+    const double killed_at = h[kept]->elapsed_s();
+    h[killed]->wait();
+    EXPECT_TRUE(testing::wait_until([&] { return hosts.processes(killed) == 0; }, 10));
+    h[killed].emplace(node(hosts, killed, 29500, train(name), flags));
+    double restarted_at = -1;
+    testing::wait_until([&] {
+      if (h[kept]->err_so_far().find("restarting it") == std::string::npos) return false;
+      restarted_at = h[kept]->elapsed_s();
+      return true;
+    }, 90);
+    const Result& r0 = h[0]->wait();
+    const Result& r1 = h[1]->wait();
+    ASSERT_TRUE(r0.exited(0)) << r0.describe();
+    ASSERT_TRUE(r1.exited(0)) << r1.describe();
+    const Result& survivor = kept == 0 ? r0 : r1;
+    EXPECT_NE(survivor.err.find("restarting it (restart 1 of 2)"), std::string::npos)
+        << survivor.err;
+    EXPECT_NE(r0.out.find("resumed from"), std::string::npos) << r0.out;
+    std::printf("[ measured ] host %d killed: node %d restarting %.1f s later; the job finished "
+                "%.1f s after the kill\n",
+                killed, kept, restarted_at - killed_at, survivor.wall_s - killed_at);
+    auto resumed = testing::load_state(dir_ / name / "model_state.pt");
+    ASSERT_EQ(whole.size(), resumed.size());
+    for (const auto& [param, tensor] : whole) {
+      ASSERT_EQ(resumed.count(param), 1u) << param;
+      EXPECT_TRUE(torch::equal(tensor, resumed[param])) << param << " differs after the restart";
+    }
+    EXPECT_EQ(hosts.processes(0), 0);
+    EXPECT_EQ(hosts.processes(1), 0);
+  }
 }
 
 TEST_F(MultiNode, SlowLinkSlowsTrainingButDoesNotFailIt) {
