@@ -60,7 +60,8 @@ constexpr FlagDef kFlags[] = {
     {"role", "", "NAME", kRendezvous, "Worker role (ROLE_NAME). [default: default]"},
     {"max_restarts", "", "N", kSupervision,
      "On a failure, stop the whole group and start it again, at most N times; "
-     "TORCHELASTIC_RESTART_COUNT counts them. [default: 0]"},
+     "TORCHELASTIC_RESTART_COUNT counts them. With several nodes every node restarts in the "
+     "same round, and a node whose ddprun is started again rejoins. [default: 0]"},
     {"monitor_interval", "", "SECONDS", kSupervision,
      "Longest wait between checks of the workers (exits are seen at once anyway). "
      "[default: 0.1]"},
@@ -84,7 +85,8 @@ constexpr FlagDef kFlags[] = {
     {"module", "m", "", kProgram,
      "Run 'python3 -u -m PROGRAM' (PROGRAM is a Python module). [default: off]"},
     {"rdzv_timeout", "", "SECONDS", kExtensions,
-     "Rendezvous timeout given to the workers as DDP_RDZV_TIMEOUT. [default: the library's]"},
+     "Rendezvous timeout given to the workers as DDP_RDZV_TIMEOUT; with several nodes also how "
+     "long ddprun waits for the other nodes to join a round. [default: the library's, 300]"},
     {"collective_timeout", "", "SECONDS", kExtensions,
      "Collective timeout given to the workers as DDP_COLLECTIVE_TIMEOUT. "
      "[default: the library's]"},
@@ -110,7 +112,8 @@ constexpr const char* kFooter =
     "Each worker gets the torchrun environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,\n"
     "GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, "
     "MASTER_PORT,\nTORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,\n"
-    "TORCHELASTIC_USE_AGENT_STORE=False (global rank 0 hosts the store), TORCHELASTIC_ERROR_FILE;"
+    "TORCHELASTIC_USE_AGENT_STORE (False: global rank 0 hosts the store; with several nodes\n"
+    "True and DDP_AGENT_STORE=ddp: node 0's ddprun hosts it), TORCHELASTIC_ERROR_FILE;"
     "\nOMP_NUM_THREADS=1 when unset and nproc-per-node > 1; (TORCH_)NCCL_ASYNC_ERROR_HANDLING=1 "
     "when unset;\nDDP_STORE_SECRET, the secret the rendezvous store requires: the one ddprun "
     "inherited, else a\nrandom one per job when --nnodes is 1 (with several nodes, export the "
