@@ -232,8 +232,15 @@ std::string verdict(int my_rank, const Record& failed, const std::vector<PeerVie
     }
     const Record* last = last_issued(*p.records);
     if (last == nullptr || last->seq < failed.seq) {
-      behind.push_back(fmt::format("rank {} never issued {} #{}; {}", p.rank, failed.op, failed.seq,
-                                   standing(*p.records)));
+      if (p.left) {
+        behind.push_back(fmt::format(
+            "rank {} left the group without issuing {} #{}: it destroyed its process group (its "
+            "program returned or is exiting); {}",
+            p.rank, failed.op, failed.seq, standing(*p.records)));
+      } else {
+        behind.push_back(fmt::format("rank {} never issued {} #{}; {}", p.rank, failed.op,
+                                     failed.seq, standing(*p.records)));
+      }
     }
   }
   std::vector<std::string> all;

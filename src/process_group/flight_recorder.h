@@ -105,6 +105,7 @@ struct PeerView {
   Liveness liveness = Liveness::kUnknown;      // known for peers on this host only
   std::string silence;  // why records are absent: "did not answer within 3.0 s"
   bool asked = true;    // false: the store failed before it could be asked
+  bool left = false;    // its records say it destroyed its process group (HangReporter::depart)
 };
 
 // The one-line verdict about `failed` (this rank's record of the failed collective), e.g.

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
 #include "process_group/shm/group.h"  // kStoppedLimit
@@ -64,10 +65,10 @@ void HangReporter::watch() {
   }
 }
 
-void HangReporter::publish(const std::string& verdict) {
+void HangReporter::publish(const std::string& verdict, bool left) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (published_ && verdict.empty()) return;
+    if (published_ && verdict.empty() && !left) return;
     published_ = true;
   }
   nlohmann::json doc = {{"rank", o_.rank},
@@ -77,6 +78,7 @@ void HangReporter::publish(const std::string& verdict) {
                         {"step", flight::current_step()},
                         {"records", flight::to_json(ring_->snapshot())}};
   if (!verdict.empty()) doc["verdict"] = verdict;
+  if (left) doc["left"] = true;
   const std::string json = doc.dump();
   try {
     std::lock_guard<std::mutex> store_lock(store_mu_);
@@ -84,7 +86,7 @@ void HangReporter::publish(const std::string& verdict) {
   } catch (const std::exception&) {
     // The store may be what failed; the dump file still tells.
   }
-  if (o_.dump_dir.empty()) return;
+  if (o_.dump_dir.empty() || left) return;
   const std::string name = o_.group == "default"
                                ? fmt::format("flight_recorder_rank{}.json", o_.rank)
                                : fmt::format("flight_recorder_{}_rank{}.json", o_.group, o_.rank);
@@ -196,6 +198,7 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
           if (store_->check({records_key(v.rank)})) {
             const auto doc = nlohmann::json::parse(text(store_->get(records_key(v.rank))));
             v.records = flight::records_from_json(doc);
+            v.left = doc.value("left", false);
           } else {
             waiting = true;
           }
@@ -209,16 +212,27 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
       if (!waiting || Clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    std::vector<int> unasked;
     for (flight::PeerView& v : views) {
       if (v.records || !v.silence.empty()) continue;
       v.asked = store_trouble.empty();
-      v.silence = store_trouble.empty()
-                      ? fmt::format("did not answer within {} s", kAnswerDeadline.count())
-                      : fmt::format("could not be asked (the store did not answer: {})",
-                                    store_trouble.substr(0, store_trouble.find('\n')));
+      if (!v.asked) unasked.push_back(v.rank);
+      v.silence = v.asked ? fmt::format("did not answer within {} s", kAnswerDeadline.count())
+                          : "could not be asked: the store did not answer";
     }
     report.verdict = flight::verdict(o_.rank, failed, views);
     report.details = "flight recorder, per rank:\n" + flight::table(o_.rank, mine, views);
+    if (!unasked.empty()) {
+      // Said once, not once per rank: the store's silence is one fact about the job.
+      const std::string why = store_trouble.substr(0, store_trouble.find('\n'));
+      report.details += fmt::format("  (the store: {})\n", why);
+      if (report.verdict.empty()) {
+        report.verdict = fmt::format(
+            "no peer could be asked for its records (rank{} {}): the rendezvous store did not "
+            "answer, so the process hosting it has exited or the network to it is down",
+            unasked.size() > 1 ? "s" : "", fmt::join(unasked, ", "));
+      }
+    }
     if (!report.verdict.empty()) publish(report.verdict);  // the dump file carries it too
     if (!o_.dump_dir.empty()) {
       report.details += fmt::format(

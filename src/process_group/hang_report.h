@@ -12,6 +12,11 @@
 //     code or in another collective answers too, so the report says where it stands.
 //   - A rank that does not answer: a peer on this host is looked up in /proc (stopped:
 //     SIGSTOP or a debugger; gone); elsewhere it is "silent".
+//   - A rank whose group is destroyed (its program returned early) publishes its records marked
+//     "left" first, within kDepartLimit, before its transport closes: over Gloo its peers see
+//     only "Connection closed by peer", and the verdict names it ("rank 1 left the group").
+//   - When the store itself does not answer (its host exited, the network is down), no peer can
+//     be asked: the report says so once, in its verdict, not once per rank.
 // Each rank also writes its records as JSON next to its error file (TORCHELASTIC_ERROR_FILE's
 // folder: ddprun's per-rank log folder), flight_recorder_rank<R>.json; none without one.
 // While a Gloo collective waits, the waiting thread checks this host's peers once per second:
@@ -39,6 +44,9 @@ namespace ddp {
 inline constexpr std::chrono::seconds kAnswerDeadline{3};
 // Bound of each store call a reporter makes (the store may be unhealthy).
 inline constexpr std::chrono::seconds kStoreCallLimit{2};
+// A departing rank's last store call (depart()) waits at most this: at a job's normal end the
+// store's host may have gone first.
+inline constexpr std::chrono::milliseconds kDepartLimit{200};
 // How often a watcher looks for a dump request.
 inline constexpr std::chrono::seconds kWatchInterval{1};
 
@@ -66,6 +74,12 @@ class HangReporter {
   // Later failures return an empty report at once. Never throws.
   Report explain(uint64_t seq);
 
+  // This rank leaves the group (its ProcessGroup is being destroyed, before the transport
+  // closes): its records, marked "left", so that a peer still waiting in a collective learns
+  // why this rank went silent (Note [Hang reports]). Bounded by the store handle's timeout
+  // (the group sets kDepartLimit); never throws.
+  void depart() { publish("", /*left=*/true); }
+
   // A peer on this host that has been stopped for shm::kStoppedLimit, or is gone: its verdict
   // line; else empty. Cheap after the first call; never throws.
   std::string check_local_peers();
@@ -77,8 +91,9 @@ class HangReporter {
     bool known = false;
   };
   void watch();
-  void publish(const std::string& verdict);  // records to the store and the dump file
-  std::vector<Peer> peers();                 // read once from the store (bounded), then remembered
+  // Records to the store and (unless `left`) the dump file; `left`: marked as departed.
+  void publish(const std::string& verdict, bool left = false);
+  std::vector<Peer> peers();  // read once from the store (bounded), then remembered
 
   // Constant after construction.
   const Options o_;

@@ -99,7 +99,18 @@ ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
     : impl_(std::move(impl)) {}
 detail::ProcessGroupImpl& detail::impl_of(ProcessGroup& pg) { return *pg.impl_; }
 
-ProcessGroup::~ProcessGroup() = default;
+// A rank whose group goes away while its peers may still be in a collective (its program
+// returned early) says so first, before the transport's connections close: over Gloo the peers
+// otherwise see only "Connection closed by peer" (shm's control block tells them anyway).
+ProcessGroup::~ProcessGroup() {
+  if (impl_ && impl_->reporter && impl_->backend) {
+    try {
+      impl_->diag_store->setTimeout(kDepartLimit);
+    } catch (const std::exception&) {
+    }
+    impl_->reporter->depart();
+  }
+}
 
 int ProcessGroup::rank() const { return impl_->env.rank; }
 int ProcessGroup::size() const { return impl_->env.world_size; }

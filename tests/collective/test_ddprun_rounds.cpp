@@ -175,6 +175,27 @@ TEST_F(RoundsTest, ARoundPastMaxRestartsIsRefused) {
   }
 }
 
+// Note [Final failures]: a final failure on one node is final on every node.
+TEST_F(RoundsTest, AFinalFailureIsFinalEverywhere) {
+  auto n0 = node(c0_);
+  auto n1 = node(c1_);
+  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
+  ASSERT_EQ(n0->join(0, kNoStop), 0);
+  ASSERT_EQ(joined1.get(), 0);
+  EXPECT_FALSE(n0->final_failure(0));
+  EXPECT_EQ(n1->report_failure(0, "rank 2 failed (exit code 2)", /*final=*/true), std::nullopt);
+  EXPECT_TRUE(n0->final_failure(0));
+  // A node that would restart anyway (started again) is told no node restarts.
+  auto n1_again = node(c1_);
+  try {
+    n1_again->join(1, kNoStop);
+    FAIL() << "joined round 1 after a final failure";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "restart round 0 ended with a final failure")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "rank 2 failed (exit code 2)")) << e.what();
+  }
+}
+
 TEST_F(RoundsTest, ASignalEndsTheWaitForTheOthers) {
   auto n0 = node(c0_);
   const auto start = Clock::now();

@@ -9,7 +9,10 @@
 #include <torch/torch.h>
 
 #include "ddp/ddp.h"
+#include "process_group/hang_report.h"
 #include "process_group/internal.h"
+#include "store/c10d_store.h"
+#include "store/server.h"
 #include "support/ranks.h"
 
 namespace ddp {
@@ -60,6 +63,43 @@ TEST(HangReport, SkippedCollectiveNamesTheRankBehindAndWhereItStands) {
       << message;
   EXPECT_EQ(message.find("frame #"), std::string::npos) << "no C++ backtrace: " << message;
   EXPECT_LT(waited_s, 2.0 + kAnswerDeadline.count() + 3.0);
+}
+
+// The store's host gone (rank 0 exited, the network down): no peer can be asked, and the report
+// says so once, in its verdict, instead of repeating the store's error for every rank.
+TEST(HangReport, AStoreThatIsGoneIsNamedOnceNotOncePerRank) {
+  store::ServerOptions so;
+  so.bind_addresses = {"127.0.0.1"};
+  so.key = store::job_key("secret", "run");
+  auto server = std::make_unique<store::Server>(so);
+  store::ClientOptions co;
+  co.host = "127.0.0.1";
+  co.port = server->port();
+  co.key = so.key;
+  co.who = "[rank 0]";
+  co.owner = "rank 0";
+  auto client = c10::make_intrusive<store::DdpStore>(co, 1s);
+  auto ring = std::make_shared<flight::Ring>(16);
+  ring->issue(1, "all_reduce", "Float", 4, nullptr);
+  ring->finish(1, false);
+  HangReporter reporter(client, ring, {.rank = 0, .size = 3, .group = "default", .dump_dir = ""});
+  server.reset();  // the store's host is gone
+  const HangReporter::Report report = reporter.explain(1);
+  EXPECT_EQ(report.verdict.rfind("no peer could be asked for its records (ranks 1, 2): the "
+                                 "rendezvous store did not answer",
+                                 0),
+            0u)
+      << report.verdict;
+  EXPECT_NE(report.details.find("rank 1: no records (could not be asked: the store did not "
+                                "answer)\n  rank 2: no records (could not be asked: the store "
+                                "did not answer)\n  (the store: [rank 0]"),
+            std::string::npos)
+      << report.details;
+  size_t mentions = 0;
+  for (size_t at = 0; (at = report.details.find("127.0.0.1:", at)) != std::string::npos; ++at) {
+    ++mentions;
+  }
+  EXPECT_EQ(mentions, 1u) << "the store's error once:\n" << report.details;
 }
 
 TEST(HangReport, DesyncUnderDebugDetailNamesBothCalls) {

@@ -135,8 +135,11 @@ TEST_F(TrainFaultTest, EveryCheckpointCorruptIsRefusedNamingEachFile) {
   fs::resize_file(ckpts / "epoch=0-step=12.ckpt", 1000);  // and last.ckpt, its hard link
   std::vector<std::string> again = common;
   again.insert(again.end(), {"--resume", "auto", "--max-steps", "18"});
-  Result r = run_command(train("run", again));
+  // Under --max-restarts the refusal (exit code 2) is not restarted: it would repeat.
+  Result r = run_command(train("run", again, 2, {"--max-restarts", "2"}));
   EXPECT_EQ(r.exit_code, 1) << r.describe();  // ddprun: the group failed (workers: 2)
+  EXPECT_NE(r.err.find("not restarting (2 restart(s) left)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("restarting it"), std::string::npos) << r.err;
   for (const char* want : {"--resume auto: none of the 2 checkpoint(s) in",
                            "epoch=0-step=12.ckpt: ", "epoch=0-step=6.ckpt: ", "truncated",
                            "not starting over from step 0", "move or delete that folder"}) {

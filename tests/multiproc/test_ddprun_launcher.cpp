@@ -668,6 +668,19 @@ TEST_F(DdprunTest, RestartsExhausted) {
   EXPECT_TRUE(contains(r.err, "exit      : exit code 5")) << r.err;
 }
 
+// Note [Final failures]: exit code 2 (a usage or configuration error) is not restarted.
+TEST_F(DdprunTest, RestartsSkipAUsageError) {
+  Result r = run({"--nproc-per-node", "2", "--max-restarts", "3"},
+                 {"only-rank", "1", "stderr", "bad flag", "exit", "2", "end", "sleep", "30"});
+  EXPECT_TRUE(r.exited(1)) << r.describe();
+  EXPECT_LT(r.wall_s, 10.0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "not restarting (3 restart(s) left): rank 1 failed (exit code 2); "
+                              "exit code 2 means a usage or configuration error"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "ddprun: worker group failed (attempt 1 of 4)\nRoot cause")) << r.err;
+  EXPECT_FALSE(contains(r.err, "restarting it")) << r.err;
+}
+
 // Several nodes restart together (Note [Restart rounds]): a worker failing on node 1 stops node
 // 0's workers at once (they would wait 30 s), and both nodes run round 1.
 TEST_F(DdprunTest, RestartNodesTogetherAfterAFailureOnOne) {

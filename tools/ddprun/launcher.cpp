@@ -29,6 +29,14 @@
 //
 // Then run() either returns (success, or ddprun was signalled), starts the next attempt
 // (--max-restarts; TORCHELASTIC_RESTART_COUNT + 1), or prints the root-cause summary.
+//
+// Note [Final failures]
+// A worker that exits with code 2 (kUsageExitCode: a usage or configuration error, as
+// argparse, ddp-train and ddprun itself use it: a bad flag, a resume refused because every
+// checkpoint is corrupt) would fail the same way after a restart. When the attempt's first
+// failure is such an exit, ddprun does not restart, whatever --max-restarts allows, and says
+// why; with several nodes the failure is reported final to every node (Note [Restart rounds]),
+// so none of them restarts either. Any other exit code or signal is restarted.
 // No process outlives run(): WorkerGroup's destructor SIGKILLs and reaps whatever is left if an
 // exception cuts the loop short.
 #include "launcher.h"
@@ -167,6 +175,8 @@ class WorkerGroup {
   bool has_root_cause() const { return root_cause_.has_value(); }
   // The round's first failure, when it was another node's (Note [Restart rounds]).
   const std::string& failure_elsewhere() const { return failure_elsewhere_; }
+  // The first failure was this node's and final (Note [Final failures]): its description.
+  const std::string& final_failure() const { return final_failure_; }
   std::string one_line_failure() const;
   std::string summary(int attempt, int attempts) const;
 
@@ -206,6 +216,7 @@ class WorkerGroup {
   int interrupt_signal_ = 0;         // first forwarded signal received
   bool warned_stuck_ = false;
   std::string failure_elsewhere_;  // another node failed first: its line from the agent store
+  std::string final_failure_;      // see final_failure()
 
   // Set at the end of run().
   std::vector<WorkerEnd> ends_;          // one per worker, in local rank order
@@ -337,10 +348,13 @@ void WorkerGroup::advance() {
     w.out.pump();  // its last words first, then ours
     w.err.pump();
     // The other nodes learn it now, not from a collective timeout (Note [Restart rounds]).
-    if (auto first = rounds_.report_failure(group_.restart_count,
-                                            fmt::format("rank {} failed ({})", w.rank,
-                                                        describe_wait_status(w.wait_status)))) {
+    const std::string what =
+        fmt::format("rank {} failed ({})", w.rank, describe_wait_status(w.wait_status));
+    const bool final = WIFEXITED(w.wait_status) && WEXITSTATUS(w.wait_status) == kUsageExitCode;
+    if (auto first = rounds_.report_failure(group_.restart_count, what, final)) {
       failure_elsewhere_ = *first;
+    } else if (final) {
+      final_failure_ = what;
     }
     auto running = std::ranges::count_if(workers_, [](const auto& o) { return o->running; });
     note(
@@ -573,7 +587,15 @@ RunResult run(const LaunchConfig& config) {
       rounds->leave(*round, false);
       return RunResult{0, 0};
     }
-    if (outcome == Outcome::kFailed && *round + 1 < attempts) {
+    if (outcome == Outcome::kFailed && *round + 1 < attempts &&
+        (!group.final_failure().empty() || rounds->final_failure(*round))) {
+      note(fmt::format(
+          "not restarting ({} restart(s) left): {}; exit code {} means a usage or configuration "
+          "error, which a restart would repeat",
+          attempts - 1 - *round,
+          group.final_failure().empty() ? group.one_line_failure() : group.final_failure(),
+          kUsageExitCode));
+    } else if (outcome == Outcome::kFailed && *round + 1 < attempts) {
       note(fmt::format(
           "worker group failed (attempt {} of {}): {}; restarting it (restart {} of {})",
           *round + 1, attempts, group.one_line_failure(), *round + 1, config.max_restarts));

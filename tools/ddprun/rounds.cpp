@@ -49,9 +49,10 @@ class LocalRounds final : public Rounds {
   bool agent_store() const override { return false; }
   std::optional<int> join(int next, const std::function<bool()>&) override { return next; }
   std::optional<std::string> failure_elsewhere(int) override { return std::nullopt; }
-  std::optional<std::string> report_failure(int, const std::string&) override {
+  std::optional<std::string> report_failure(int, const std::string&, bool) override {
     return std::nullopt;
   }
+  bool final_failure(int) override { return false; }
   void leave(int, bool) override {}
 };
 
@@ -63,7 +64,9 @@ class StoreRounds final : public Rounds {
   bool agent_store() const override { return true; }
   std::optional<int> join(int next, const std::function<bool()>& stop) override;
   std::optional<std::string> failure_elsewhere(int round) override;
-  std::optional<std::string> report_failure(int round, const std::string& what) override;
+  std::optional<std::string> report_failure(int round, const std::string& what,
+                                            bool final) override;
+  bool final_failure(int round) override;
   void leave(int round, bool failed) override;
 
  private:
@@ -213,6 +216,12 @@ std::optional<int> StoreRounds::join(int next, const std::function<bool()>& stop
         client_->add(key(round, "joined"), 1, deadline);
         counted_in = round;
       }
+      if (round > 0 && client_->check({key(round - 1, "final")}, deadline)) {
+        throw Error(
+            fmt::format("{}: restart round {} ended with a final failure ({}): no node restarts",
+                        where(), round - 1,
+                        client_->get(key(round - 1, "final"), milliseconds(0), deadline)));
+      }
       if (client_->add(key(round, "joined"), 0, deadline) >= c_.nnodes) return round;
       // A round that failed before it began (a node came back) gives way to the next one; a
       // newer round, opened meanwhile, is found by raise_round.
@@ -257,9 +266,14 @@ std::optional<std::string> StoreRounds::failure_elsewhere(int round) {
   }
 }
 
-std::optional<std::string> StoreRounds::report_failure(int round, const std::string& what) {
+std::optional<std::string> StoreRounds::report_failure(int round, const std::string& what,
+                                                       bool final) {
   const std::string line = fmt::format("{}: {}", where(), what);
   try {
+    // "final" first: whoever sees the failure sees whether it is final.
+    if (final && !failed(round, Clock::now() + kCallTime)) {
+      client_->compare_set(key(round, "final"), "", line, Clock::now() + kCallTime);
+    }
     std::string first =
         client_->compare_set(key(round, "failed"), "", line, Clock::now() + kCallTime);
     if (first != line) return first;
@@ -267,6 +281,14 @@ std::optional<std::string> StoreRounds::report_failure(int round, const std::str
     note(fmt::format("could not tell the other nodes that this node failed: {}", e.what()));
   }
   return std::nullopt;
+}
+
+bool StoreRounds::final_failure(int round) {
+  try {
+    return client_->check({key(round, "final")}, Clock::now() + kCallTime);
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 void StoreRounds::leave(int round, bool failed_round) {

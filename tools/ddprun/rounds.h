@@ -12,8 +12,9 @@
 //   <R>/node/<K>   add(1) by node K's ddprun joining round R: 1 for the first, more when a
 //                  ddprun of node K joins again (its scheduler started it again)
 //   <R>/joined     how many nodes joined round R
-//   <R>/failed     round R's first failure, one line ("node 1 (host h): rank 3 exited with
-//                  code 1"); the first writer wins
+//   <R>/failed     round R's first failure, one line ("node 1 (host h): rank 3 failed (exit
+//                  code 1)"); the first writer wins
+//   <R>/final      set (before <R>/failed) when that failure is final: no node restarts
 //   <R>/ended      how many nodes are done with round R
 // Joining: a node raises "round" to the round it may run next (0 at first, R + 1 after round R
 // failed), counts itself in and waits until every node has, bounded by the rendezvous timeout
@@ -76,9 +77,14 @@ class Rounds {
   // the store at most every kPollInterval, so it may be called often).
   virtual std::optional<std::string> failure_elsewhere(int round) = 0;
 
-  // Tells the other nodes that this node's workers failed in `round` (`what`: "rank 3 exited
-  // with code 1"). Returns another node's failure when that came first.
-  virtual std::optional<std::string> report_failure(int round, const std::string& what) = 0;
+  // Tells the other nodes that this node's workers failed in `round` (`what`: "rank 3 failed
+  // (exit code 1)"); `final`: restarting cannot help (Note [Final failures] in launcher.cpp).
+  // Returns another node's failure when that came first.
+  virtual std::optional<std::string> report_failure(int round, const std::string& what,
+                                                    bool final = false) = 0;
+
+  // Whether `round`'s first failure was reported final, on any node.
+  virtual bool final_failure(int round) = 0;
 
   // This node is done with `round` (it succeeded, or failed for good). Node 0 waits, bounded,
   // until the others are done with its store too.
