@@ -3,6 +3,7 @@
 // reaches the others, a node whose ddprun starts again ends the round it had joined and everyone
 // meets in the next, a missing node is named within the timeout, restarts are bounded, and node
 // 0 keeps its store up until the others are done.
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <optional>
@@ -105,12 +106,64 @@ TEST_F(RoundsTest, ANodeWhoseDdprunStartsAgainEndsItsRoundAndAllMeetInTheNext) {
   }  // node 1's ddprun is gone (killed with its workers), and started again: it remembers nothing
   auto n1_again = node(c1_);
   auto rejoined = std::async(std::launch::async, [&] { return n1_again->join(0, kNoStop); });
-  auto seen = failure_within(*n0, 0, 3.0);
+  auto seen = failure_within(*n0, 0, 3.0 + std::chrono::duration<double>(kAliveWindow).count());
   ASSERT_TRUE(seen.has_value()) << "node 0 was not told that round 0 is over";
   EXPECT_TRUE(contains(*seen, "node 1 (")) << *seen;
   EXPECT_TRUE(contains(*seen, "its ddprun started again")) << *seen;
   EXPECT_EQ(n0->join(1, kNoStop), 1);
   EXPECT_EQ(rejoined.get(), 1);
+}
+
+// A second ddprun given a node rank that is running is refused, not taken for a restart.
+TEST_F(RoundsTest, ASecondDdprunWithTheSameNodeRankIsRefused) {
+  auto n0 = node(c0_);
+  auto n1 = node(c1_);
+  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
+  ASSERT_EQ(n0->join(0, kNoStop), 0);
+  ASSERT_EQ(joined1.get(), 0);
+  std::atomic<bool> running{true};
+  std::thread supervising([&] {  // node 1's ddprun watching its workers
+    while (running) {
+      n1->failure_elsewhere(0);
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  auto duplicate = node(c1_);
+  try {
+    duplicate->join(0, kNoStop);
+    ADD_FAILURE() << "a second node 1 joined";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "two ddprun were given --node-rank 1")) << e.what();
+  }
+  running = false;
+  supervising.join();
+  EXPECT_EQ(n0->failure_elsewhere(0), std::nullopt) << "the running round was not ended";
+}
+
+TEST_F(RoundsTest, NodesOfAnotherShapeAreRefused) {
+  LaunchConfig c = c0_;
+  c.rdzv_timeout = Seconds(2);
+  auto n0 = node(c);
+  auto waiting = std::async(std::launch::async, [&] {
+    try {
+      n0->join(0, kNoStop);
+    } catch (const RendezvousError&) {  // node 1 never joins
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  LaunchConfig three = c1_;
+  three.nnodes = 3;
+  auto n1 = node(three);
+  try {
+    n1->join(0, kNoStop);
+    FAIL() << "joined with another --nnodes";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(),
+                         "was started with --nnodes 3, --nproc-per-node 1, but this "
+                         "job's first node with --nnodes 2, --nproc-per-node 1"))
+        << e.what();
+  }
+  waiting.get();
 }
 
 TEST_F(RoundsTest, AMissingNodeIsNamedWithinTheTimeout) {

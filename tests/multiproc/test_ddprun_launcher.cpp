@@ -666,6 +666,10 @@ TEST_F(DdprunTest, RestartsExhausted) {
   EXPECT_TRUE(contains(r.err, "(attempt 2 of 3)")) << r.err;
   EXPECT_TRUE(contains(r.err, "ddprun: worker group failed (attempt 3 of 3)\nRoot cause")) << r.err;
   EXPECT_TRUE(contains(r.err, "exit      : exit code 5")) << r.err;
+  // The last summary lists every attempt's root cause.
+  EXPECT_TRUE(contains(r.err, "Earlier attempts:\n  attempt 1: rank 0 (local_rank 0) exit code 5\n"
+                              "  attempt 2: rank 0 (local_rank 0) exit code 5\n"))
+      << r.err;
 }
 
 // Note [Final failures]: exit code 2 (a usage or configuration error) is not restarted.
@@ -742,6 +746,28 @@ TEST_F(DdprunTest, AKilledNodeStartedAgainRejoinsTheJob) {
   EXPECT_TRUE(contains(r1.err, "previous ddprun took part in restart round 0")) << r1.err;
   EXPECT_TRUE(contains(r0.out, "[rank 0]: TORCHELASTIC_RESTART_COUNT=1\n")) << r0.out;
   EXPECT_TRUE(contains(r1.out, "[rank 1]: TORCHELASTIC_RESTART_COUNT=1\n")) << r1.out;
+}
+
+// Two ddprun given the same --node-rank: the second is refused (the first keeps answering in the
+// agent store), and the job of the first goes on.
+TEST_F(DdprunTest, ASecondDdprunWithTheSameNodeRankIsRefused) {
+  const std::string port = std::to_string(ddp::net::pick_free_port());
+  const std::string d = dir_.string();
+  auto node = [&](int k) {
+    return command({"--nnodes", "2", "--node-rank", std::to_string(k), "--nproc-per-node", "1",
+                    "--master-port", port},
+                   {"touch-pidfile", d, "wait-file", path("go")}, 60);
+  };
+  Subprocess node0 = Subprocess::start(node(0));
+  Subprocess node1 = Subprocess::start(node(1));
+  ASSERT_TRUE(files_appear({"0.pid", "1.pid"})) << node0.err_so_far() << node1.err_so_far();
+  Result dup = ddp::testing::run_command(node(1));
+  EXPECT_TRUE(dup.exited(1)) << dup.describe();
+  EXPECT_LT(dup.wall_s, 10.0) << dup.describe();
+  EXPECT_TRUE(contains(dup.err, "two ddprun were given --node-rank 1")) << dup.err;
+  std::ofstream(dir_ / "go").put('\n');
+  EXPECT_TRUE(node0.wait().exited(0)) << node0.wait().describe();
+  EXPECT_TRUE(node1.wait().exited(0)) << node1.wait().describe();
 }
 
 // PROGRAM.py runs as "python3 -u PROGRAM.py args" (torchrun's default).

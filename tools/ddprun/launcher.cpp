@@ -178,7 +178,7 @@ class WorkerGroup {
   // The first failure was this node's and final (Note [Final failures]): its description.
   const std::string& final_failure() const { return final_failure_; }
   std::string one_line_failure() const;
-  std::string summary(int attempt, int attempts) const;
+  std::string summary(int attempt, int attempts, const std::vector<std::string>& earlier) const;
 
  private:
   void start_all();
@@ -380,9 +380,9 @@ void WorkerGroup::advance() {
 // Another node's workers failed in this round: this node's stop too, and the round restarts
 // everywhere (Note [Restart rounds]).
 void WorkerGroup::watch_other_nodes() {
-  if (stopping_) return;
+  // Polled while stopping too: the poll is also this node's sign of life (Note [Restart rounds]).
   std::optional<std::string> elsewhere = rounds_.failure_elsewhere(group_.restart_count);
-  if (!elsewhere) return;
+  if (stopping_ || !elsewhere) return;
   failure_elsewhere_ = *elsewhere;
   auto running = std::ranges::count_if(workers_, [](const auto& o) { return o->running; });
   note(
@@ -499,8 +499,9 @@ std::string WorkerGroup::one_line_failure() const {
                      describe_wait_status(w.wait_status));
 }
 
-std::string WorkerGroup::summary(int attempt, int attempts) const {
-  SummaryContext context{attempt, attempts, s_.host, kill_reason_};
+std::string WorkerGroup::summary(int attempt, int attempts,
+                                 const std::vector<std::string>& earlier) const {
+  SummaryContext context{attempt, attempts, s_.host, kill_reason_, earlier};
   std::string out = format_failure_summary(context, ends_, root_cause_);
   if (!failure_elsewhere_.empty()) {
     out += fmt::format("The job's first failure was on another node: {}\n", failure_elsewhere_);
@@ -572,6 +573,7 @@ RunResult run(const LaunchConfig& config) {
     return stop_signal != 0;
   };
   const int attempts = config.max_restarts + 1;
+  std::vector<std::string> earlier;  // each failed attempt's root cause, for the last summary
   int next = 0;
   while (true) {
     const std::optional<int> round = rounds->join(next, signalled);
@@ -599,10 +601,11 @@ RunResult run(const LaunchConfig& config) {
       note(fmt::format(
           "worker group failed (attempt {} of {}): {}; restarting it (restart {} of {})",
           *round + 1, attempts, group.one_line_failure(), *round + 1, config.max_restarts));
+      earlier.push_back(fmt::format("attempt {}: {}", *round + 1, group.one_line_failure()));
       next = *round + 1;
       continue;
     }
-    const std::string summary = group.summary(*round + 1, attempts);
+    const std::string summary = group.summary(*round + 1, attempts, earlier);
     if (outcome == Outcome::kInterrupted) {
       const int sig = group.interrupt_signal();
       if (group.has_root_cause()) write_all(STDERR_FILENO, summary);

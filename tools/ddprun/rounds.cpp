@@ -78,6 +78,10 @@ class StoreRounds final : public Rounds {
   int current_round(Clock::time_point deadline);
   bool failed(int round, Clock::time_point deadline);
   [[noreturn]] void missing_nodes(int round, Clock::time_point deadline);
+  // "alive/<K>" counts this ddprun's polls: a ddprun that is running keeps it moving.
+  void beat(Clock::time_point deadline);
+  // Throws when another ddprun of this node rank is alive (its count moves in kAliveWindow).
+  void refuse_if_alive(Clock::time_point deadline);
   std::string where() const { return fmt::format("node {} ({})", c_.node_rank, host_); }
 
   const LaunchConfig& c_;
@@ -181,6 +185,9 @@ void StoreRounds::missing_nodes(int round, Clock::time_point deadline) {
 // counts itself into a round once (`counted_in`).
 std::optional<int> StoreRounds::join(int next, const std::function<bool()>& stop) {
   const auto end = Clock::now() + join_timeout_;
+  const std::string shape =
+      fmt::format("--nnodes {}, --nproc-per-node {}", c_.nnodes, c_.nproc_per_node);
+  bool shape_checked = false;
   int counted_in = -1;
   int round = next;
   std::string last_error;
@@ -189,6 +196,17 @@ std::optional<int> StoreRounds::join(int next, const std::function<bool()>& stop
     const auto deadline = Clock::now() + kCallTime;
     try {
       last_error.clear();
+      beat(deadline);
+      if (!shape_checked) {
+        const std::string job = client_->compare_set(prefix_ + "shape", "", shape, deadline);
+        if (job != shape) {
+          throw Error(fmt::format(
+              "{} was started with {}, but this job's first node with {}: give every node the "
+              "same --nnodes and --nproc-per-node",
+              where(), shape, job));
+        }
+        shape_checked = true;
+      }
       round = raise_round(next, deadline);
       if (round != counted_in) {
         if (round > c_.max_restarts) {
@@ -200,12 +218,14 @@ std::optional<int> StoreRounds::join(int next, const std::function<bool()>& stop
         const int64_t mine =
             client_->add(key(round, fmt::format("node/{}", c_.node_rank)), 1, deadline);
         if (mine > 1) {
-          // This node's earlier ddprun took part in this round: its workers are gone.
+          // This node's earlier ddprun took part in this round: its workers are gone, unless
+          // that ddprun is still alive (two were given this --node-rank).
+          refuse_if_alive(deadline);
           client_->compare_set(
               key(round, "failed"), "",
               fmt::format("{}: its ddprun started again, so its workers of round {} are gone",
                           where(), round),
-              deadline);
+              Clock::now() + kCallTime);  // the watch took longer than `deadline` leaves
           note(
               fmt::format("this node's previous ddprun took part in restart round {}; ending "
                           "that round so that every node restarts together",
@@ -246,11 +266,29 @@ std::optional<int> StoreRounds::join(int next, const std::function<bool()>& stop
   }
 }
 
+void StoreRounds::beat(Clock::time_point deadline) {
+  client_->add(prefix_ + fmt::format("alive/{}", c_.node_rank), 1, deadline);
+}
+
+void StoreRounds::refuse_if_alive(Clock::time_point deadline) {
+  const std::string alive = prefix_ + fmt::format("alive/{}", c_.node_rank);
+  const int64_t before = client_->add(alive, 0, deadline);
+  std::this_thread::sleep_for(kAliveWindow);
+  const int64_t after = client_->add(alive, 0, Clock::now() + kCallTime);
+  if (after != before) {
+    throw Error(fmt::format(
+        "{}: another ddprun of node {} is running (it keeps answering in the agent store): two "
+        "ddprun were given --node-rank {}. Give each node its own --node-rank, 0 to {}.",
+        where(), c_.node_rank, c_.node_rank, c_.nnodes - 1));
+  }
+}
+
 std::optional<std::string> StoreRounds::failure_elsewhere(int round) {
   const auto now = Clock::now();
   if (now < next_poll_) return std::nullopt;
   next_poll_ = now + kPollInterval;
   try {
+    beat(now + kCallTime);
     if (!failed(round, now + kCallTime)) return std::nullopt;
     return client_->get(key(round, "failed"), milliseconds(0), now + kCallTime);
   } catch (const Error& e) {

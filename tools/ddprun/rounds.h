@@ -16,6 +16,10 @@
 //                  code 1)"); the first writer wins
 //   <R>/final      set (before <R>/failed) when that failure is final: no node restarts
 //   <R>/ended      how many nodes are done with round R
+//   shape          "--nnodes N, --nproc-per-node P" of the first node to join: every node must
+//                  agree
+//   alive/<K>      counts node K's ddprun's polls (each join step, each kPollInterval while its
+//                  workers run, stopping included)
 // Joining: a node raises "round" to the round it may run next (0 at first, R + 1 after round R
 // failed), counts itself in and waits until every node has, bounded by the rendezvous timeout
 // (the missing nodes are named); if round R fails or a newer round opens meanwhile, it joins that
@@ -25,7 +29,9 @@
 // every node polls that key (kPollInterval): another node's failure stops this node's workers at
 // once (SIGTERM, grace period, SIGKILL) instead of leaving them to a collective timeout.
 // Rejoining: a ddprun killed with its node and started again joins with nothing to remember: it
-// finds "<R>/node/<K>" already counted, so its node's workers of round R are gone. It fails round
+// finds "<R>/node/<K>" already counted, so its node's workers of round R are gone (unless
+// "alive/<K>" still moves within kAliveWindow: then two ddprun were given node rank K, and the
+// newcomer stops with that error). It fails round
 // R ("node K's ddprun started again") and joins R + 1, where the others, stopped by that
 // failure, meet it.
 // Ending: node 0's store must outlive the others' use of it. When its part of a round is over it
@@ -50,6 +56,9 @@ namespace ddp::launcher {
 
 // How often a node asks whether another node's workers failed.
 inline constexpr std::chrono::milliseconds kPollInterval{500};
+// A ddprun that finds its node already counted in a round watches that node's "alive" count
+// this long: if it moves, the other ddprun is running (a duplicate --node-rank).
+inline constexpr std::chrono::milliseconds kAliveWindow{2500};
 // After a failed poll (the store did not answer), the next one waits this long.
 inline constexpr std::chrono::milliseconds kPollBackoff{5000};
 // Each store call made while workers run is bounded by this.

@@ -355,10 +355,15 @@ std::string format_failure_summary(const SummaryContext& context,
                                    std::optional<RootCause> root_cause) {
   std::string out = fmt::format("ddprun: worker group failed (attempt {} of {})\n", context.attempt,
                                 context.attempts);
-  if (!root_cause) return out;
-  out += format_root_cause(context, workers, *root_cause);
-  out += format_others(context, workers, root_cause->index);
-  out += format_early_exits(workers);
+  if (root_cause) {
+    out += format_root_cause(context, workers, *root_cause);
+    out += format_others(context, workers, root_cause->index);
+    out += format_early_exits(workers);
+  }
+  if (!context.earlier_attempts.empty()) {
+    out += "Earlier attempts:\n";
+    for (const std::string& line : context.earlier_attempts) out += "  " + line + "\n";
+  }
   return out;
 }
 

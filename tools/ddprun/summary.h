@@ -116,12 +116,17 @@ std::string describe_fate(const WorkerEnd& worker, const std::string& kill_reaso
 //   Other workers: rank 0 also failed (exit code 1); ranks 2-3 stopped by ddprun (SIGTERM)
 //     error file of rank 0: RuntimeError: Connection closed by peer
 //   Left early: rank 4 exited with code 0 before any worker failed, ... (when one did)
-// Without a root cause, only the first line.
+//   Earlier attempts:                                        (after restarts)
+//     attempt 1: rank 1 (local_rank 1) killed by SIGKILL
+// Without a root cause, only the first line and the earlier attempts.
 struct SummaryContext {
   int attempt = 1;          // 1-based
   int attempts = 1;         // --max-restarts + 1
   std::string host;         // this node's name
   std::string kill_reason;  // "after the 10s grace period", when SIGKILL was sent
+  // One line per earlier failed attempt that this ddprun ran, oldest first: "attempt 1: rank 1
+  // (local_rank 1) exit code 1"; listed under "Earlier attempts:".
+  std::vector<std::string> earlier_attempts;
 };
 std::string format_failure_summary(const SummaryContext& context,
                                    const std::vector<WorkerEnd>& workers,
