@@ -50,8 +50,8 @@ void Client::refuse(const std::string& message) {
 
 std::string Client::silent_host_hint() const {
   return fmt::format(
-      "the process hosting it ({}) is stopped (SIGSTOP, a debugger), frozen or overloaded, or "
-      "{} belongs to another program than this job's store",
+      "the process hosting it ({}) is stopped (SIGSTOP, a debugger), frozen or overloaded, the "
+      "network to its host is down, or {} belongs to another program than this job's store",
       o_.owner, endpoint());
 }
 
@@ -255,8 +255,8 @@ Client::Answer Client::call(const std::string& request, const std::string& what,
       connect_locked(deadline, started);
     } catch (const UnreachableError& e) {
       throw UnreachableError(
-          fmt::format("{} for {}; {}, which hosts it, has probably exited: look for its own "
-                      "error",
+          fmt::format("{} for {}; {}, which hosts it, has probably exited (or the network to "
+                      "its host is down): look for its own error",
                       e.what(), what, o_.owner),
           e.cause);
     }
