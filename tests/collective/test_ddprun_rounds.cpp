@@ -249,6 +249,27 @@ TEST_F(RoundsTest, AFinalFailureIsFinalEverywhere) {
   }
 }
 
+// A node whose workers all succeeded has left: a node that failed in the same round does not
+// wait for it in the next one.
+TEST_F(RoundsTest, NoRestartWithoutANodeThatFinished) {
+  auto n0 = node(c0_);
+  auto n1 = node(c1_);
+  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
+  ASSERT_EQ(n0->join(0, kNoStop), 0);
+  ASSERT_EQ(joined1.get(), 0);
+  n1->leave(0, /*failed=*/false);
+  EXPECT_EQ(n0->report_failure(0, "rank 0 failed (exit code 1)"), std::nullopt);
+  const auto start = Clock::now();
+  try {
+    n0->join(1, kNoStop);
+    FAIL() << "waited for a node that finished";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "node 1 (")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "finished restart round 0 (its workers exited 0)")) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 1.0);
+}
+
 TEST_F(RoundsTest, ASignalEndsTheWaitForTheOthers) {
   auto n0 = node(c0_);
   const auto start = Clock::now();

@@ -576,7 +576,17 @@ RunResult run(const LaunchConfig& config) {
   std::vector<std::string> earlier;  // each failed attempt's root cause, for the last summary
   int next = 0;
   while (true) {
-    const std::optional<int> round = rounds->join(next, signalled);
+    std::optional<int> round;
+    try {
+      round = rounds->join(next, signalled);
+    } catch (const Error&) {  // no next round (main() prints why): what the attempts ended with
+      if (!earlier.empty()) {
+        std::string lines = "ddprun: the job's attempts so far:\n";
+        for (const std::string& line : earlier) lines += "  " + line + "\n";
+        write_all(STDERR_FILENO, lines);
+      }
+      throw;
+    }
     if (!round) {
       note(
           fmt::format("stopped by {} while waiting for the other nodes", signal_name(stop_signal)));

@@ -236,6 +236,14 @@ std::optional<int> StoreRounds::join(int next, const std::function<bool()>& stop
         client_->add(key(round, "joined"), 1, deadline);
         counted_in = round;
       }
+      if (round > 0 && client_->check({key(round - 1, "finished")}, deadline)) {
+        // A node whose workers all exited 0 has left: the job cannot run again without it.
+        throw Error(fmt::format(
+            "{}: {} finished restart round {} (its workers exited 0) while another node failed, "
+            "so the job cannot restart without it: not restarting",
+            where(), client_->get(key(round - 1, "finished"), milliseconds(0), deadline),
+            round - 1));
+      }
       if (round > 0 && client_->check({key(round - 1, "final")}, deadline)) {
         throw Error(
             fmt::format("{}: restart round {} ended with a final failure ({}): no node restarts",
@@ -331,6 +339,9 @@ bool StoreRounds::final_failure(int round) {
 
 void StoreRounds::leave(int round, bool failed_round) {
   try {
+    if (!failed_round) {
+      client_->compare_set(key(round, "finished"), "", where(), Clock::now() + kCallTime);
+    }
     client_->add(key(round, "ended"), 1, Clock::now() + kCallTime);
     if (!server_) return;
     // Node 0: the others may still need the store (Note [Restart rounds]).

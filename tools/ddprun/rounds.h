@@ -16,6 +16,8 @@
 //                  code 1)"); the first writer wins
 //   <R>/final      set (before <R>/failed) when that failure is final: no node restarts
 //   <R>/ended      how many nodes are done with round R
+//   <R>/finished   the first node whose workers all exited 0 in round R: a node that failed in
+//                  R does not restart then (the finished node is gone), it says why
 //   shape          "--nnodes N, --nproc-per-node P" of the first node to join: every node must
 //                  agree
 //   alive/<K>      counts node K's ddprun's polls (each join step, each kPollInterval while its
