@@ -785,6 +785,52 @@ TEST_F(DdprunTest, PythonScript) {
   EXPECT_TRUE(contains(r.out, "[rank 1]: rank 1 args ['--lr', '3']\n")) << r.out;
 }
 
+// With several nodes a Python program's ranks cannot use the agent store (a TCPStore client does
+// not speak ddp-cpp's protocol): they get the next port for PyTorch's env:// store, rank 0's.
+TEST_F(DdprunTest, PythonWorkersOfSeveralNodesGetTheirOwnStorePort) {
+  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3 on this machine";
+  const std::string script = path("env.py");
+  {
+    std::ofstream(script) << "import os\n"
+                             "print(os.environ['MASTER_PORT'], os.environ['TORCHELASTIC_USE_AGENT_STORE'])\n";
+  }
+  const int port = ddp::net::pick_free_port();
+  auto node = [&](int k) {
+    Command cmd = command({}, {});
+    cmd.argv = {ddprun_, "--nnodes", "2", "--node-rank", std::to_string(k), "--master-port",
+                std::to_string(port), script};
+    return cmd;
+  };
+  Subprocess node0 = Subprocess::start(node(0));
+  Result r1 = ddp::testing::run_command(node(1));
+  ASSERT_TRUE(r1.exited(0)) << r1.describe();
+  ASSERT_TRUE(node0.wait().exited(0)) << node0.wait().describe();
+  EXPECT_TRUE(contains(r1.out, "[rank 1]: " + std::to_string(port + 1) + " False\n")) << r1.out;
+  EXPECT_TRUE(contains(node0.wait().out, "[rank 0]: " + std::to_string(port + 1) + " False\n"))
+      << node0.wait().out;
+
+  // PyTorch's own DDP setup works there (python3-torch, when installed: a cross-check only).
+  if (std::system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") != 0) return;
+  {
+    std::ofstream(script) << "import torch, torch.distributed as dist\n"
+                             "dist.init_process_group('gloo')\n"
+                             "t = torch.ones(1) * (dist.get_rank() + 1)\n"
+                             "dist.all_reduce(t)\n"
+                             "print('sum', int(t.item()))\n"
+                             "dist.destroy_process_group()\n";
+  }
+  auto torch_node = [&](int k) {
+    Command cmd = node(k);
+    cmd.env["PATH"] = "/usr/bin:/bin";  // Debian's python3, which has python3-torch
+    return cmd;
+  };
+  Subprocess torch0 = Subprocess::start(torch_node(0));
+  Result t1 = ddp::testing::run_command(torch_node(1));
+  ASSERT_TRUE(t1.exited(0)) << t1.describe();
+  ASSERT_TRUE(torch0.wait().exited(0)) << torch0.wait().describe();
+  EXPECT_TRUE(contains(t1.out, "[rank 1]: sum 3\n")) << t1.out;
+}
+
 // --- usage errors
 
 TEST_F(DdprunTest, NonexistentProgram) {
