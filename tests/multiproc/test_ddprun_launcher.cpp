@@ -822,6 +822,9 @@ TEST_F(DdprunTest, PythonWorkersOfSeveralNodesGetTheirOwnStorePort) {
   auto torch_node = [&](int k) {
     Command cmd = node(k);
     cmd.env["PATH"] = "/usr/bin:/bin";  // Debian's python3, which has python3-torch
+    // Debian trixie's PyTorch 2.6 is built without libuv, and env:// asks for a libuv TCPStore
+    // unless USE_LIBUV=0 (1.13 ignores it).
+    cmd.env["USE_LIBUV"] = "0";
     return cmd;
   };
   Subprocess torch0 = Subprocess::start(torch_node(0));
