@@ -1,10 +1,12 @@
 // make_process_group: from options and the launch environment to a connected group.
 #include <arpa/inet.h>   // inet_pton, inet_ntop
 #include <netdb.h>       // getaddrinfo
+#include <signal.h>      // sigaction, SIGPIPE: Note [SIGPIPE]
 #include <sys/socket.h>  // socket, connect, getsockname
 #include <unistd.h>      // close
 
 #include <cstdio>   // stderr
+#include <mutex>    // std::call_once
 #include <numeric>  // std::iota
 #include <string_view>
 #include <thread>
@@ -240,6 +242,24 @@ std::string form_hierarchy(detail::ProcessGroupImpl& impl, const Locality& where
   return why_not;
 }
 
+// Note [SIGPIPE]
+// Gloo writes to its peers' sockets without MSG_NOSIGNAL in places, so when a peer closes its
+// end (it exited, or left the group early) a C++ program dies of SIGPIPE, silently, where the
+// same program in Python (which ignores SIGPIPE) gets an error naming the peer. A process that
+// forms a group of two or more therefore ignores SIGPIPE, as Python does, unless the program
+// installed a handler of its own (only the default action is replaced): a write to a closed
+// socket or pipe then fails with EPIPE and surfaces as a collective error.
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+        (current.sa_flags & SA_SIGINFO) == 0) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+  });
+}
+
 }  // namespace
 
 std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
@@ -253,6 +273,8 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
       env.rdzv_timeout.value_or(milliseconds(kDefaultRendezvousTimeout)));
   DDP_CHECK(impl->timeout.count() > 0 && rdzv_timeout.count() > 0, ConfigError,
             "InitOptions: timeouts must be positive");
+
+  if (env.world_size > 1) ignore_sigpipe_once();  // Note [SIGPIPE]
 
   rendezvous::Config rc(env);
   rc.single_host = env.local_world_size == env.world_size;

@@ -1,5 +1,7 @@
 // Every collective, at world sizes 1, 2, 3 and 4, with ranks as threads over Gloo; timeouts and
 // failures name the rank, the operation and its sequence number.
+#include <signal.h>
+
 #include <latch>
 
 #include <fmt/format.h>
@@ -184,6 +186,15 @@ TEST(CollectiveErrors, PeerGoneFailsFastNotAtTheTimeout) {
   EXPECT_FALSE(errors[0]) << testing::message_of(errors[0]);
   EXPECT_LT(waited_s, 10.0);
   EXPECT_NE(message.find("[rank 0] all_reduce #1"), std::string::npos) << message;
+}
+
+// Note [SIGPIPE]: a process in a group ignores SIGPIPE (it had the default action), so a peer's
+// closed socket is an error with a message, not a silent death by signal.
+TEST(CollectiveErrors, AGroupIgnoresSigpipeSoAClosedPeerIsAnError) {
+  run_ranks(2, [](ProcessGroup&) {});
+  struct sigaction now {};
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
 }
 
 TEST(CollectiveErrors, BadArgumentsAreNamedBeforeAnythingIsSent) {
