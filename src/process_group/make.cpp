@@ -6,7 +6,6 @@
 #include <unistd.h>      // close
 
 #include <cstdio>   // stderr
-#include <mutex>    // std::call_once
 #include <numeric>  // std::iota
 #include <string_view>
 #include <thread>
@@ -249,15 +248,14 @@ std::string form_hierarchy(detail::ProcessGroupImpl& impl, const Locality& where
 // forms a group of two or more therefore ignores SIGPIPE, as Python does, unless the program
 // installed a handler of its own (only the default action is replaced): a write to a closed
 // socket or pipe then fails with EPIPE and surfaces as a collective error.
-void ignore_sigpipe_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    struct sigaction current {};
-    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
-        (current.sa_flags & SA_SIGINFO) == 0) {
-      ::signal(SIGPIPE, SIG_IGN);
-    }
-  });
+// Checked at every group's formation (one sigaction call), so a program that restores the
+// default afterwards is covered by its next group.
+void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      (current.sa_flags & SA_SIGINFO) == 0) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
 }
 
 }  // namespace
@@ -274,7 +272,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   DDP_CHECK(impl->timeout.count() > 0 && rdzv_timeout.count() > 0, ConfigError,
             "InitOptions: timeouts must be positive");
 
-  if (env.world_size > 1) ignore_sigpipe_once();  // Note [SIGPIPE]
+  if (env.world_size > 1) ignore_default_sigpipe();  // Note [SIGPIPE]
 
   rendezvous::Config rc(env);
   rc.single_host = env.local_world_size == env.world_size;

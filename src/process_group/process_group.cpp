@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <optional>
 
 #include "base/check.h"
@@ -105,7 +107,10 @@ detail::ProcessGroupImpl& detail::impl_of(ProcessGroup& pg) { return *pg.impl_; 
 ProcessGroup::~ProcessGroup() {
   if (impl_ && impl_->reporter && impl_->backend) {
     try {
-      impl_->diag_store->setTimeout(kDepartLimit);
+      // Calls go to the store under the prefix, whose own timeout bounds them.
+      if (auto* prefixed = dynamic_cast<::c10d::PrefixStore*>(impl_->diag_store.get())) {
+        prefixed->getUnderlyingStore()->setTimeout(kDepartLimit);
+      }
     } catch (const std::exception&) {
     }
     impl_->reporter->depart();

@@ -30,6 +30,8 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
+const auto kNoStop = [] { return false; };
+
 class RoundsTest : public ::testing::Test {
  protected:
   LaunchConfig node_config(int node_rank) const {
@@ -56,11 +58,16 @@ class RoundsTest : public ::testing::Test {
     return std::nullopt;
   }
 
+  // Node 0 and node 1 join `round` together.
+  static void both_join(Rounds& n0, Rounds& n1, int round) {
+    auto joined1 = std::async(std::launch::async, [&] { return n1.join(round, kNoStop); });
+    EXPECT_EQ(n0.join(round, kNoStop), round);
+    EXPECT_EQ(joined1.get(), round);
+  }
+
   const int port_ = net::pick_free_port();
   const LaunchConfig c0_ = node_config(0), c1_ = node_config(1);
 };
-
-const auto kNoStop = [] { return false; };
 
 TEST_F(RoundsTest, ASingleNodeRunsItsOwnAttempts) {
   LaunchConfig c;
@@ -74,9 +81,7 @@ TEST_F(RoundsTest, EveryNodeJoinsTheRoundAndAFailureReachesTheOthers) {
   auto n0 = node(c0_);
   auto n1 = node(c1_);
   EXPECT_TRUE(n0->agent_store());
-  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
-  EXPECT_EQ(n0->join(0, kNoStop), 0);
-  EXPECT_EQ(joined1.get(), 0);
+  both_join(*n0, *n1, 0);
   EXPECT_EQ(n0->failure_elsewhere(0), std::nullopt);
 
   EXPECT_EQ(n1->report_failure(0, "rank 3 failed (exit code 1)"), std::nullopt);  // the first
@@ -91,18 +96,14 @@ TEST_F(RoundsTest, EveryNodeJoinsTheRoundAndAFailureReachesTheOthers) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(*first, *seen);
 
-  auto again1 = std::async(std::launch::async, [&] { return n1->join(1, kNoStop); });
-  EXPECT_EQ(n0->join(1, kNoStop), 1);
-  EXPECT_EQ(again1.get(), 1);
+  both_join(*n0, *n1, 1);
 }
 
 TEST_F(RoundsTest, ANodeWhoseDdprunStartsAgainEndsItsRoundAndAllMeetInTheNext) {
   auto n0 = node(c0_);
   {
     auto n1 = node(c1_);
-    auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
-    ASSERT_EQ(n0->join(0, kNoStop), 0);
-    ASSERT_EQ(joined1.get(), 0);
+    both_join(*n0, *n1, 0);
   }  // node 1's ddprun is gone (killed with its workers), and started again: it remembers nothing
   auto n1_again = node(c1_);
   auto rejoined = std::async(std::launch::async, [&] { return n1_again->join(0, kNoStop); });
@@ -118,9 +119,7 @@ TEST_F(RoundsTest, ANodeWhoseDdprunStartsAgainEndsItsRoundAndAllMeetInTheNext) {
 TEST_F(RoundsTest, ASecondDdprunWithTheSameNodeRankIsRefused) {
   auto n0 = node(c0_);
   auto n1 = node(c1_);
-  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
-  ASSERT_EQ(n0->join(0, kNoStop), 0);
-  ASSERT_EQ(joined1.get(), 0);
+  both_join(*n0, *n1, 0);
   std::atomic<bool> running{true};
   std::thread supervising([&] {  // node 1's ddprun watching its workers
     while (running) {
@@ -217,9 +216,7 @@ TEST_F(RoundsTest, ARoundPastMaxRestartsIsRefused) {
   a.max_restarts = b.max_restarts = 0;
   auto n0 = node(a);
   auto n1 = node(b);
-  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
-  ASSERT_EQ(n0->join(0, kNoStop), 0);
-  ASSERT_EQ(joined1.get(), 0);
+  both_join(*n0, *n1, 0);
   try {
     n1->join(1, kNoStop);
     FAIL() << "round 1 with --max-restarts 0";
@@ -232,9 +229,7 @@ TEST_F(RoundsTest, ARoundPastMaxRestartsIsRefused) {
 TEST_F(RoundsTest, AFinalFailureIsFinalEverywhere) {
   auto n0 = node(c0_);
   auto n1 = node(c1_);
-  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
-  ASSERT_EQ(n0->join(0, kNoStop), 0);
-  ASSERT_EQ(joined1.get(), 0);
+  both_join(*n0, *n1, 0);
   EXPECT_FALSE(n0->final_failure(0));
   EXPECT_EQ(n1->report_failure(0, "rank 2 failed (exit code 2)", /*final=*/true), std::nullopt);
   EXPECT_TRUE(n0->final_failure(0));
@@ -254,9 +249,7 @@ TEST_F(RoundsTest, AFinalFailureIsFinalEverywhere) {
 TEST_F(RoundsTest, NoRestartWithoutANodeThatFinished) {
   auto n0 = node(c0_);
   auto n1 = node(c1_);
-  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
-  ASSERT_EQ(n0->join(0, kNoStop), 0);
-  ASSERT_EQ(joined1.get(), 0);
+  both_join(*n0, *n1, 0);
   n1->leave(0, /*failed=*/false);
   EXPECT_EQ(n0->report_failure(0, "rank 0 failed (exit code 1)"), std::nullopt);
   const auto start = Clock::now();
@@ -281,9 +274,7 @@ TEST_F(RoundsTest, ASignalEndsTheWaitForTheOthers) {
 TEST_F(RoundsTest, NodeZeroKeepsItsStoreUntilTheOthersAreDone) {
   auto n0 = node(c0_);
   auto n1 = node(c1_);
-  auto joined1 = std::async(std::launch::async, [&] { return n1->join(0, kNoStop); });
-  ASSERT_EQ(n0->join(0, kNoStop), 0);
-  ASSERT_EQ(joined1.get(), 0);
+  both_join(*n0, *n1, 0);
   const auto start = Clock::now();
   auto left0 = std::async(std::launch::async, [&] {
     n0->leave(0, /*failed=*/false);
@@ -295,6 +286,16 @@ TEST_F(RoundsTest, NodeZeroKeepsItsStoreUntilTheOthersAreDone) {
   const double took = left0.get();
   EXPECT_GT(took, 0.6);
   EXPECT_LT(took, 3.0);
+}
+
+// Ctrl-C while node 0 waits for the others to be done with its store ends the wait.
+TEST_F(RoundsTest, ASignalEndsNodeZerosWaitForTheOthers) {
+  auto n0 = node(c0_);
+  auto n1 = node(c1_);
+  both_join(*n0, *n1, 0);
+  const auto start = Clock::now();
+  n0->leave(0, /*failed=*/false, [&] { return seconds_since(start) > 0.3; });
+  EXPECT_LT(seconds_since(start), 1.5) << "node 1 never leaves: only the signal ends the wait";
 }
 
 }  // namespace

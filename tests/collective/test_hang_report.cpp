@@ -102,6 +102,29 @@ TEST(HangReport, AStoreThatIsGoneIsNamedOnceNotOncePerRank) {
   EXPECT_EQ(mentions, 1u) << "the store's error once:\n" << report.details;
 }
 
+// A rank leaving its group says so in the store first (HangReporter::depart); when the store's
+// host has already gone (rank 0 exited first, as at many a job's end) that must not hold the
+// rank's exit up (the closed connection fails at once; a silent host is cut off at
+// kDepartLimit).
+TEST(HangReport, LeavingAfterTheStoreHostIsBoundedByTheDepartLimit) {
+  const int port = testing::free_port();
+  std::shared_ptr<ProcessGroup> groups[2];
+  auto errors = testing::run_threads(2, [&](int r) {
+    InitOptions o = testing::thread_rank(r, 2, port);
+    o.backend = "gloo";  // shm ranks learn of a departure from the shared segment instead
+    groups[r] = make_process_group(o);
+    auto t = torch::ones({4});
+    groups[r]->all_reduce(t).wait();
+  });
+  ASSERT_FALSE(errors[0]) << testing::message_of(errors[0]);
+  ASSERT_FALSE(errors[1]) << testing::message_of(errors[1]);
+  groups[0].reset();  // rank 0, and the store it hosts, leave first
+  const auto start = std::chrono::steady_clock::now();
+  groups[1].reset();
+  const double took = seconds_since(start);
+  EXPECT_LT(took, std::chrono::duration<double>(kDepartLimit).count() + 0.5) << took << " s";
+}
+
 TEST(HangReport, DesyncUnderDebugDetailNamesBothCalls) {
   setenv("DDP_DEBUG", "detail", 1);
   const int port = testing::free_port();

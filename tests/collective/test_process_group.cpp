@@ -190,11 +190,22 @@ TEST(CollectiveErrors, PeerGoneFailsFastNotAtTheTimeout) {
 
 // Note [SIGPIPE]: a process in a group ignores SIGPIPE (it had the default action), so a peer's
 // closed socket is an error with a message, not a silent death by signal.
+// A handler the program installed is kept.
+void count_sigpipe(int) {}
+
 TEST(CollectiveErrors, AGroupIgnoresSigpipeSoAClosedPeerIsAnError) {
+  auto disposition = [] {
+    struct sigaction now {};
+    EXPECT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+    return now.sa_handler;
+  };
+  ::signal(SIGPIPE, SIG_DFL);
   run_ranks(2, [](ProcessGroup&) {});
-  struct sigaction now {};
-  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
-  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  EXPECT_EQ(disposition(), SIG_IGN);
+  ::signal(SIGPIPE, count_sigpipe);
+  run_ranks(2, [](ProcessGroup&) {});
+  EXPECT_EQ(disposition(), &count_sigpipe);
+  ::signal(SIGPIPE, SIG_IGN);
 }
 
 TEST(CollectiveErrors, BadArgumentsAreNamedBeforeAnythingIsSent) {

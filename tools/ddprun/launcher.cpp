@@ -29,6 +29,8 @@
 //
 // Then run() either returns (success, or ddprun was signalled), starts the next attempt
 // (--max-restarts; TORCHELASTIC_RESTART_COUNT + 1), or prints the root-cause summary.
+// No process outlives run(): WorkerGroup's destructor SIGKILLs and reaps whatever is left if an
+// exception cuts the loop short.
 //
 // Note [Final failures]
 // A worker that exits with code 2 (kUsageExitCode: a usage or configuration error, as
@@ -37,8 +39,6 @@
 // failure is such an exit, ddprun does not restart, whatever --max-restarts allows, and says
 // why; with several nodes the failure is reported final to every node (Note [Restart rounds]),
 // so none of them restarts either. Any other exit code or signal is restarted.
-// No process outlives run(): WorkerGroup's destructor SIGKILLs and reaps whatever is left if an
-// exception cuts the loop short.
 #include "launcher.h"
 
 #include <poll.h>        // poll
@@ -596,7 +596,7 @@ RunResult run(const LaunchConfig& config) {
                       group_for_round(config, run_id, secret, *round, rounds->agent_store()));
     Outcome outcome = group.run();
     if (outcome == Outcome::kSucceeded) {
-      rounds->leave(*round, false);
+      rounds->leave(*round, false, signalled);
       return RunResult{0, 0};
     }
     if (outcome == Outcome::kFailed && *round + 1 < attempts &&
@@ -620,12 +620,12 @@ RunResult run(const LaunchConfig& config) {
       const int sig = group.interrupt_signal();
       if (group.has_root_cause()) write_all(STDERR_FILENO, summary);
       rounds->report_failure(*round, fmt::format("its ddprun was stopped by {}", signal_name(sig)));
-      rounds->leave(*round, true);
+      rounds->leave(*round, true, signalled);
       note(fmt::format("stopped by {}", signal_name(sig)));
       return RunResult{128 + sig, sig};
     }
     write_all(STDERR_FILENO, summary);
-    rounds->leave(*round, true);
+    rounds->leave(*round, true, signalled);
     return RunResult{1, 0};
   }
 }

@@ -53,7 +53,7 @@ class LocalRounds final : public Rounds {
     return std::nullopt;
   }
   bool final_failure(int) override { return false; }
-  void leave(int, bool) override {}
+  void leave(int, bool, const std::function<bool()>&) override {}
 };
 
 class StoreRounds final : public Rounds {
@@ -67,7 +67,7 @@ class StoreRounds final : public Rounds {
   std::optional<std::string> report_failure(int round, const std::string& what,
                                             bool final) override;
   bool final_failure(int round) override;
-  void leave(int round, bool failed) override;
+  void leave(int round, bool failed, const std::function<bool()>& stop) override;
 
  private:
   std::string key(int round, const std::string& what) const {
@@ -337,7 +337,7 @@ bool StoreRounds::final_failure(int round) {
   }
 }
 
-void StoreRounds::leave(int round, bool failed_round) {
+void StoreRounds::leave(int round, bool failed_round, const std::function<bool()>& stop) {
   try {
     if (!failed_round) {
       client_->compare_set(key(round, "finished"), "", where(), Clock::now() + kCallTime);
@@ -347,11 +347,15 @@ void StoreRounds::leave(int round, bool failed_round) {
     // Node 0: the others may still need the store (Note [Restart rounds]).
     const auto failure_limit =
         std::chrono::duration_cast<milliseconds>(c_.grace_period) + kFailureLinger;
-    const auto limit = failed_round ? failure_limit : join_timeout_;
+    const auto limit = failed_round ? failure_limit : std::min(join_timeout_, kSuccessLinger);
     auto until = Clock::now() + limit;
     bool said = false;
     while (client_->add(key(round, "ended"), 0, Clock::now() + kCallTime) < c_.nnodes &&
            Clock::now() < until) {
+      if (stop && stop()) {
+        note("stopped waiting for the other nodes (signal); they may lose the agent store");
+        return;
+      }
       if (!failed_round && failed(round, Clock::now() + kCallTime)) {
         // Another node failed after this one finished: it only needs to read why.
         failed_round = true;

@@ -37,9 +37,9 @@
 // R ("node K's ddprun started again") and joins R + 1, where the others, stopped by that
 // failure, meet it.
 // Ending: node 0's store must outlive the others' use of it. When its part of a round is over it
-// waits until "<R>/ended" counts every node: after a success up to the rendezvous timeout (the
-// others may still be finishing), after a failure at most the grace period and kFailureLinger
-// (the others only need to read why, and stop).
+// waits until "<R>/ended" counts every node: after a success up to kSuccessLinger (the others
+// may still be finishing), after a failure at most the grace period and kFailureLinger (the
+// others only need to read why, and stop); a signal to ddprun ends the wait.
 // What this cannot keep: node 0's host dying takes the store and its counts with it. A ddprun
 // started again there hosts a fresh store, and the other nodes, which retry connecting until the
 // rendezvous timeout, raise "round" to theirs again, so the job goes on with its round numbers.
@@ -68,6 +68,9 @@ inline constexpr std::chrono::milliseconds kCallTime{2000};
 // How long a node waits for the others to join a round, without --rdzv-timeout (as long as the
 // workers' rendezvous, DDP_RDZV_TIMEOUT's default).
 inline constexpr double kDefaultJoinTimeout = 300.0;  // s
+// After a success, how long node 0 keeps the store up for the others at most (their workers are
+// at their end too; more only with a shorter rendezvous timeout).
+inline constexpr std::chrono::milliseconds kSuccessLinger{60'000};
 // After a failure, how long node 0 keeps the store up beyond the grace period for the others.
 inline constexpr std::chrono::milliseconds kFailureLinger{5000};
 
@@ -98,8 +101,8 @@ class Rounds {
   virtual bool final_failure(int round) = 0;
 
   // This node is done with `round` (it succeeded, or failed for good). Node 0 waits, bounded,
-  // until the others are done with its store too.
-  virtual void leave(int round, bool failed) = 0;
+  // until the others are done with its store too, or until `stop` says so (a signal).
+  virtual void leave(int round, bool failed, const std::function<bool()>& stop = {}) = 0;
 };
 
 // LocalRounds for a single node; store rounds (hosting the store on node 0) for several.
