@@ -92,6 +92,12 @@ EnvMap current_environment();
 std::chrono::milliseconds parse_seconds(const std::string& name, const std::string& value);
 
 // Note [Environment knobs]
+// A rank that has not joined within this time is reported missing. Multi-node jobs start
+// their nodes at different moments, so this is generous; tests set 1-2 s.
+inline constexpr std::chrono::seconds kDefaultRendezvousTimeout{300};
+// A collective whose peers do not arrive within this time fails (NCCL's default in PyTorch 2).
+inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
+
 // Besides the launch contract above, these variables tune ddp-cpp. This table is the one list:
 // env_knob() reads no other name, the README's "Environment knobs" table shows the same rows
 // (tests/unit/check_env_knobs.sh checks both, and that nothing outside src/base reads the

@@ -30,25 +30,19 @@
 #include <ATen/core/Tensor.h>
 
 #include "ddp/env.h"
+#include "ddp/reduce_op.h"
 
 namespace ddp {
 
-enum class ReduceOp { kSum, kAvg, kMax, kMin };
-const char* to_string(ReduceOp op);
-
-// A rank that has not joined within this time is reported missing. Multi-node jobs start
-// their nodes at different moments, so this is generous; tests set 1-2 s.
-inline constexpr std::chrono::seconds kDefaultRendezvousTimeout{300};
-// A collective whose peers do not arrive within this time fails (NCCL's default in PyTorch 2).
-inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
+// kDefaultRendezvousTimeout and kDefaultCollectiveTimeout: ddp/env.h (ddprun shares them).
 
 struct InitOptions {
   // "shm" (CPU tensors, every rank on this host: shared memory), "gloo" (CPU tensors, any
   // hosts), "nccl" (CUDA tensors; CUDA builds only) or "auto": nccl when it is compiled in and
   // a GPU is visible; else shm when every rank of the group shares this host; else, when the
-  // ranks span hosts with the same number (> 1) on each, "shm+gloo" (all_reduce in shared
-  // memory inside each host and over Gloo between hosts, each rank carrying 1/local_size of
-  // the data; the other collectives over Gloo); else gloo. backend() says which was chosen.
+  // ranks span hosts with the same number (> 1) on each, "shm+gloo" (every collective in shared
+  // memory inside each host and over Gloo between hosts, each rank carrying its share of the
+  // traffic between hosts); else gloo. backend() says which was chosen.
   // Unset: DDP_BACKEND, else "auto".
   std::optional<std::string> backend;
   // Explicit placement; when rank and world_size are both set, the launch environment is not
@@ -155,7 +149,6 @@ class ProcessGroup {
 
  private:
   friend detail::ProcessGroupImpl& detail::impl_of(ProcessGroup& pg);
-  Work hierarchical_all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& detail);
 
   std::unique_ptr<detail::ProcessGroupImpl> impl_;
 };

@@ -207,23 +207,12 @@ void parse_store_knobs(const EnvMap& env, DistEnv& out) {
   if (const std::string* v = find(env, "DDP_STORE_SECRET")) out.store_secret = *v;
   if (const std::string* v = find(env, "DDP_STORE_BIND")) out.store_bind = *v;
   if (const std::string* v = find(env, "DDP_STORE_MAX_BYTES"); v != nullptr && !v->empty()) {
-    uint64_t bytes = 0;
-    auto [ptr, ec] = std::from_chars(v->data(), v->data() + v->size(), bytes);
-    uint64_t scale = 1;
-    const std::string_view suffix(ptr, v->data() + v->size() - ptr);
-    if (suffix == "K" || suffix == "KiB")
-      scale = uint64_t{1} << 10;
-    else if (suffix == "M" || suffix == "MiB")
-      scale = uint64_t{1} << 20;
-    else if (suffix == "G" || suffix == "GiB")
-      scale = uint64_t{1} << 30;
-    else if (!suffix.empty())
-      ec = std::errc::invalid_argument;
-    DDP_CHECK(ec == std::errc() && bytes > 0 && bytes <= (uint64_t{1} << 40) / scale, ConfigError,
+    const std::optional<uint64_t> bytes = parse::byte_size(*v);
+    DDP_CHECK(bytes, ConfigError,
               "invalid environment: DDP_STORE_MAX_BYTES='{}' is not a size in bytes (e.g. "
               "268435456, 256M or 1G)",
               *v);
-    out.store_max_bytes = bytes * scale;
+    out.store_max_bytes = *bytes;
   }
 }
 

@@ -33,4 +33,23 @@ std::optional<bool> boolean(std::string_view text) {
   return std::nullopt;
 }
 
+std::optional<uint64_t> byte_size(std::string_view text) {
+  uint64_t bytes = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), bytes);
+  if (ec != std::errc()) return std::nullopt;
+  const std::string_view suffix(ptr, text.data() + text.size() - ptr);
+  uint64_t scale = 1;
+  if (suffix == "K" || suffix == "KiB") {
+    scale = uint64_t{1} << 10;
+  } else if (suffix == "M" || suffix == "MiB") {
+    scale = uint64_t{1} << 20;
+  } else if (suffix == "G" || suffix == "GiB") {
+    scale = uint64_t{1} << 30;
+  } else if (!suffix.empty()) {
+    return std::nullopt;
+  }
+  if (bytes == 0 || bytes > (uint64_t{1} << 40) / scale) return std::nullopt;
+  return bytes * scale;
+}
+
 }  // namespace ddp::parse

@@ -3,6 +3,7 @@
 // of which turns "no value" into its own error naming where the text came from.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
@@ -14,5 +15,8 @@ std::optional<long long> integer(std::string_view text);
 std::optional<double> seconds(std::string_view text, bool allow_zero = false);
 // torchrun's booleans: 1/true/True, 0/false/False, and "" as false.
 std::optional<bool> boolean(std::string_view text);
+// A size in bytes, > 0 and at most 1 TiB: "268435456", "256K"/"256KiB", "256M"/"256MiB",
+// "1G"/"1GiB" (DDP_STORE_MAX_BYTES).
+std::optional<uint64_t> byte_size(std::string_view text);
 
 }  // namespace ddp::parse

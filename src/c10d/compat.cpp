@@ -82,13 +82,4 @@ OptimizerStateKey optimizer_state_key(const at::Tensor& param) {
 #endif
 }
 
-bool backend_supports_avg(const std::string& backend_name) {
-  return backend_name == "nccl" || backend_name == "shm";  // shm divides inside its kernel
-}
-
-bool backend_reduces(const std::string& backend_name, c10::ScalarType dtype) {
-  if (backend_name == "nccl" || backend_name == "shm") return true;  // shm: float32 accumulation
-  return dtype != c10::ScalarType::BFloat16;  // Gloo: every other dtype ddp-cpp uses
-}
-
 }  // namespace ddp::c10d_compat

@@ -75,11 +75,4 @@ c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<::c10d::Store>& s
                                       int size, std::chrono::milliseconds timeout);
 #endif
 
-// True when the backend implements ReduceOp::AVG itself (NCCL, shm); Gloo sums and we divide.
-bool backend_supports_avg(const std::string& backend_name);
-
-// True when the backend can all-reduce tensors of `dtype` (Gloo has no bfloat16 reduction in
-// LibTorch 1.13: "Invalid scalar type"; NCCL has one).
-bool backend_reduces(const std::string& backend_name, c10::ScalarType dtype);
-
 }  // namespace ddp::c10d_compat

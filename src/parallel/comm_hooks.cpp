@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include "base/completion.h"
-#include "c10d/compat.h"
 #include "ddp/error.h"
 #include "process_group/internal.h"
 
@@ -77,7 +76,7 @@ CommHook allreduce() {
     // Where the transport averages inside its reduction (shm, NCCL), the division costs no
     // extra pass over the bucket; elsewhere dividing first keeps large sums in range, as
     // PyTorch's hook does.
-    if (bucket.divisor() == pg.size() && c10d_compat::backend_supports_avg(pg.backend())) {
+    if (bucket.divisor() == pg.size() && detail::impl_of(pg).caps().native_avg) {
       return Future(pg.all_reduce(buffer, ReduceOp::kAvg), buffer);
     }
     buffer.div_(bucket.divisor());
@@ -92,7 +91,7 @@ CommHook fp16_compress() {
 CommHook bf16_compress() {
   return [](GradBucket& bucket) {
     ProcessGroup& pg = bucket.process_group();
-    if (c10d_compat::backend_reduces(pg.backend(), at::kBFloat16)) {
+    if (detail::impl_of(pg).caps().reduces(DType::kBF16)) {
       return compressed_allreduce(bucket, at::kBFloat16);
     }
     // No bfloat16 reduction in this backend: gather every rank's bfloat16 values (their raw

@@ -1,7 +1,6 @@
 // The default process group and the free functions over it (see include/ddp/distributed.h).
-#include <mutex>
-
 #include "base/check.h"
+#include "base/thread_annotations.h"
 #include "ddp/distributed.h"
 #include "process_group/flight_recorder.h"
 
@@ -9,19 +8,19 @@ namespace ddp {
 namespace {
 
 // The one piece of global state, for convenience only; components take groups explicitly.
-std::mutex g_mu;
-std::shared_ptr<ProcessGroup> g_default;  // guarded by g_mu
+Mutex g_mu;
+std::shared_ptr<ProcessGroup> g_default GUARDED_BY(g_mu);
 
 }  // namespace
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    MutexLock lock(&g_mu);
     DDP_CHECK(!g_default, Error,
               "init_process_group() called twice; call destroy_process_group() first");
   }
   auto pg = make_process_group(options);  // may take long: outside the lock
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   DDP_CHECK(!g_default, Error, "init_process_group() raced with another call");
   g_default = pg;
   return pg;
@@ -30,35 +29,35 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
 void destroy_process_group() {
   std::shared_ptr<ProcessGroup> old;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    MutexLock lock(&g_mu);
     old.swap(g_default);
   }
   // `old` (and with it the sockets) is released here, outside the lock.
 }
 
 bool is_initialized() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   return g_default != nullptr;
 }
 
 std::shared_ptr<ProcessGroup> default_group() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   DDP_CHECK(g_default, Error, "no default process group: call ddp::init_process_group() first");
   return g_default;
 }
 
 int get_rank() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   return g_default ? g_default->rank() : 0;
 }
 
 int get_world_size() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   return g_default ? g_default->size() : 1;
 }
 
 int get_local_rank() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   return g_default ? g_default->local_rank() : 0;
 }
 

@@ -18,7 +18,7 @@ thread_local Note t_note;
 
 const Record* find(const std::vector<Record>& records, uint64_t seq) {
   for (const Record& r : records) {
-    if (r.seq == seq) return &r;
+    if (r.call.seq == seq) return &r;
   }
   return nullptr;
 }
@@ -26,7 +26,7 @@ const Record* find(const std::vector<Record>& records, uint64_t seq) {
 const Record* last_issued(const std::vector<Record>& records) {
   const Record* best = nullptr;
   for (const Record& r : records) {
-    if (best == nullptr || r.seq > best->seq) best = &r;
+    if (best == nullptr || r.call.seq > best->call.seq) best = &r;
   }
   return best;
 }
@@ -34,14 +34,14 @@ const Record* last_issued(const std::vector<Record>& records) {
 const Record* last_completed(const std::vector<Record>& records) {
   const Record* best = nullptr;
   for (const Record& r : records) {
-    if (r.state == State::kCompleted && (best == nullptr || r.seq > best->seq)) best = &r;
+    if (r.state == State::kCompleted && (best == nullptr || r.call.seq > best->call.seq)) best = &r;
   }
   return best;
 }
 
 // "#56 (all_reduce, bucket 2: fc.weight, fc.bias) at step 812"
 std::string where(const Record& r) {
-  std::string out = fmt::format("#{} ({}", r.seq, r.op);
+  std::string out = fmt::format("#{} ({}", r.call.seq, name(r.call.op));
   if (r.bucket >= 0) out += fmt::format(", bucket {}: {}", r.bucket, r.params);
   out += ")";
   if (r.step >= 0) out += fmt::format(" at step {}", r.step);
@@ -63,8 +63,12 @@ std::string standing(const std::vector<Record>& records) {
   return out + "its last completed collective is " + where(*done);
 }
 
-bool same_call(const Record& a, const Record& b) {
-  return a.op == b.op && a.dtype == b.dtype && a.count == b.count;
+// `parse(text)` or a json error naming the field.
+template <typename Parse>
+auto named_or_throw(Parse parse, const std::string& text, const char* field) {
+  auto v = parse(text);
+  if (!v) throw std::invalid_argument(fmt::format("flight record: unknown {} '{}'", field, text));
+  return *v;
 }
 
 }  // namespace
@@ -76,10 +80,6 @@ const char* to_string(State s) {
     case State::kFailed: return "failed";
   }
   return "?";
-}
-
-std::string Record::describe() const {
-  return fmt::format("{} #{} ({} x {})", op, seq, count, dtype);
 }
 
 void annotate_next(const void* owner, int bucket, std::string params) {
@@ -104,17 +104,15 @@ int64_t now_us() {
   return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
 }
 
-Ring::Ring(size_t capacity) : slots_(std::max<size_t>(capacity, 1)) {}
+Ring::Ring(size_t capacity)
+    : capacity_(std::max<size_t>(capacity, 1)), slots_(capacity_) {}
 
-void Ring::issue(uint64_t seq, const char* op, const char* dtype, int64_t count, const Note* note) {
+void Ring::issue(const CollectiveDesc& call, const Note* note) {
   const int64_t step = current_step();
   const int64_t now = now_us();
-  std::lock_guard<std::mutex> lock(mu_);
-  Record& r = slots_[seq % slots_.size()];
-  r.seq = seq;
-  r.op.assign(op);  // reuses the slot's capacity: no allocation once warm
-  r.dtype.assign(dtype);
-  r.count = count;
+  MutexLock lock(&mu_);
+  Record& r = slots_[call.seq % slots_.size()];
+  r.call = call;
   r.state = State::kIssued;
   r.issued_us = now;
   r.completed_us = 0;
@@ -129,9 +127,9 @@ void Ring::issue(uint64_t seq, const char* op, const char* dtype, int64_t count,
 
 void Ring::finish(uint64_t seq, bool ok) {
   const int64_t now = now_us();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Record& r = slots_[seq % slots_.size()];
-  if (r.seq != seq || r.state != State::kIssued) return;
+  if (r.call.seq != seq || r.state != State::kIssued) return;
   r.state = ok ? State::kCompleted : State::kFailed;
   r.completed_us = now;
 }
@@ -139,20 +137,23 @@ void Ring::finish(uint64_t seq, bool ok) {
 std::vector<Record> Ring::snapshot() const {
   std::vector<Record> out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const Record& r : slots_) {
-      if (r.seq != 0) out.push_back(r);
+      if (r.call.seq != 0) out.push_back(r);
     }
   }
-  std::sort(out.begin(), out.end(), [](const Record& a, const Record& b) { return a.seq < b.seq; });
+  std::sort(out.begin(), out.end(),
+            [](const Record& a, const Record& b) { return a.call.seq < b.call.seq; });
   return out;
 }
 
 nlohmann::json to_json(const Record& r) {
-  nlohmann::json j = {{"seq", r.seq},
-                      {"op", r.op},
-                      {"dtype", r.dtype},
-                      {"count", r.count},
+  nlohmann::json j = {{"seq", r.call.seq},
+                      {"op", name(r.call.op)},
+                      {"dtype", name(r.call.dtype)},
+                      {"count", r.call.count},
+                      {"reduce", to_string(r.call.reduce)},
+                      {"root", r.call.root},
                       {"state", to_string(r.state)},
                       {"issued_us", r.issued_us},
                       {"completed_us", r.completed_us},
@@ -174,10 +175,13 @@ std::vector<Record> records_from_json(const nlohmann::json& j) {
   std::vector<Record> out;
   for (const nlohmann::json& e : j.at("records")) {
     Record r;
-    r.seq = e.at("seq").get<uint64_t>();
-    r.op = e.at("op").get<std::string>();
-    r.dtype = e.at("dtype").get<std::string>();
-    r.count = e.at("count").get<int64_t>();
+    r.call.seq = e.at("seq").get<uint64_t>();
+    r.call.op = named_or_throw(collective_named, e.at("op").get<std::string>(), "op");
+    r.call.dtype = named_or_throw(dtype_named, e.at("dtype").get<std::string>(), "dtype");
+    r.call.count = e.at("count").get<uint64_t>();
+    r.call.reduce =
+        named_or_throw(reduce_op_named, e.value("reduce", std::string("sum")), "reduce");
+    r.call.root = e.value("root", 0);
     const std::string state = e.at("state").get<std::string>();
     r.state = state == "completed" ? State::kCompleted
               : state == "failed"  ? State::kFailed
@@ -223,23 +227,23 @@ std::string verdict(int my_rank, const Record& failed, const std::vector<PeerVie
       }
       continue;
     }
-    if (const Record* theirs = find(*p.records, failed.seq)) {
-      if (!same_call(*theirs, failed)) {
+    if (const Record* theirs = find(*p.records, failed.call.seq)) {
+      if (!theirs->call.same_call(failed.call)) {
         desync.push_back(fmt::format("rank {} issued {}, rank {} issued {}", my_rank,
                                      failed.describe(), p.rank, theirs->describe()));
       }
       continue;
     }
     const Record* last = last_issued(*p.records);
-    if (last == nullptr || last->seq < failed.seq) {
+    if (last == nullptr || last->call.seq < failed.call.seq) {
       if (p.left) {
         behind.push_back(fmt::format(
             "rank {} left the group without issuing {} #{}: it destroyed its process group (its "
             "program returned or is exiting); {}",
-            p.rank, failed.op, failed.seq, standing(*p.records)));
+            p.rank, name(failed.call.op), failed.call.seq, standing(*p.records)));
       } else {
-        behind.push_back(fmt::format("rank {} never issued {} #{}; {}", p.rank, failed.op,
-                                     failed.seq, standing(*p.records)));
+        behind.push_back(fmt::format("rank {} never issued {} #{}; {}", p.rank,
+                                     name(failed.call.op), failed.call.seq, standing(*p.records)));
       }
     }
   }

@@ -25,6 +25,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "base/thread_annotations.h"
+#include "process_group/collective.h"
+
 namespace ddp::flight {
 
 // Slots per group when DDP_FLIGHT_RECORDER is unset: a few training steps of DDP's buckets.
@@ -34,10 +37,7 @@ enum class State : uint8_t { kIssued, kCompleted, kFailed };
 const char* to_string(State s);
 
 struct Record {
-  uint64_t seq = 0;   // the group's sequence number (from 1); 0: an empty slot
-  std::string op;     // "all_reduce"
-  std::string dtype;  // "Float"
-  int64_t count = 0;  // elements
+  CollectiveDesc call;  // what was issued; call.seq == 0: an empty slot
   State state = State::kIssued;
   int64_t issued_us = 0;     // wall clock, unix microseconds
   int64_t completed_us = 0;  // when it completed or failed; 0 while issued
@@ -45,8 +45,8 @@ struct Record {
   int bucket = -1;           // DDP bucket index; -1: not a bucket
   std::string params;        // the bucket's first parameter names, "fc.weight, fc.bias, ..."
 
-  // "all_reduce #12 (4 x Float)"
-  std::string describe() const;
+  // "all_reduce #12 (sum, 4 x Float)"
+  std::string describe() const { return call.describe(); }
 };
 
 // What the next collective on this thread is for (DDP's reducer sets it around a bucket's comm
@@ -69,19 +69,20 @@ int64_t current_step();
 class Ring {
  public:
   explicit Ring(size_t capacity);
-  size_t capacity() const { return slots_.size(); }
+  size_t capacity() const { return capacity_; }
 
-  // Records collective `seq` as issued (sequence numbers of one group are consecutive), with
-  // the current step and `note` (may be null).
-  void issue(uint64_t seq, const char* op, const char* dtype, int64_t count, const Note* note);
+  // Records `call` as issued (sequence numbers of one group are consecutive), with the current
+  // step and `note` (may be null).
+  void issue(const CollectiveDesc& call, const Note* note);
   // Marks `seq` completed or failed (no-op when it was overwritten meanwhile).
   void finish(uint64_t seq, bool ok);
   // The records held, oldest first.
   std::vector<Record> snapshot() const;
 
  private:
-  mutable std::mutex mu_;
-  std::vector<Record> slots_;  // guarded by mu_; slot of seq: seq % capacity
+  const size_t capacity_;
+  mutable Mutex mu_;
+  std::vector<Record> slots_ GUARDED_BY(mu_);  // slot of seq: seq % capacity
 };
 
 // Unix microseconds now.

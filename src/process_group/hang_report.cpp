@@ -163,9 +163,9 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
     const std::vector<flight::Record> mine = ring_->snapshot();
     flight::Record failed;
     for (const flight::Record& r : mine) {
-      if (r.seq == seq) failed = r;
+      if (r.call.seq == seq) failed = r;
     }
-    if (failed.seq == 0) return report;  // overwritten: nothing to compare
+    if (failed.call.seq == 0) return report;  // overwritten: nothing to compare
     publish("");  // our records first, so that peers explaining the same failure see them
     std::string store_trouble;
     try {
@@ -203,6 +203,8 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
             waiting = true;
           }
         } catch (const nlohmann::json::exception& e) {
+          v.silence = fmt::format("sent records that do not parse ({})", e.what());
+        } catch (const std::invalid_argument& e) {  // records_from_json: an unknown name
           v.silence = fmt::format("sent records that do not parse ({})", e.what());
         } catch (const std::exception& e) {
           store_trouble = e.what();

@@ -1,5 +1,6 @@
 // Internals of ProcessGroup and Work, shared by the files of src/process_group/ and by the
-// library's other components (which need the c10d backend, e.g. for coalesced broadcasts).
+// library's other components (the comm hooks ask the transport's capabilities; the reducer
+// annotates its buckets' flight records).
 #pragma once
 
 #include <atomic>
@@ -8,35 +9,27 @@
 #include <mutex>
 #include <string>
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include "base/completion.h"
-#include "c10d/compat.h"
+#include "base/thread_annotations.h"
 #include "ddp/process_group.h"
+#include "process_group/collective.h"
 #include "process_group/flight_recorder.h"
 #include "process_group/hang_report.h"
-#include "process_group/shm/group.h"
 #include "process_group/shm_setup.h"
+#include "process_group/transport/transport.h"
 
 namespace ddp {
 
 struct detail::ProcessGroupImpl {
   // Constant after construction.
-  DistEnv env;               // rank, size, local placement as the group was formed
-  std::string backend_name;  // "shm", "gloo" or "nccl"
+  DistEnv env;  // rank, size, local placement as the group was formed
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<::c10d::Store> store;
-  // The transport, one of:
-  //   "shm": `shm`, the shared-memory group of the whole group (every rank on this host);
-  //   "gloo" / "nccl": `backend`, a c10d backend;
-  //   "shm+gloo" (Note [Hierarchical collectives] in make.cpp): ranks on several hosts, the
-  //     same number on each: `local_shm` (this host's ranks), `rail` (Gloo among the ranks of
-  //     this local index, one per host) for all_reduce; `backend` (Gloo) for the others.
-  std::shared_ptr<shm::Group> shm;
-  c10::intrusive_ptr<c10d_compat::Backend> backend;
-  std::shared_ptr<shm::Group> local_shm;
-  c10::intrusive_ptr<c10d_compat::Backend> rail;
-  ShmPeers shm_peers;           // the ranks sharing `shm` or `local_shm` (comm_buffer's exchange)
-  int host_index = 0;           // "shm+gloo": this rank's host, its rank in the rail
-  std::vector<int> rail_peers;  // "shm+gloo": the other ranks of the rail (one per other host)
+  // What moves the data (Note [Transports]); its capabilities name the backend.
+  std::unique_ptr<Transport> transport;
+  ShmPeers shm_peers;  // the ranks sharing transport->shared_memory() (comm_buffer's exchange)
 
   // Diagnostics (Notes [Flight recorder], [Hang reports]): null when DDP_FLIGHT_RECORDER=0;
   // no reporter for a group of one.
@@ -45,14 +38,17 @@ struct detail::ProcessGroupImpl {
   // A handle on `store` of its own, every call bounded by kStoreCallLimit (the reporter's and
   // monitored_barrier's); `store` itself for a group of one, or when it cannot be cloned.
   c10::intrusive_ptr<::c10d::Store> diag_store;
-  // DDP_DEBUG=detail: ranks compare each collective's fingerprint before running it (Gloo-based
-  // transports; shm compares fingerprints always).
-  bool check_fingerprints = false;
+  // DDP_DEBUG=detail: ranks compare each collective's CollectiveDesc before running it
+  // (transports that do not compare calls themselves).
+  bool check_calls = false;
 
-  shm::Group* shared_memory() const { return shm ? shm.get() : local_shm.get(); }
+  const Capabilities& caps() const { return transport->capabilities(); }
 
-  // Sequence number of the last collective issued (first is 1); written under issue_mu.
-  std::mutex issue_mu;
+  // Held while a collective is numbered and handed to the transport, so that threads sharing
+  // the group issue in sequence order. It guards an order, not a member: `seq` is atomic
+  // (written under it, read without it by last_sequence_number() and errors).
+  Mutex issue_mu;
+  // Sequence number of the last collective issued (first is 1).
   std::atomic<uint64_t> seq{0};
   std::atomic<uint64_t> comm_buffers{0};        // comm_buffer() calls so far (shm buffer ids)
   std::atomic<uint64_t> monitored_barriers{0};  // monitored_barrier() calls so far (store keys)
@@ -65,16 +61,12 @@ struct detail::ProcessGroupImpl {
 // waits return at once or rethrow the stored error. ddp::Future is built on the same primitive.
 struct detail::WorkState {
   // Constant after construction.
-  std::string op;      // "all_reduce"
-  std::string detail;  // "sum, 1024 x Float"
-  uint64_t seq = 0;
+  CollectiveDesc call;  // what it is, and its sequence number
   int rank = 0;
   std::chrono::milliseconds timeout{0};
   std::chrono::steady_clock::time_point issued;
-  c10::intrusive_ptr<::c10d::Work> work;  // a c10d backend's collective, or
-  std::shared_ptr<shm::Group> shm_group;  // the shared-memory transport's
-  std::shared_ptr<shm::Op> shm_op;
-  std::function<void()> then;  // local completion step; may be empty; run by `done` only
+  std::shared_ptr<Pending> pending;  // the transport's transfer; null: nothing to wait for
+  std::function<void()> then;        // local completion step; may be empty; run by `done` only
   std::shared_ptr<flight::Ring> recorder;  // the group's (may be null)
   std::shared_ptr<HangReporter> reporter;  // the group's (may be null)
 

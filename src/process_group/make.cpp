@@ -17,6 +17,8 @@
 #include "base/check.h"
 #include "process_group/internal.h"
 #include "process_group/shm_setup.h"
+#include "process_group/store_exchange.h"
+#include "process_group/transport/transports.h"
 #include "rendezvous/rendezvous.h"
 
 #if DDP_WITH_NCCL
@@ -127,33 +129,15 @@ std::string choose_backend(const std::string& requested) {
 // otherwise leave each side waiting for the other's connections until a timeout). Each rank
 // publishes its request; all compare, so all fail together naming the first difference.
 void agree_on_backend(::c10d::Store& store, const DistEnv& env, const std::string& requested) {
-  if (env.world_size == 1) return;
-  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
-  store.set(fmt::format("backend/{}", env.rank), bytes(requested));
-  std::string mismatch;
-  for (int r = 0; r < env.world_size && mismatch.empty(); ++r) {
-    if (r == env.rank) continue;
-    const std::vector<uint8_t> v = store.get(fmt::format("backend/{}", r));
-    const std::string theirs(v.begin(), v.end());
-    if (theirs != requested) {
-      mismatch = fmt::format("this rank '{}', rank {} '{}'", requested, r, theirs);
-    }
+  const std::vector<std::string> all =
+      store_exchange::exchange(store, "backend", env.rank, env.world_size, requested,
+                               store_exchange::Linger::kUntilAllRead);
+  for (int r = 0; r < env.world_size; ++r) {
+    DDP_CHECK(all[r] == requested, ConfigError,
+              "[rank {}] ranks ask for different backends: this rank '{}', rank {} '{}'. Set the "
+              "same InitOptions::backend / DDP_BACKEND / ddprun --backend on every node.",
+              env.rank, requested, r, all[r]);
   }
-  // Nobody leaves (rank 0 would take the store down) before everyone has read the requests.
-  if (store.add("backend/read", 1) == env.world_size) store.set("backend/all_read", bytes("1"));
-  store.get("backend/all_read");
-  // Rank 0 hosts the store: it waits (at most 2 s) until every rank has seen "all_read", so a
-  // mismatch reaches everyone as this message, not as a closed connection.
-  store.add("backend/done", 1);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (env.rank == 0 && store.add("backend/done", 0) < env.world_size &&
-         std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  DDP_CHECK(mismatch.empty(), ConfigError,
-            "[rank {}] ranks ask for different backends: {}. Set the same InitOptions::backend / "
-            "DDP_BACKEND / ddprun --backend on every node.",
-            env.rank, mismatch);
 }
 
 bool debug_info(const DistEnv& env) { return env.debug != DebugLevel::kOff; }
@@ -201,44 +185,10 @@ void add_diagnostics(detail::ProcessGroupImpl& impl, const InitOptions& o,
                                                              .group = o.group_name,
                                                              .dump_dir = dump_dir()});
   }
-  // shm compares fingerprints before every collective anyway; NCCL would need CUDA tensors.
-  impl.check_fingerprints = env.debug == DebugLevel::kDetail && env.world_size > 1 &&
-                            impl.backend && impl.backend_name != "nccl";
-}
-
-// Note [Hierarchical collectives]
-// Ranks on H hosts, L on each (L > 1): each host's ranks share a shm group; the ranks with the
-// same local index l form a Gloo group across hosts (the rail). all_reduce of n elements:
-//   1. all_reduce inside the host (shm; in place when the tensor is a comm buffer);
-//   2. local rank l all-reduces slice l (n/L elements) over its rail: every host's ranks carry
-//      their share of the cross-host traffic at once, 1/L of the data each;
-//   3. inside the host, each local rank broadcasts its slice (shm).
-// The steps run as one op of the host's shm group, so they keep its order, numbering, desync
-// and dead-peer checks, and a failure between hosts fails the host's group like any other.
-// The other collectives (broadcast, all_gather, reduce_scatter, barrier) go over Gloo on the
-// whole group. With unequal numbers of ranks per host there is no rail: plain Gloo.
-// Forms this host's shm group, if every host can: returns why not, or "" when formed.
-std::string form_hierarchy(detail::ProcessGroupImpl& impl, const Locality& where) {
-  const DistEnv& env = impl.env;
-  const int h = where.host[env.rank];
-  impl.host_index = h;
-  for (int other = 0; other < where.hosts(); ++other) {
-    if (other != h) impl.rail_peers.push_back(where.ranks_on(other)[where.local_rank[env.rank]]);
-  }
-  impl.shm_peers = {fmt::format("shm/host{}/", h), where.local_rank[env.rank], where.host_size[h],
-                    where.ranks_on(h), env.run_id};
-  ShmSetup local = make_shm_group(*impl.store, impl.shm_peers, impl.timeout);
-  // Every host must have its group, or none uses one (all_reduce would differ across hosts).
-  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
-  impl.store->set(fmt::format("shm/hierarchy/{}", env.rank), bytes(local.why_not));
-  std::string why_not;
-  for (int r = 0; r < env.world_size && why_not.empty(); ++r) {
-    const std::vector<uint8_t> v = impl.store->get(fmt::format("shm/hierarchy/{}", r));
-    if (!v.empty())
-      why_not = fmt::format("on rank {}'s host: {}", r, std::string(v.begin(), v.end()));
-  }
-  if (why_not.empty()) impl.local_shm = std::move(local.group);
-  return why_not;
+  // Transports that compare calls themselves (shm) need not; the others gather them
+  // (Transport::gather_calls; not NCCL, which would need CUDA tensors).
+  impl.check_calls =
+      env.debug == DebugLevel::kDetail && env.world_size > 1 && !impl.caps().checks_calls;
 }
 
 // Note [SIGPIPE]
@@ -258,101 +208,37 @@ void ignore_default_sigpipe() {
   }
 }
 
-}  // namespace
-
-std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
-  auto impl = std::make_unique<detail::ProcessGroupImpl>();
-  impl->env = resolve_env(o);
-  const DistEnv& env = impl->env;
-  impl->backend_name = choose_backend(requested_backend(o));
-  impl->timeout =
-      o.timeout.value_or(env.collective_timeout.value_or(milliseconds(kDefaultCollectiveTimeout)));
-  const milliseconds rdzv_timeout = o.rendezvous_timeout.value_or(
-      env.rdzv_timeout.value_or(milliseconds(kDefaultRendezvousTimeout)));
-  DDP_CHECK(impl->timeout.count() > 0 && rdzv_timeout.count() > 0, ConfigError,
+// The timeouts: explicit options, else the launch environment, else the defaults.
+struct Timeouts {
+  milliseconds collective;
+  milliseconds rendezvous;
+};
+Timeouts resolve_timeouts(const InitOptions& o, const DistEnv& env) {
+  const Timeouts t{o.timeout.value_or(
+                       env.collective_timeout.value_or(milliseconds(kDefaultCollectiveTimeout))),
+                   o.rendezvous_timeout.value_or(
+                       env.rdzv_timeout.value_or(milliseconds(kDefaultRendezvousTimeout)))};
+  DDP_CHECK(t.collective.count() > 0 && t.rendezvous.count() > 0, ConfigError,
             "InitOptions: timeouts must be positive");
+  return t;
+}
 
-  if (env.world_size > 1) ignore_default_sigpipe();  // Note [SIGPIPE]
-
+rendezvous::Config rendezvous_config(const InitOptions& o, const DistEnv& env,
+                                     milliseconds timeout) {
   rendezvous::Config rc(env);
   rc.single_host = env.local_world_size == env.world_size;
   rc.key_prefix = fmt::format("ddp/{}/attempt_{}/{}/", env.run_id.empty() ? "none" : env.run_id,
                               env.restart_count, o.group_name);
-  rc.timeout = rdzv_timeout;
-  impl->store = rendezvous::join(rc);
-  agree_on_backend(*impl->store, env, requested_backend(o));
+  rc.timeout = timeout;
+  return rc;
+}
 
-  // Shared memory when every rank is on this host (explicitly asked for, or chosen by auto);
-  // the hierarchy when the ranks span hosts with several on each (auto only).
-  if (impl->backend_name == "shm" || impl->backend_name == "cpu-auto") {
-    const Locality where = exchange_locality(*impl->store, env, o.host_id);
-    std::string why_not;
-    if (where.hosts() == 1) {
-      std::vector<int> all(env.world_size);
-      std::iota(all.begin(), all.end(), 0);
-      impl->shm_peers = {"shm/", env.rank, env.world_size, all, env.run_id};
-      ShmSetup shm = make_shm_group(*impl->store, impl->shm_peers, impl->timeout);
-      impl->shm = std::move(shm.group);
-      why_not = shm.why_not;
-    } else {
-      why_not = where.first_difference;
-      DDP_CHECK(impl->backend_name != "shm", RendezvousError,
-                "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on "
-                "one host (same kernel, same pid namespace); use backend 'auto' (shared memory "
-                "inside each host, Gloo between them) or 'gloo'.",
-                env.rank, why_not);
-      if (where.uniform() && where.host_size.front() > 1) {
-        why_not = form_hierarchy(*impl, where);
-      } else if (env.rank == 0 && debug_info(env)) {
-        fmt::print(stderr,
-                   "ddp: {} hosts with {} ranks; a hierarchy needs the same number, "
-                   "more than one, on each; using gloo\n",
-                   where.hosts(), fmt::join(where.host_size, "/"));
-      }
-    }
-    if (impl->shm) {
-      impl->backend_name = "shm";
-    } else if (impl->local_shm) {
-      impl->backend_name = "shm+gloo";
-    } else {
-      DDP_CHECK(impl->backend_name != "shm", RendezvousError,
-                "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on "
-                "one host (same kernel, same pid namespace); use backend 'auto' or 'gloo'.",
-                env.rank, why_not);
-      if (env.rank == 0 && (debug_info(env) || why_not.find("hosts") == std::string::npos)) {
-        fmt::print(stderr, "ddp: shared-memory transport not used ({}); using gloo\n", why_not);
-      }
-      impl->backend_name = "gloo";
-    }
-  }
-  if (env.rank == 0 && debug_info(env)) {
-    fmt::print(stderr, "ddp: process group '{}' of {} ranks over {}\n", o.group_name,
-               env.world_size, impl->backend_name);
-  }
-
-  // All ranks are present: Gloo/NCCL now connect their pairs through the same store.
-  const std::string c10d_backend = impl->backend_name == "shm+gloo" ? "gloo" : impl->backend_name;
-  auto backend_store = c10::make_intrusive<::c10d::PrefixStore>(c10d_backend, impl->store);
+// Runs `connect` (a c10d backend's construction, which connects every pair through the store);
+// its failure becomes a RendezvousError that says what to check.
+template <typename Connect>
+auto connected(const DistEnv& env, const std::string& backend, Connect&& connect) {
   try {
-#if DDP_WITH_NCCL
-    if (impl->backend_name == "nccl") {
-      impl->backend =
-          c10d_compat::make_nccl(backend_store, env.rank, env.world_size, impl->timeout);
-    }
-#endif
-    if (c10d_backend == "gloo") {
-      impl->backend = c10d_compat::make_gloo(backend_store, env.rank, env.world_size, impl->timeout,
-                                             gloo_device(o, env));
-    }
-    if (impl->local_shm) {
-      // The rail: the ranks of this local index, one per host, in host order.
-      const int index = impl->shm_peers.rank;
-      const int hosts = env.world_size / impl->shm_peers.size;
-      auto rail_store =
-          c10::make_intrusive<::c10d::PrefixStore>(fmt::format("gloo-rail{}", index), impl->store);
-      impl->rail = c10d_compat::make_gloo(rail_store, impl->host_index, hosts, impl->timeout,
-                                          gloo_device(o, env));
-    }
+    return connect();
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -360,7 +246,141 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
         "[rank {}] all {} ranks joined, but connecting the {} backend failed: {}. A peer may "
         "have exited right after joining, or the ranks cannot reach each other's addresses "
         "(set GLOO_SOCKET_IFNAME to choose the network interface).",
-        env.rank, env.world_size, impl->backend_name, e.what()));
+        env.rank, env.world_size, backend, e.what()));
+  }
+}
+
+// Gloo or NCCL over the whole group (keys under "<backend>/").
+std::unique_ptr<Transport> c10d_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
+                                          const std::string& backend) {
+  const DistEnv& env = impl.env;
+  auto store = c10::make_intrusive<::c10d::PrefixStore>(backend, impl.store);
+  return connected(env, backend, [&] {
+#if DDP_WITH_NCCL
+    if (backend == "nccl") {
+      return make_c10d_transport(backend,
+                                 c10d_compat::make_nccl(store, env.rank, env.world_size,
+                                                        impl.timeout),
+                                 env.rank, env.world_size);
+    }
+#endif
+    return make_c10d_transport(backend,
+                               c10d_compat::make_gloo(store, env.rank, env.world_size, impl.timeout,
+                                                      gloo_device(o, env)),
+                               env.rank, env.world_size);
+  });
+}
+
+// Every rank on this host: one shared-memory group, or why not (the same on every rank).
+std::string form_shm(detail::ProcessGroupImpl& impl, std::unique_ptr<Transport>& out) {
+  const DistEnv& env = impl.env;
+  std::vector<int> all(env.world_size);
+  std::iota(all.begin(), all.end(), 0);
+  impl.shm_peers = {"shm/", env.rank, env.world_size, all, env.run_id};
+  ShmSetup shm = make_shm_group(*impl.store, impl.shm_peers, impl.timeout);
+  if (shm.group) out = make_shm_transport(std::move(shm.group));
+  return shm.why_not;
+}
+
+// Note [Hierarchical collectives] (transport/hierarchy.cpp): this host's shm group, if every
+// host could form one (all_reduce would differ across hosts otherwise), then the flat Gloo group
+// and this rank's rail. Returns why not, or "" when formed.
+std::string form_hierarchy(detail::ProcessGroupImpl& impl, const InitOptions& o,
+                           const Locality& where, std::unique_ptr<Transport>& out) {
+  const DistEnv& env = impl.env;
+  const int h = where.host[env.rank];
+  HierarchyLayout layout;
+  layout.rank = env.rank;
+  layout.host = h;
+  layout.local = where.local_rank[env.rank];
+  for (int other = 0; other < where.hosts(); ++other)
+    layout.rank_at.push_back(where.ranks_on(other));
+  impl.shm_peers = {fmt::format("shm/host{}/", h), layout.local, where.host_size[h],
+                    where.ranks_on(h), env.run_id};
+  ShmSetup local = make_shm_group(*impl.store, impl.shm_peers, impl.timeout);
+  const std::vector<std::string> outcomes =
+      store_exchange::exchange(*impl.store, "shm/hierarchy", env.rank, env.world_size,
+                               local.why_not);
+  for (int r = 0; r < env.world_size; ++r) {
+    if (!outcomes[r].empty()) return fmt::format("on rank {}'s host: {}", r, outcomes[r]);
+  }
+  auto flat_store = c10::make_intrusive<::c10d::PrefixStore>("gloo", impl.store);
+  auto rail_store =
+      c10::make_intrusive<::c10d::PrefixStore>(fmt::format("gloo-rail{}", layout.local),
+                                               impl.store);
+  out = connected(env, "shm+gloo", [&] {
+    auto flat = c10d_compat::make_gloo(flat_store, env.rank, env.world_size, impl.timeout,
+                                       gloo_device(o, env));
+    auto rail = c10d_compat::make_gloo(rail_store, layout.host, layout.hosts(), impl.timeout,
+                                       gloo_device(o, env));
+    return make_hierarchy_transport(std::move(local.group), std::move(rail), std::move(flat),
+                                    layout);
+  });
+  return "";
+}
+
+// The CPU transports by locality: shm when every rank is on this host (asked for, or chosen by
+// auto); the hierarchy when the ranks span hosts with several on each (auto only); else Gloo.
+std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
+                                         const std::string& choice) {
+  const DistEnv& env = impl.env;
+  const Locality where = exchange_locality(*impl.store, env, o.host_id);
+  std::unique_ptr<Transport> out;
+  std::string why_not;
+  if (where.hosts() == 1) {
+    why_not = form_shm(impl, out);
+  } else {
+    why_not = where.first_difference;
+    DDP_CHECK(choice != "shm", RendezvousError,
+              "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on "
+              "one host (same kernel, same pid namespace); use backend 'auto' (shared memory "
+              "inside each host, Gloo between them) or 'gloo'.",
+              env.rank, why_not);
+    if (where.uniform() && where.host_size.front() > 1) {
+      why_not = form_hierarchy(impl, o, where, out);
+    } else if (env.rank == 0 && debug_info(env)) {
+      fmt::print(stderr,
+                 "ddp: {} hosts with {} ranks; a hierarchy needs the same number, more than one, "
+                 "on each; using gloo\n",
+                 where.hosts(), fmt::join(where.host_size, "/"));
+    }
+  }
+  if (out) return out;
+  DDP_CHECK(choice != "shm", RendezvousError,
+            "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on one "
+            "host (same kernel, same pid namespace); use backend 'auto' or 'gloo'.",
+            env.rank, why_not);
+  if (env.rank == 0 && (debug_info(env) || why_not.find("hosts") == std::string::npos)) {
+    fmt::print(stderr, "ddp: shared-memory transport not used ({}); using gloo\n", why_not);
+  }
+  impl.shm_peers = {};
+  return c10d_transport(impl, o, "gloo");
+}
+
+}  // namespace
+
+// Forming a group, step by step: where this rank stands, the timeouts, the rendezvous, one
+// transport agreed by all, the diagnostics.
+std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
+  auto impl = std::make_unique<detail::ProcessGroupImpl>();
+  impl->env = resolve_env(o);
+  const DistEnv& env = impl->env;
+  const std::string requested = requested_backend(o);
+  const std::string choice = choose_backend(requested);
+  const Timeouts timeouts = resolve_timeouts(o, env);
+  impl->timeout = timeouts.collective;
+  if (env.world_size > 1) ignore_default_sigpipe();  // Note [SIGPIPE]
+
+  const rendezvous::Config rc = rendezvous_config(o, env, timeouts.rendezvous);
+  impl->store = rendezvous::join(rc);
+  agree_on_backend(*impl->store, env, requested);
+  // All ranks are present: the transport forms (Gloo and NCCL connect their pairs through the
+  // same store).
+  impl->transport = choice == "shm" || choice == "cpu-auto" ? cpu_transport(*impl, o, choice)
+                                                            : c10d_transport(*impl, o, choice);
+  if (env.rank == 0 && debug_info(env)) {
+    fmt::print(stderr, "ddp: process group '{}' of {} ranks over {}\n", o.group_name,
+               env.world_size, impl->caps().name);
   }
   add_diagnostics(*impl, o, rc.key_prefix);
   return std::make_shared<ProcessGroup>(std::move(impl));

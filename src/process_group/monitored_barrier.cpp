@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "process_group/internal.h"
+#include "process_group/store_exchange.h"
 
 namespace ddp {
 namespace {
@@ -17,8 +18,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+using store_exchange::bytes_of;
+using store_exchange::text_of;
 // How much longer than the timeout ranks other than 0 wait for rank 0's release (which may say
 // that some rank did not arrive).
 constexpr std::chrono::seconds kReleaseGrace{2};
@@ -54,7 +55,7 @@ void ProcessGroup::monitored_barrier(std::optional<milliseconds> timeout) {
   const auto deadline = start + limit;
   try {
     if (me != 0) {
-      store.set(fmt::format("{}arrived/{}", base, me), bytes("1"));
+      store.set(fmt::format("{}arrived/{}", base, me), bytes_of("1"));
       // Rank 0 answers at its own deadline at the latest: wait a little longer for that answer.
       const bool released =
           poll_until(deadline + kReleaseGrace, [&] { return store.check({base + "release"}); });
@@ -62,7 +63,7 @@ void ProcessGroup::monitored_barrier(std::optional<milliseconds> timeout) {
                 "[rank {}] monitored_barrier #{}: rank 0 did not release it within {:.1f} s; "
                 "rank 0 has not reached this barrier (it may be stuck, stopped or dead).",
                 me, number, seconds(limit));
-      const std::string verdict = text(store.get(base + "release"));
+      const std::string verdict = text_of(store.get(base + "release"));
       DDP_CHECK(verdict == "ok", TimeoutError,
                 "[rank {}] monitored_barrier #{} failed on rank 0: {}", me, number, verdict);
       return;
@@ -75,14 +76,14 @@ void ProcessGroup::monitored_barrier(std::optional<milliseconds> timeout) {
       return missing.empty();
     });
     if (missing.empty()) {
-      store.set(base + "release", bytes("ok"));
+      store.set(base + "release", bytes_of("ok"));
       return;
     }
     const std::string verdict =
         fmt::format("rank{} {} did not arrive within {:.1f} s ({} of {} ranks arrived)",
                     missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), seconds(limit),
                     n - static_cast<int>(missing.size()), n);
-    store.set(base + "release", bytes(verdict));
+    store.set(base + "release", bytes_of(verdict));
     throw TimeoutError(fmt::format(
         "[rank 0] monitored_barrier #{}: {}\nThe missing ranks are stuck before the barrier, "
         "stopped or dead, or run a different sequence of calls.",

@@ -12,12 +12,14 @@
 
 #include "base/check.h"
 #include "base/net.h"  // host_name
+#include "process_group/store_exchange.h"
 
 namespace ddp {
 namespace {
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+using store_exchange::bytes_of;
+using store_exchange::exchange;
+using store_exchange::text_of;
 
 // Test knob: a tiny chunk forces many chunks per collective (DDP_SHM_CHUNK_BYTES).
 size_t chunk_bytes(int size) {
@@ -62,14 +64,7 @@ Locality exchange_locality(::c10d::Store& store, const DistEnv& env,
                            const std::optional<std::string>& host_id) {
   const int n = env.world_size;
   const std::string me = host_id ? "host_id " + *host_id : host_identity();
-  std::vector<std::string> ids(n);
-  ids[env.rank] = me;
-  if (n > 1) {
-    store.set(fmt::format("shm/host/{}", env.rank), bytes_of(me));
-    for (int r = 0; r < n; ++r) {
-      if (r != env.rank) ids[r] = text(store.get(fmt::format("shm/host/{}", r)));
-    }
-  }
+  const std::vector<std::string> ids = exchange(store, "shm/host", env.rank, n, me);
   Locality out;
   std::vector<std::string> seen;  // identity of each host, by host index
   for (int r = 0; r < n; ++r) {
@@ -112,7 +107,7 @@ ShmSetup make_shm_group(::c10d::Store& store, const ShmPeers& peers,
                                         : "error " + status));
     }
   } else {
-    const std::string where = text(store.get(key("segment")));
+    const std::string where = text_of(store.get(key("segment")));
     int pid = 0, fd = -1;
     if (where.starts_with("error ")) {
       status =
@@ -130,17 +125,10 @@ ShmSetup make_shm_group(::c10d::Store& store, const ShmPeers& peers,
   }
   // 2. Every peer learns whether every peer mapped it (so all fall back together); the
   // creator may close its fd after that.
-  std::string first_error =
-      status != "ok" ? fmt::format("rank {}: {}", peers.global[rank], status) : "";
-  if (n > 1) {
-    store.set(key(fmt::format("mapped/{}", rank)), bytes_of(status));
-    for (int r = 0; r < n; ++r) {
-      if (r == rank) continue;
-      const std::string s = text(store.get(key(fmt::format("mapped/{}", r))));
-      if (s != "ok" && first_error.empty()) {
-        first_error = fmt::format("rank {}: {}", peers.global[r], s);
-      }
-    }
+  std::string first_error;
+  const std::vector<std::string> mapped = exchange(store, key("mapped"), rank, n, status);
+  for (int r = 0; r < n && first_error.empty(); ++r) {
+    if (mapped[r] != "ok") first_error = fmt::format("rank {}: {}", peers.global[r], mapped[r]);
   }
   segment.close_fd();
   ShmSetup out;
@@ -162,11 +150,12 @@ std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm:
   buffer->bytes = bytes;
   buffer->base.assign(n, nullptr);
   buffer->parts.resize(n);
-  const auto key = [&](const char* what, int r) {
-    return fmt::format("{}buffer/{}/{}/{}", peers.prefix, id, what, r);
+  const auto key = [&](const char* what) {
+    return fmt::format("{}buffer/{}/{}", peers.prefix, id, what);
   };
 
-  // 1. Every rank creates its part and says where it is (or why it could not).
+  // 1. Every rank creates its part and says where it is (or why it could not). Every rank checks
+  // every size, so a mismatch fails on every rank: nobody leaves before all have read.
   std::string status = "ok";
   try {
     buffer->parts[rank] =
@@ -175,16 +164,16 @@ std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm:
   } catch (const std::exception& e) {
     status = e.what();
   }
-  if (n > 1) {
-    store.set(key("part", rank),
-              bytes_of(status == "ok"
-                           ? fmt::format("ok {} {} {}", getpid(), buffer->parts[rank].fd(), bytes)
-                           : fmt::format("error {} {}", bytes, status)));
-  }
+  const std::vector<std::string> parts =
+      exchange(store, key("part"), rank, n,
+               status == "ok"
+                   ? fmt::format("ok {} {} {}", getpid(), buffer->parts[rank].fd(), bytes)
+                   : fmt::format("error {} {}", bytes, status),
+               store_exchange::Linger::kUntilAllRead);
   // 2. Every rank maps every peer's part.
-  for (int r = 0; r < n && status == "ok"; ++r) {
+  for (int r = 0; r < n; ++r) {
     if (r == rank) continue;
-    const std::string where = text(store.get(key("part", r)));
+    const std::string& where = parts[r];
     int pid = 0, fd = -1;
     unsigned long long theirs = 0;
     const bool ok = std::sscanf(where.c_str(), "ok %d %d %llu", &pid, &fd, &theirs) == 3;
@@ -194,9 +183,10 @@ std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm:
               "ProcessGroup::comm_buffer is collective: every rank must allocate the same "
               "buffers in the same order.",
               peers.global[rank], id, bytes, peers.global[r], theirs);
+    if (status != "ok") continue;  // checked the sizes; nothing to map
     if (!ok) {
       status = fmt::format("rank {}: {}", peers.global[r], where.substr(where.find(' ', 6) + 1));
-      break;
+      continue;
     }
     try {
       buffer->parts[r] = shm::Segment::open(pid, fd, bytes);
@@ -207,18 +197,9 @@ std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm:
     }
   }
   // 3. Everyone learns whether every rank mapped everything; then the creators close their fds.
-  if (n > 1) {
-    store.set(key("mapped", rank), bytes_of(status));
-    for (int r = 0; r < n && status == "ok"; ++r) {
-      if (r == rank) continue;
-      const std::string theirs = text(store.get(key("mapped", r)));
-      if (theirs != "ok") status = fmt::format("rank {}: {}", peers.global[r], theirs);
-    }
-    // A rank that failed at step 2 skipped the others' records; it still must not leave
-    // before they have read its own, so it reads them too.
-    for (int r = 0; r < n && status != "ok"; ++r) {
-      if (r != rank) store.get(key("mapped", r));
-    }
+  const std::vector<std::string> mapped = exchange(store, key("mapped"), rank, n, status);
+  for (int r = 0; r < n && status == "ok"; ++r) {
+    if (mapped[r] != "ok") status = fmt::format("rank {}: {}", peers.global[r], mapped[r]);
   }
   buffer->parts[rank].close_fd();
   if (status != "ok") {

@@ -1,8 +1,6 @@
 // Work: waiting on a collective and turning c10d failures into errors that carry the evidence.
 #include <fmt/format.h>
 
-#include <thread>
-
 #include "base/check.h"
 #include "ddp/error.h"
 #include "process_group/internal.h"
@@ -16,9 +14,6 @@ bool looks_like_timeout(const std::string& what) {
   }
   return false;
 }
-
-// How long a Gloo wait sleeps between looks at this host's peers (Note [Hang reports]).
-constexpr std::chrono::seconds kPeerCheckInterval{1};
 
 // `error` (a ddp::Error) with `head` as its first line and `tail` after it, same type.
 std::exception_ptr reworded(std::exception_ptr error, const std::string& head,
@@ -40,58 +35,29 @@ std::exception_ptr reworded(std::exception_ptr error, const std::string& head,
   }
 }
 
-// Waits for a c10d work for up to the group's timeout. With a reporter, in slices, looking at
-// this host's peers in between: a stopped or vanished peer fails the wait at once.
-void wait_c10d(detail::WorkState& s) {
-  if (!s.reporter) {
-    s.work->wait(s.timeout);
-    return;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  while (true) {
-    const auto left = s.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      std::chrono::steady_clock::now() - start);
-    try {
-      s.work->wait(std::max(std::chrono::milliseconds(1),
-                            std::min<std::chrono::milliseconds>(left, kPeerCheckInterval)));
-      return;
-    } catch (...) {
-      // Either the collective failed, or only this slice of waiting ended.
-      if (s.work->isCompleted() || left <= kPeerCheckInterval) throw;
-    }
-    const std::string peer = s.reporter->check_local_peers();
-    DDP_CHECK(peer.empty(), CollectiveError,
-              "[rank {}] {} #{} ({}) failed: {}; this rank stopped waiting for it after {:.1f} "
-              "s (the timeout is {:.1f} s).",
-              s.rank, s.op, s.seq, s.detail, peer,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-              std::chrono::duration<double>(s.timeout).count());
-  }
-}
-
 std::exception_ptr classify(const detail::WorkState& s, const std::string& cause) {
   using namespace std::chrono;
   const double elapsed = duration<double>(steady_clock::now() - s.issued).count();
   const double limit = duration<double>(s.timeout).count();
   if (looks_like_timeout(cause) || elapsed >= limit) {
     return std::make_exception_ptr(TimeoutError(fmt::format(
-        "[rank {}] {} #{} ({}) timed out after {:.1f} s (limit {:.1f} s): {}. A peer rank has "
-        "not reached this collective: it may be stuck, dead, or issuing collectives in a "
-        "different order. If the work is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or "
+        "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s): {}. A peer rank has not "
+        "reached this collective: it may be stuck, dead, or issuing collectives in a different "
+        "order. If the work is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or "
         "InitOptions::timeout.",
-        s.rank, s.op, s.seq, s.detail, elapsed, limit, cause)));
+        s.rank, s.call.describe(), elapsed, limit, cause)));
   }
   return std::make_exception_ptr(CollectiveError(fmt::format(
-      "[rank {}] {} #{} ({}) failed: {}. A peer rank has probably exited or crashed: look for "
-      "its own error (ddprun prints a root-cause summary).",
-      s.rank, s.op, s.seq, s.detail, cause)));
+      "[rank {}] {} failed: {}. A peer rank has probably exited or crashed: look for its own "
+      "error (ddprun prints a root-cause summary).",
+      s.rank, s.call.describe(), cause)));
 }
 
 }  // namespace
 
 std::exception_ptr explain_failure(const detail::WorkState& s, std::exception_ptr error) {
   if (!s.reporter) return error;
-  const HangReporter::Report report = s.reporter->explain(s.seq);
+  const HangReporter::Report report = s.reporter->explain(s.call.seq);
   if (report.verdict.empty() && report.details.empty()) return error;
   bool timed_out = false;
   try {
@@ -100,10 +66,11 @@ std::exception_ptr explain_failure(const detail::WorkState& s, std::exception_pt
     timed_out = true;
   } catch (...) {
   }
-  const std::string head = report.verdict.empty()
-                               ? ""
-                               : fmt::format("[rank {}] {} #{} {}: {}", s.rank, s.op, s.seq,
-                                             timed_out ? "timed out" : "failed", report.verdict);
+  const std::string head =
+      report.verdict.empty()
+          ? ""
+          : fmt::format("[rank {}] {} #{} {}: {}", s.rank, name(s.call.op), s.call.seq,
+                        timed_out ? "timed out" : "failed", report.verdict);
   return reworded(error, head, report.details);
 }
 
@@ -120,17 +87,12 @@ void Work::wait() {
   detail::WorkState& s = *state_;
   s.done.run(
       [&s] {
-        if (s.shm_op) {
-          s.shm_group->wait(*s.shm_op);  // bounded inside, with errors that say who is behind
-        } else if (s.work) {
-          // Gloo enforces the timeout itself; the bound here covers backends that do not.
-          wait_c10d(s);
-        }
+        if (s.pending) s.pending->wait(s);  // bounded by s.timeout
         if (s.then) {
           auto then = std::move(s.then);
           then();
         }
-        if (s.recorder) s.recorder->finish(s.seq, true);
+        if (s.recorder) s.recorder->finish(s.call.seq, true);
       },
       [&s](std::exception_ptr e) {
         std::exception_ptr error;
@@ -145,7 +107,7 @@ void Work::wait() {
         } catch (...) {
           error = classify(s, "unknown exception");
         }
-        if (s.recorder) s.recorder->finish(s.seq, false);
+        if (s.recorder) s.recorder->finish(s.call.seq, false);
         return explain_failure(s, error);
       });
 }
@@ -153,13 +115,12 @@ void Work::wait() {
 bool Work::is_completed() const {
   if (!state_) return false;
   if (state_->done.finished()) return true;
-  if (state_->shm_op) return state_->shm_op->done.load();
-  return !state_->work || state_->work->isCompleted();
+  return !state_->pending || state_->pending->is_completed();
 }
 
 std::string Work::description() const {
   if (!state_) return "(empty work)";
-  return fmt::format("{} #{} ({})", state_->op, state_->seq, state_->detail);
+  return state_->call.describe();
 }
 
 }  // namespace ddp

@@ -18,7 +18,7 @@
 #include "base/check.h"
 #include "base/net.h"  // host_name
 #include "c10d/compat.h"
-#include "store/bind.h"        // plan_bind
+#include "store/host.h"        // host
 #include "store/c10d_store.h"  // DdpStore, BoundedStore
 
 namespace ddp::rendezvous {
@@ -76,19 +76,21 @@ c10::intrusive_ptr<::c10d::Store> connect_agent_tcpstore(const Config& c) {
   }
 }
 
-// Rank 0 hosts our store where the job's ranks reach it (Note [Where the store listens]).
+// Rank 0 hosts our store where the job's ranks reach it (Note [Hosting the store]).
 std::shared_ptr<store::Server> host_store(const Config& c, const std::string& key) {
-  const store::BindPlan plan = store::plan_bind(c.master_addr, c.single_host, c.store_bind);
-  store::ServerOptions so;
-  so.bind_addresses = plan.addresses;
-  so.port = c.master_port;
-  so.key = key;
-  if (c.store_max_bytes) so.max_stored_bytes = *c.store_max_bytes;
-  std::shared_ptr<store::Server> server;
+  store::HostOptions o;
+  o.master_addr = c.master_addr;
+  o.port = c.master_port;
+  o.single_host = c.single_host;
+  o.bind = c.store_bind;
+  o.key = key;
+  o.has_secret = !c.store_secret.empty();
+  o.max_bytes = c.store_max_bytes;
+  o.name = "the rendezvous store";
   try {
-    server = std::make_shared<store::Server>(so);
-  } catch (const store::BindError& e) {
-    if (e.error == EADDRINUSE) {
+    return store::host(o);
+  } catch (const store::HostError& e) {
+    if (e.port_in_use) {
       throw RendezvousError(fmt::format(
           "[rank 0] cannot host the rendezvous store: port {} (MASTER_PORT) is already in use "
           "on this host. Another job, or an earlier run still shutting down, holds it: pick a "
@@ -100,26 +102,6 @@ std::shared_ptr<store::Server> host_store(const Config& c, const std::string& ke
         "DDP_STORE_BIND to an address of this host (or 'any').",
         endpoint(c), e.what()));
   }
-  if (!plan.why_every_interface.empty()) {
-    fmt::print(stderr,
-               "ddp: the rendezvous store listens on every interface ({}): {}; set "
-               "DDP_STORE_BIND=<address of this host> to listen on one\n",
-               server->listening(), plan.why_every_interface);
-  }
-  bool loopback_only = !plan.addresses.empty();
-  for (const std::string& a : plan.addresses) {
-    store::SocketAddress parsed;
-    loopback_only = loopback_only && store::parse_ip(a, 0, parsed) && parsed.is_loopback();
-  }
-  if (c.store_secret.empty() && !loopback_only) {
-    fmt::print(stderr,
-               "ddp: the rendezvous store on {} has no secret (DDP_STORE_SECRET is not "
-               "set): any process that reaches it and knows the run id can join the job. Give "
-               "every process the same DDP_STORE_SECRET (ddprun does for single-node jobs; "
-               "with several nodes, export one on each)\n",
-               server->listening());
-  }
-  return server;
 }
 
 c10::intrusive_ptr<::c10d::Store> connect(const Config& c) {
@@ -156,8 +138,8 @@ constexpr auto kMinCallTime = std::chrono::seconds(1);
 // Counts ranks until all joined (see Note [Counting rendezvous]). Throws on abort or timeout.
 // `raw` is the store under `prefixed`, whose timeout bounds each call.
 void count(::c10d::Store& prefixed, ::c10d::Store& raw, const Config& c) {
-  const std::string me =
-      fmt::format("{}:{}:{}:{}", c.world_size, c.rank, net::host_name(), static_cast<int>(getpid()));
+  const std::string me = fmt::format("{}:{}:{}:{}", c.world_size, c.rank, net::host_name(),
+                                     static_cast<int>(getpid()));
   const bool hosting = rendezvous::hosting(c);
   const auto deadline = Clock::now() + c.timeout;
   // The store, its next call bounded by the time left.

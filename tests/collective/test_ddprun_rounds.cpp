@@ -15,6 +15,8 @@
 #include "base/net.h"  // pick_free_port
 #include "ddp/error.h"
 #include "rounds.h"
+#include "store/client.h"
+#include "store/protocol.h"  // job_key
 
 namespace ddp::launcher {
 namespace {
@@ -68,6 +70,33 @@ class RoundsTest : public ::testing::Test {
   const int port_ = net::pick_free_port();
   const LaunchConfig c0_ = node_config(0), c1_ = node_config(1);
 };
+
+// Node 0's ddprun hosts the agent store by the same rules as rank 0 (Note [Hosting the store]):
+// DDP_STORE_MAX_BYTES caps what it stores (the launcher's copy of the hosting code once ignored
+// it), and a value that is not a size is refused, naming the variable.
+TEST_F(RoundsTest, TheAgentStoreHonoursDdpStoreMaxBytes) {
+  auto n0 = make_rounds(c0_, EnvMap{{"DDP_STORE_MAX_BYTES", "64K"}}, "run-1", "secret");
+  store::ClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = port_;
+  o.key = store::job_key("secret", "run-1");
+  o.who = "[test]";
+  o.owner = "node 0";
+  store::Client client(o);
+  client.set("small", std::string(1024, 'x'), Clock::now() + 5s);
+  try {
+    client.set("big", std::string(100 * 1024, 'x'), Clock::now() + 5s);
+    FAIL() << "the agent store stored past DDP_STORE_MAX_BYTES";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "limit of 65536 bytes")) << e.what();
+  }
+  try {
+    make_rounds(node_config(0), EnvMap{{"DDP_STORE_MAX_BYTES", "lots"}}, "run-2", "secret");
+    FAIL() << "accepted DDP_STORE_MAX_BYTES=lots";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "DDP_STORE_MAX_BYTES='lots' is not a size")) << e.what();
+  }
+}
 
 TEST_F(RoundsTest, ASingleNodeRunsItsOwnAttempts) {
   LaunchConfig c;

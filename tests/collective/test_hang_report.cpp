@@ -58,7 +58,7 @@ TEST(HangReport, SkippedCollectiveNamesTheRankBehindAndWhereItStands) {
             "[rank 0] all_reduce #4 timed out: rank 1 never issued all_reduce #4; its last "
             "completed collective is #3 (all_reduce) at step 812")
       << message;
-  EXPECT_NE(message.find("rank 1: last issued all_reduce #3 (4 x Float) (completed)"),
+  EXPECT_NE(message.find("rank 1: last issued all_reduce #3 (sum, 4 x Float) (completed)"),
             std::string::npos)
       << message;
   EXPECT_EQ(message.find("frame #"), std::string::npos) << "no C++ backtrace: " << message;
@@ -80,7 +80,7 @@ TEST(HangReport, AStoreThatIsGoneIsNamedOnceNotOncePerRank) {
   co.owner = "rank 0";
   auto client = c10::make_intrusive<store::DdpStore>(co, 1s);
   auto ring = std::make_shared<flight::Ring>(16);
-  ring->issue(1, "all_reduce", "Float", 4, nullptr);
+  ring->issue({.op = Collective::kAllReduce, .dtype = DType::kF32, .count = 4, .seq = 1}, nullptr);
   ring->finish(1, false);
   HangReporter reporter(client, ring, {.rank = 0, .size = 3, .group = "default", .dump_dir = ""});
   server.reset();  // the store's host is gone
@@ -156,8 +156,8 @@ TEST(HangReport, DesyncUnderDebugDetailNamesBothCalls) {
   for (int r = 0; r < 2; ++r) {
     const std::string head = first_line(messages[r]);
     EXPECT_NE(head.find(fmt::format("[rank {}]", r)), std::string::npos) << messages[r];
-    EXPECT_NE(head.find("all_reduce #2 (4 x Float"), std::string::npos) << messages[r];
-    EXPECT_NE(head.find("broadcast #2 (1 x Long"), std::string::npos) << messages[r];
+    EXPECT_NE(head.find("all_reduce #2 (sum, 4 x Float)"), std::string::npos) << messages[r];
+    EXPECT_NE(head.find("broadcast #2 (from rank 0, 1 x Long)"), std::string::npos) << messages[r];
   }
   EXPECT_LT(waited_s, 15.0) << "a desync is found at once, not at the 20 s timeout";
 }
@@ -209,7 +209,7 @@ TEST(HangReport, DdpBucketsAreRecordedWithTheirParametersAndStep) {
       EXPECT_EQ(rec.state, flight::State::kCompleted) << rec.describe();
       if (rec.bucket < 0) continue;
       bucket_seen = true;
-      EXPECT_EQ(rec.op, "all_reduce");
+      EXPECT_EQ(rec.call.op, Collective::kAllReduce);
       EXPECT_EQ(rec.step, 7);
       EXPECT_EQ(rec.params.rfind("2.", 0), 0u) << rec.params;  // the last layer's come first
     }

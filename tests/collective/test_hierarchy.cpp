@@ -1,4 +1,5 @@
-// The hierarchical transport (Note [Hierarchical collectives] in src/process_group/make.cpp)
+// The hierarchical transport (Note [Hierarchical collectives] in
+// src/process_group/transport/hierarchy.cpp)
 // with thread-ranks laid out as hosts through InitOptions::host_id: which layouts choose it,
 // every collective's result, bit-identical replicas, comm buffers, and a rank that leaves.
 #include <latch>
@@ -7,7 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "ddp/comm_hooks.h"
+#include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
+#include "process_group/internal.h"
 #include "support/ranks.h"
 
 namespace ddp {
@@ -79,6 +83,50 @@ TEST(Hierarchy, ExplicitShmAcrossHostsIsAnErrorOnEveryRank) {
   }
 }
 
+// Capabilities are declared by each transport, typed (Note [Transports]), not derived from the
+// backend's name: the hierarchy reduces bfloat16 and averages itself (a name-based table once
+// said it did not, and the bf16 hook fell back to a flat all_gather across every host).
+TEST(Hierarchy, TransportsDeclareTypedCapabilities) {
+  for (const auto& hosts :
+       std::vector<std::vector<std::string>>{kTwoByTwo, {"a", "b"}, {"a", "a"}}) {
+    run_on_hosts(hosts, [&](ProcessGroup& pg) {
+      const Capabilities& caps = detail::impl_of(pg).caps();
+      EXPECT_EQ(caps.name, pg.backend());
+      const bool gloo = pg.backend() == "gloo";
+      EXPECT_EQ(caps.reduces(DType::kBF16), !gloo) << pg.backend();
+      EXPECT_EQ(caps.native_avg, !gloo) << pg.backend();
+      EXPECT_EQ(caps.in_place_comm_buffers, !gloo) << pg.backend();
+      EXPECT_EQ(caps.checks_calls, pg.backend() == "shm") << pg.backend();
+      EXPECT_TRUE(caps.reduces(DType::kF32));
+      EXPECT_FALSE(caps.reduces(DType::kOther));
+      EXPECT_EQ(detail::impl_of(pg).transport->shared_memory() != nullptr, !gloo);
+    });
+  }
+}
+
+// The bf16 hook's buckets cross the hierarchy as bfloat16 all_reduces (in shared memory inside
+// a host), never as the all_gather fallback of transports without a bfloat16 reduction.
+TEST(Hierarchy, Bf16HookAllReducesInsideTheHierarchy) {
+  run_on_hosts(kTwoByTwo, [](ProcessGroup& pg) {
+    torch::manual_seed(0);
+    auto net = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::ReLU(),
+                                     torch::nn::Linear(32, 4));
+    std::shared_ptr<ProcessGroup> shared(&pg, [](ProcessGroup*) {});
+    DistributedDataParallel model(net.ptr(), {.process_group = shared});
+    model.register_comm_hook(comm_hooks::bf16_compress());
+    torch::manual_seed(pg.rank());
+    model(torch::randn({5, 16})).pow(2).sum().backward();
+    int buckets = 0;
+    for (const flight::Record& rec : detail::impl_of(pg).recorder->snapshot()) {
+      if (rec.bucket < 0) continue;
+      ++buckets;
+      EXPECT_EQ(rec.call.op, Collective::kAllReduce) << rec.describe();
+      EXPECT_EQ(rec.call.dtype, DType::kBF16) << rec.describe();
+    }
+    EXPECT_GT(buckets, 0);
+  });
+}
+
 class HierarchyLayouts : public ::testing::TestWithParam<std::vector<std::string>> {};
 
 // Small integers: every reduction has one exact answer. Sizes that split unevenly over the
@@ -132,26 +180,77 @@ TEST_P(HierarchyLayouts, ReplicasAreBitIdenticalAndCommBuffersStayInPlace) {
   }
 }
 
-TEST_P(HierarchyLayouts, OtherCollectivesGoOverGloo) {
+// Every collective travels through the hierarchy (shm inside a host, the rails between hosts):
+// exact results for every root, dtype, size (uneven splits, one element, more than a staging
+// chunk) and reduce op; types the shm kernels do not know (complex) move as bytes.
+TEST_P(HierarchyLayouts, EveryCollectiveIsExact) {
   const auto hosts = GetParam();
   const int n = static_cast<int>(hosts.size());
   run_on_hosts(hosts, [n](ProcessGroup& pg) {
+    ASSERT_EQ(pg.backend(), "shm+gloo");
     const int r = pg.rank();
-    for (int root = 0; root < n; ++root) {
-      auto t = torch::full({1000}, r * 10.0 + 0.5, torch::kDouble);
-      pg.broadcast(t, root).wait();
-      EXPECT_TRUE(torch::equal(t, torch::full({1000}, root * 10.0 + 0.5, torch::kDouble)));
+    for (auto dtype : {torch::kDouble, torch::kBFloat16, torch::kLong, torch::kBool}) {
+      for (int64_t size : {1, 7, 1001, 70000}) {
+        SCOPED_TRACE(fmt::format("{} x {}", c10::toString(dtype), size));
+        auto values = [&](int who) { return ((torch::arange(size) + who * 3) % 11).to(dtype); };
+        for (int root = 0; root < n; ++root) {
+          auto t = values(r);
+          pg.broadcast(t, root).wait();
+          EXPECT_TRUE(torch::equal(t, values(root))) << "root " << root;
+        }
+        std::vector<at::Tensor> out(n);
+        for (auto& o : out) o = torch::empty({size}, dtype);
+        pg.all_gather(out, values(r)).wait();
+        for (int p = 0; p < n; ++p) EXPECT_TRUE(torch::equal(out[p], values(p))) << "from " << p;
+        if (dtype == torch::kBool) continue;
+        for (auto op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg}) {
+          if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+          // inputs[j] of rank i: (arange + 7 i + j) % 5, small integers with exact answers.
+          auto input = [&](int i, int j) { return (torch::arange(size) + 7 * i + j) % 5; };
+          std::vector<at::Tensor> inputs, mine;
+          for (int j = 0; j < n; ++j) inputs.push_back(input(r, j).to(dtype));
+          for (int i = 0; i < n; ++i) mine.push_back(input(i, r));
+          const at::Tensor all = torch::stack(mine);
+          at::Tensor want = op == ReduceOp::kSum   ? all.sum(0)
+                            : op == ReduceOp::kMax ? std::get<0>(all.max(0))
+                            : op == ReduceOp::kMin ? std::get<0>(all.min(0))
+                                                   : all.to(torch::kDouble).mean(0);
+          auto got = torch::empty({size}, dtype);
+          pg.reduce_scatter(got, inputs, op).wait();
+          EXPECT_TRUE(torch::allclose(got.to(torch::kDouble), want.to(dtype).to(torch::kDouble)))
+              << to_string(op);
+        }
+      }
     }
-    auto in = torch::arange(100, torch::kLong) + r * 1000;
-    std::vector<at::Tensor> out(n);
-    for (auto& o : out) o = torch::empty_like(in);
-    pg.all_gather(out, in).wait();
-    for (int p = 0; p < n; ++p) EXPECT_TRUE(torch::equal(out[p], torch::arange(100) + p * 1000));
-    std::vector<at::Tensor> inputs;
-    for (int j = 0; j < n; ++j) inputs.push_back(torch::full({5}, float(r + 10 * j)));
-    auto rs = torch::empty({5});
-    pg.reduce_scatter(rs, inputs, ReduceOp::kSum).wait();
-    EXPECT_TRUE(torch::equal(rs, torch::full({5}, n * (n - 1) / 2.0f + 10.0f * r * n)));
+    // A type no shm kernel knows: moved as bytes (broadcast, all_gather); not reduced.
+    auto z = torch::full({9}, c10::complex<double>(r, -r));
+    pg.broadcast(z, 1).wait();
+    EXPECT_TRUE(torch::equal(z, torch::full({9}, c10::complex<double>(1, -1))));
+    std::vector<at::Tensor> zs(n);
+    for (auto& o : zs) o = torch::empty_like(z);
+    pg.all_gather(zs, torch::full({9}, c10::complex<double>(r, r))).wait();
+    for (int p = 0; p < n; ++p) {
+      EXPECT_TRUE(torch::equal(zs[p], torch::full({9}, c10::complex<double>(p, p))));
+    }
+    auto zsum = torch::full({9}, c10::complex<double>(1, 2));
+    const uint64_t before = pg.last_sequence_number();
+    try {
+      pg.all_reduce(zsum).wait();
+      ADD_FAILURE() << "reduced a complex tensor";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the shm+gloo backend cannot reduce Complex"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(pg.last_sequence_number(), before) << "a refused call takes no number";
+    pg.barrier().wait();
+    // Non-contiguous tensors are staged and written back.
+    auto wide = torch::zeros({4, 6}, torch::kFloat);
+    auto column = wide.select(1, 2);
+    if (r == 0) column.fill_(5);
+    pg.broadcast(column, 0).wait();
+    EXPECT_TRUE(torch::equal(wide.select(1, 2), torch::full({4}, 5.0f)));
+    EXPECT_EQ(wide.sum().item<float>(), 20.0f);
     // all_reduce and the others interleaved, waited in reverse.
     auto a = torch::full({3000}, 1.0f);
     auto c = torch::full({10}, float(r));

@@ -15,11 +15,13 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "ddp/error.h"
 #include "store/c10d_store.h"
+#include "store/host.h"
 #include "support/store_peers.h"
 
 namespace ddp::store {
@@ -389,6 +391,55 @@ TEST_F(StoreTest, AServerWithoutTheJobsKeyIsNotTrusted) {
   }
   impostor.join();
   ::close(fd);
+}
+
+// Hosting (Note [Hosting the store]), as rank 0 and node 0's ddprun both do: a store beyond
+// loopback without a secret says so once; one on loopback, or with a secret, does not; the
+// byte cap reaches the server; a port in use is told apart from other failures.
+TEST(StoreHost, WarnsOfAMissingSecretBeyondLoopbackAndAppliesTheCap) {
+  auto hosted = [](const std::string& bind, bool has_secret, std::vector<std::string>& lines) {
+    HostOptions o;
+    o.master_addr = "127.0.0.1";
+    o.bind = bind;
+    o.key = "k";
+    o.has_secret = has_secret;
+    o.max_bytes = 4096;
+    o.name = "the test store";
+    o.log = [&lines](const std::string& line) { lines.push_back(line); };
+    return host(o);
+  };
+  std::vector<std::string> open_lines, secret_lines, loopback_lines;
+  auto open = hosted("any", false, open_lines);
+  ASSERT_EQ(open_lines.size(), 1u) << fmt::format("{}", fmt::join(open_lines, "\n"));
+  expect_contains(open_lines[0], {"the test store on", "has no secret", "DDP_STORE_SECRET"});
+  auto guarded = hosted("any", true, secret_lines);
+  EXPECT_TRUE(secret_lines.empty());
+  auto local = hosted("", false, loopback_lines);
+  EXPECT_TRUE(loopback_lines.empty());
+
+  ClientOptions co;
+  co.host = "127.0.0.1";
+  co.port = local->port();
+  co.key = "k";
+  co.who = "[test]";
+  co.owner = "the test";
+  Client c(co);
+  try {
+    c.set("big", std::string(8192, 'x'), Clock::now() + 5s);
+    FAIL() << "stored past max_bytes";
+  } catch (const RendezvousError& e) {
+    expect_contains(e.what(), {"limit of 4096 bytes"});
+  }
+  HostOptions taken;
+  taken.master_addr = "127.0.0.1";
+  taken.port = local->port();
+  taken.key = "k";
+  try {
+    host(taken);
+    FAIL() << "bound a port in use";
+  } catch (const HostError& e) {
+    EXPECT_TRUE(e.port_in_use) << e.what();
+  }
 }
 
 TEST_F(StoreTest, StoredBytesAndValuesAreCapped) {

@@ -1,8 +1,13 @@
 // The launch environment contract: each launcher's variables, each malformed value.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "ddp/env.h"
 #include "ddp/error.h"
+#include "process_group/flight_recorder.h"  // kDefaultEntries
+#include "process_group/shm/group.h"        // kDefaultChunkBytes
+#include "store/server.h"                   // ServerOptions::max_stored_bytes
 
 namespace ddp {
 namespace {
@@ -23,6 +28,23 @@ void expect_config_error(const EnvMap& env, std::initializer_list<std::string> n
       EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
           << "message lacks '" << n << "': " << e.what();
   }
+}
+
+// Each default is stated once, in code; the knob table (and so the README's) shows its text,
+// which must agree with the constant the code uses.
+TEST(Env, KnobTableDefaultsAgreeWithTheConstants) {
+  auto row = [](std::string_view name) {
+    for (const EnvKnob& k : kEnvKnobs) {
+      if (k.name == name) return std::string(k.default_value);
+    }
+    ADD_FAILURE() << name << " is not a row of kEnvKnobs";
+    return std::string();
+  };
+  EXPECT_EQ(row("DDP_RDZV_TIMEOUT"), std::to_string(kDefaultRendezvousTimeout.count()));
+  EXPECT_EQ(row("DDP_COLLECTIVE_TIMEOUT"), std::to_string(kDefaultCollectiveTimeout.count()));
+  EXPECT_EQ(row("DDP_SHM_CHUNK_BYTES"), std::to_string(shm::kDefaultChunkBytes));
+  EXPECT_EQ(row("DDP_STORE_MAX_BYTES"), std::to_string(store::ServerOptions{}.max_stored_bytes));
+  EXPECT_EQ(row("DDP_FLIGHT_RECORDER"), std::to_string(flight::kDefaultEntries));
 }
 
 TEST(Env, EmptyIsSingleProcessWithNoStore) {

@@ -4,6 +4,7 @@
 #include <unistd.h>    // fork, getpid
 
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -14,22 +15,63 @@
 namespace ddp::flight {
 namespace {
 
+CollectiveDesc call(uint64_t seq, const char* op, const char* dtype, uint64_t count,
+                    ReduceOp reduce = ReduceOp::kSum) {
+  CollectiveDesc c;
+  c.seq = seq;
+  c.op = *collective_named(op);
+  c.dtype = dtype_named(dtype).value_or(DType::kU8);
+  c.count = count;
+  c.reduce = reduce;
+  return c;
+}
+
 Record make(uint64_t seq, const char* op, const char* dtype, int64_t count, State state,
-            int64_t step = -1) {
+            int64_t step = -1, ReduceOp reduce = ReduceOp::kSum) {
   Record r;
-  r.seq = seq;
-  r.op = op;
-  r.dtype = dtype;
-  r.count = count;
+  r.call = call(seq, op, dtype, count, reduce);
   r.state = state;
   r.step = step;
   return r;
 }
 
+// The one description of a collective (process_group/collective.h) that the fingerprints, the
+// flight records, Work::description() and the desync checks share.
+TEST(CollectiveDesc, DescribesComparesAndRoundTripsEveryField) {
+  CollectiveDesc a = call(12, "all_reduce", "Float", 1024);
+  EXPECT_EQ(a.describe(), "all_reduce #12 (sum, 1024 x Float)");
+  CollectiveDesc b = a;
+  b.seq = 13;
+  EXPECT_TRUE(a.same_call(b)) << "the number is not part of the call";
+  EXPECT_FALSE(a == b);
+  for (auto change : std::vector<std::function<void(CollectiveDesc&)>>{
+           [](CollectiveDesc& c) { c.reduce = ReduceOp::kMax; },
+           [](CollectiveDesc& c) { c.dtype = DType::kBF16; },
+           [](CollectiveDesc& c) { c.count = 1023; }, [](CollectiveDesc& c) { c.root = 1; },
+           [](CollectiveDesc& c) { c.op = Collective::kReduceScatter; }}) {
+    CollectiveDesc d = a;
+    change(d);
+    EXPECT_FALSE(a.same_call(d)) << d.describe();
+    const auto words = d.to_words();
+    EXPECT_EQ(CollectiveDesc::from_words(words.data()), d) << d.describe();
+  }
+  CollectiveDesc bc = call(3, "broadcast", "Long", 1);
+  bc.root = 2;
+  EXPECT_EQ(bc.describe(), "broadcast #3 (from rank 2, 1 x Long)");
+  EXPECT_EQ(call(4, "all_gather", "BFloat16", 8).describe(), "all_gather #4 (8 x BFloat16)");
+  EXPECT_EQ(call(5, "barrier", "-", 0).describe(), "barrier #5");
+  for (DType t : {DType::kU8, DType::kBool, DType::kBF16, DType::kF64, DType::kOther}) {
+    EXPECT_EQ(dtype_named(name(t)), t);
+  }
+  EXPECT_EQ(reduce_op_named("min"), ReduceOp::kMin);
+  EXPECT_EQ(collective_named("reduce_scatter"), Collective::kReduceScatter);
+  EXPECT_FALSE(collective_named("all_to_all"));
+}
+
 TEST(FlightRecorder, RecordsIssueCompletionStepAndBucketNotes) {
   Ring ring(4);
   set_step(811);
-  ring.issue(1, "broadcast", "Long", 3, nullptr);
+  ring.issue(call(1, "broadcast", "Long", 3), nullptr);
   ring.finish(1, true);
   set_step(812);
   int owner = 0;
@@ -37,18 +79,18 @@ TEST(FlightRecorder, RecordsIssueCompletionStepAndBucketNotes) {
   EXPECT_EQ(take_note(nullptr), nullptr);
   const Note* note = take_note(&owner);
   ASSERT_NE(note, nullptr);
-  ring.issue(2, "all_reduce", "Float", 1024, note);
+  ring.issue(call(2, "all_reduce", "Float", 1024), note);
   EXPECT_EQ(take_note(&owner), nullptr) << "a note is taken once";
-  ring.issue(3, "barrier", "-", 0, nullptr);
+  ring.issue(call(3, "barrier", "-", 0), nullptr);
   ring.finish(3, false);
   set_step(-1);
 
   const std::vector<Record> got = ring.snapshot();
   ASSERT_EQ(got.size(), 3u);
-  EXPECT_EQ(got[0].seq, 1u);
-  EXPECT_EQ(got[0].op, "broadcast");
-  EXPECT_EQ(got[0].dtype, "Long");
-  EXPECT_EQ(got[0].count, 3);
+  EXPECT_EQ(got[0].call.seq, 1u);
+  EXPECT_EQ(got[0].call.op, Collective::kBroadcast);
+  EXPECT_EQ(got[0].call.dtype, DType::kI64);
+  EXPECT_EQ(got[0].call.count, 3u);
   EXPECT_EQ(got[0].state, State::kCompleted);
   EXPECT_EQ(got[0].step, 811);
   EXPECT_EQ(got[0].bucket, -1);
@@ -59,7 +101,7 @@ TEST(FlightRecorder, RecordsIssueCompletionStepAndBucketNotes) {
   EXPECT_EQ(got[1].step, 812);
   EXPECT_EQ(got[1].bucket, 2);
   EXPECT_EQ(got[1].params, "fc.weight, fc.bias");
-  EXPECT_EQ(got[1].describe(), "all_reduce #2 (1024 x Float)");
+  EXPECT_EQ(got[1].describe(), "all_reduce #2 (sum, 1024 x Float)");
   EXPECT_EQ(got[2].state, State::kFailed);
   EXPECT_EQ(got[2].bucket, -1) << "the note was meant for one collective";
 }
@@ -67,14 +109,14 @@ TEST(FlightRecorder, RecordsIssueCompletionStepAndBucketNotes) {
 TEST(FlightRecorder, KeepsTheLastCapacityRecordsInOrder) {
   Ring ring(4);
   for (uint64_t s = 1; s <= 10; ++s) {
-    ring.issue(s, "all_reduce", "Float", static_cast<int64_t>(s), nullptr);
+    ring.issue(call(s, "all_reduce", "Float", s), nullptr);
     ring.finish(s, true);
   }
   ring.finish(3, false);  // overwritten long ago: no effect on slot 3 % 4 (now seq 7)
   const std::vector<Record> got = ring.snapshot();
   ASSERT_EQ(got.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(got[i].seq, 7 + i);
+    EXPECT_EQ(got[i].call.seq, 7 + i);
     EXPECT_EQ(got[i].state, State::kCompleted);
   }
 }
@@ -89,14 +131,16 @@ TEST(FlightRecorder, JsonRoundTrip) {
   const nlohmann::json doc = {{"records", to_json(std::vector<Record>{a, b})}};
   const std::vector<Record> back = records_from_json(nlohmann::json::parse(doc.dump()));
   ASSERT_EQ(back.size(), 2u);
-  EXPECT_EQ(back[0].seq, 5u);
+  EXPECT_EQ(back[0].call.seq, 5u);
   EXPECT_EQ(back[0].step, 812);
   EXPECT_EQ(back[0].bucket, 1);
   EXPECT_EQ(back[0].params, "conv1.weight");
   EXPECT_EQ(back[0].issued_us, 123);
   EXPECT_EQ(back[0].completed_us, 456);
   EXPECT_EQ(back[0].state, State::kCompleted);
-  EXPECT_EQ(back[1].describe(), "broadcast #6 (1 x Long)");
+  EXPECT_EQ(back[1].describe(), "broadcast #6 (from rank 0, 1 x Long)");
+  EXPECT_EQ(back[0].call, a.call);
+  EXPECT_EQ(back[1].call, b.call);
   EXPECT_EQ(back[1].state, State::kIssued);
   EXPECT_EQ(back[1].bucket, -1);
 }
@@ -113,9 +157,11 @@ TEST(FlightRecorder, VerdictNamesTheRankBehindAndWhereItStands) {
   // Stuck inside an earlier collective that has not completed.
   behind.records = std::vector<Record>{make(55, "all_reduce", "Float", 4, State::kCompleted),
                                        make(56, "broadcast", "Long", 1, State::kIssued)};
-  EXPECT_EQ(verdict(0, failed, {behind}),
-            "rank 1 never issued all_reduce #57; it waits in broadcast #56 (1 x Long); its last "
-            "completed collective is #55 (all_reduce)");
+  EXPECT_EQ(
+      verdict(0, failed, {behind}),
+      "rank 1 never issued all_reduce #57; it waits in broadcast #56 (from rank 0, 1 x Long); "
+      "its last "
+      "completed collective is #55 (all_reduce)");
   behind.records = std::vector<Record>{};
   EXPECT_EQ(verdict(0, failed, {behind}),
             "rank 1 never issued all_reduce #57; it has issued no collective yet");
@@ -132,10 +178,25 @@ TEST(FlightRecorder, VerdictNamesADesyncWithBothCalls) {
   other.rank = 1;
   other.records = std::vector<Record>{make(12, "broadcast", "Long", 1, State::kFailed)};
   EXPECT_EQ(verdict(0, failed, {other}),
-            "rank 0 issued all_reduce #12 (4 x Float), rank 1 issued broadcast #12 (1 x Long)");
+            "rank 0 issued all_reduce #12 (sum, 4 x Float), rank 1 issued broadcast #12 (from "
+            "rank 0, 1 x Long)");
   other.records = std::vector<Record>{make(12, "all_reduce", "Float", 8, State::kFailed)};
   EXPECT_EQ(verdict(0, failed, {other}),
-            "rank 0 issued all_reduce #12 (4 x Float), rank 1 issued all_reduce #12 (8 x Float)");
+            "rank 0 issued all_reduce #12 (sum, 4 x Float), rank 1 issued all_reduce #12 (sum, 8 "
+            "x Float)");
+}
+
+// The reduce op is part of the call: sum on one rank and max on another is a desync (the
+// recorder once compared only op, dtype and count).
+TEST(FlightRecorder, VerdictNamesAReduceOpDesync) {
+  const Record failed = make(12, "all_reduce", "Float", 4, State::kFailed);
+  PeerView other;
+  other.rank = 1;
+  other.records =
+      std::vector<Record>{make(12, "all_reduce", "Float", 4, State::kFailed, -1, ReduceOp::kMax)};
+  EXPECT_EQ(verdict(0, failed, {other}),
+            "rank 0 issued all_reduce #12 (sum, 4 x Float), rank 1 issued all_reduce #12 (max, 4 "
+            "x Float)");
 }
 
 TEST(FlightRecorder, VerdictNamesSilentStoppedAndExitedRanks) {
@@ -148,7 +209,7 @@ TEST(FlightRecorder, VerdictNamesSilentStoppedAndExitedRanks) {
             "(pid 4343) has exited; rank 3 did not answer within 3 s (no records): it may be "
             "stopped, dead or unreachable");
   const std::string t = table(0, {failed}, {stopped});
-  EXPECT_NE(t.find("rank 0: last issued barrier #3 (0 x -) (issued), last completed none"),
+  EXPECT_NE(t.find("rank 0: last issued barrier #3 (issued), last completed none"),
             std::string::npos)
       << t;
 }

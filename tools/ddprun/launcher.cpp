@@ -398,7 +398,7 @@ void WorkerGroup::watch_other_nodes() {
 bool WorkerGroup::finished() {
   const bool reaped = all_reaped();
   if (reaped && !any_group_alive()) return true;
-  if (!killed_ || seconds_between(killed_at_, SteadyClock::now()) < kKillWait) return false;
+  if (!killed_ || seconds_between(killed_at_, SteadyClock::now()) < kKillWait.count()) return false;
   if (!reaped) {
     if (!warned_stuck_) note("some workers are still alive after SIGKILL; waiting for them");
     warned_stuck_ = true;
@@ -407,7 +407,7 @@ bool WorkerGroup::finished() {
   note(
       fmt::format("processes left in the workers' process groups survived SIGKILL for {}; "
                   "leaving them",
-                  format_seconds(kKillWait)));
+                  format_seconds(kKillWait.count())));
   return true;
 }
 

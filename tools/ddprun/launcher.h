@@ -17,7 +17,7 @@
 namespace ddp::launcher {
 
 // After SIGKILL, how long to wait for the kernel to take processes down before giving up.
-inline constexpr double kKillWait = 5.0;  // s
+inline constexpr Seconds kKillWait{5.0};
 
 // How a run ended.
 struct RunResult {

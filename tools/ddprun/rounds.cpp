@@ -15,9 +15,9 @@
 #include "base/net.h"  // host_name
 #include "ddp/error.h"
 #include "output.h"  // note
-#include "store/bind.h"
+#include "base/parse.h"
 #include "store/client.h"
-#include "store/server.h"
+#include "store/host.h"
 #include "summary.h"  // format_seconds
 
 namespace ddp::launcher {
@@ -94,23 +94,35 @@ class StoreRounds final : public Rounds {
   bool poll_failure_noted_ = false;
 };
 
+// Note [Hosting the store]: the same rules as rank 0's store (DDP_STORE_BIND,
+// DDP_STORE_MAX_BYTES, the notes), read from the environment the workers get.
 std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& c, const EnvMap& base_env,
-                                                const std::string& key) {
-  auto bind = base_env.find("DDP_STORE_BIND");
-  const store::BindPlan plan = store::plan_bind(c.master_addr, /*single_host=*/false,
-                                                bind != base_env.end() ? bind->second : "");
-  store::ServerOptions so;
-  so.bind_addresses = plan.addresses;
-  so.port = c.master_port;
-  so.key = key;
-  so.log = [](const std::string& line) {  // "ddp: rendezvous store ...": ours, not a worker's
+                                                const std::string& key, const std::string& secret) {
+  auto knob = [&](const char* name) {
+    auto it = base_env.find(name);
+    return it != base_env.end() ? it->second : std::string();
+  };
+  store::HostOptions o;
+  o.master_addr = c.master_addr;
+  o.port = c.master_port;
+  o.bind = knob("DDP_STORE_BIND");
+  o.key = key;
+  o.has_secret = !secret.empty();
+  if (const std::string max = knob("DDP_STORE_MAX_BYTES"); !max.empty()) {
+    o.max_bytes = parse::byte_size(max);
+    if (!o.max_bytes) {
+      throw Error(fmt::format(
+          "DDP_STORE_MAX_BYTES='{}' is not a size in bytes (e.g. 268435456, 256M or 1G)", max));
+    }
+  }
+  o.name = "the agent store";
+  o.log = [](const std::string& line) {  // "ddp: ...": ours, not a worker's
     note(line.rfind("ddp: ", 0) == 0 ? line.substr(5) : line);
   };
-  std::unique_ptr<store::Server> server;
   try {
-    server = std::make_unique<store::Server>(so);
-  } catch (const store::BindError& e) {
-    if (e.error == EADDRINUSE) {
+    return store::host(o);
+  } catch (const store::HostError& e) {
+    if (e.port_in_use) {
       throw Error(fmt::format(
           "node 0 cannot host the job's agent store: port {} (--master-port) is already in use "
           "on this host. Another job, or an earlier run still shutting down, holds it: give "
@@ -122,22 +134,15 @@ std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& c, const Env
         "Give --master-addr an address of this host, or set DDP_STORE_BIND.",
         c.master_addr, c.master_port, e.what()));
   }
-  if (!plan.why_every_interface.empty()) {
-    note(
-        fmt::format("the agent store listens on every interface ({}): {}; set "
-                    "DDP_STORE_BIND=<address of this host> to listen on one",
-                    server->listening(), plan.why_every_interface));
-  }
-  return server;
 }
 
 StoreRounds::StoreRounds(const LaunchConfig& config, const EnvMap& base_env,
                          const std::string& run_id, const std::string& secret)
     : c_(config), prefix_(fmt::format("ddprun/{}/", run_id)), host_(net::host_name()),
       join_timeout_(std::chrono::duration_cast<milliseconds>(
-          config.rdzv_timeout.value_or(Seconds(kDefaultJoinTimeout)))) {
+          config.rdzv_timeout.value_or(Seconds(kDefaultRendezvousTimeout)))) {
   const std::string key = store::job_key(secret, run_id);
-  if (c_.node_rank == 0) server_ = host_agent_store(c_, base_env, key);
+  if (c_.node_rank == 0) server_ = host_agent_store(c_, base_env, key, secret);
   store::ClientOptions o;
   o.host = server_ ? server_->local_address() : c_.master_addr;
   o.port = server_ ? server_->port() : c_.master_port;

@@ -65,9 +65,8 @@ inline constexpr std::chrono::milliseconds kAliveWindow{2500};
 inline constexpr std::chrono::milliseconds kPollBackoff{5000};
 // Each store call made while workers run is bounded by this.
 inline constexpr std::chrono::milliseconds kCallTime{2000};
-// How long a node waits for the others to join a round, without --rdzv-timeout (as long as the
-// workers' rendezvous, DDP_RDZV_TIMEOUT's default).
-inline constexpr double kDefaultJoinTimeout = 300.0;  // s
+// How long a node waits for the others to join a round, without --rdzv-timeout: as long as the
+// workers' rendezvous (kDefaultRendezvousTimeout, DDP_RDZV_TIMEOUT's default).
 // After a success, how long node 0 keeps the store up for the others at most (their workers are
 // at their end too; more only with a shorter rendezvous timeout).
 inline constexpr std::chrono::milliseconds kSuccessLinger{60'000};

@@ -83,19 +83,20 @@ bool read_stat(int pid, char* state, uint64_t* start_time) {
   return false;
 }
 
-uint64_t pack(const Fingerprint& fp) {
-  return static_cast<uint64_t>(fp.kind) | static_cast<uint64_t>(fp.dtype) << 8 |
+uint64_t pack(const CollectiveDesc& fp) {
+  return static_cast<uint64_t>(fp.op) | static_cast<uint64_t>(fp.dtype) << 8 |
          static_cast<uint64_t>(fp.reduce) << 16 |
          static_cast<uint64_t>(static_cast<uint32_t>(fp.root)) << 32;
 }
 
-Fingerprint unpack(uint64_t word, uint64_t count) {
-  Fingerprint fp;
-  fp.kind = static_cast<OpKind>(word & 0xff);
+CollectiveDesc unpack(uint64_t word, uint64_t count, uint64_t seq) {
+  CollectiveDesc fp;
+  fp.op = static_cast<OpKind>(word & 0xff);
   fp.dtype = static_cast<DType>((word >> 8) & 0xff);
   fp.reduce = static_cast<Reduce>((word >> 16) & 0xff);
   fp.root = static_cast<int32_t>(static_cast<uint32_t>(word >> 32));
   fp.count = count;
+  fp.seq = seq;
   return fp;
 }
 
@@ -185,7 +186,7 @@ Group::~Group() {
   for (auto& op : queue_) {
     op->error = std::make_exception_ptr(CollectiveError(
         fmt::format("[rank {}] {} was not run: its process group was destroyed first", me(),
-                    op->fp.describe(op->seq))));
+                    op->fp.describe())));
     op->body = nullptr;
     op->done.store(true);
   }
@@ -200,11 +201,12 @@ char* Group::staging(int rank, int half) const {
 
 // ---- Execution ---------------------------------------------------------------------------
 
-std::shared_ptr<Op> Group::submit(uint64_t seq, Fingerprint fp, std::function<void()> body,
+std::shared_ptr<Op> Group::submit(uint64_t seq, CollectiveDesc fp, std::function<void()> body,
                                   Placement placement) {
   auto op = std::make_shared<Op>();
   op->seq = seq;
   op->fp = fp;
+  op->fp.seq = seq;
   op->body = std::move(body);
   op->placement = std::move(placement);
   {
@@ -255,7 +257,7 @@ void Group::execute(Op& op) {
   if (failed_) {
     op.error = std::make_exception_ptr(CollectiveError(fmt::format(
         "[rank {}] {} was not run: this process group failed at an earlier collective: {}", me(),
-        op.fp.describe(op.seq), failed_message_)));
+        op.fp.describe(), failed_message_)));
   } else {
     try {
       begin(op);
@@ -265,8 +267,7 @@ void Group::execute(Op& op) {
       failed_message_ = e.what();
       failed_ = op.error;
     } catch (const std::exception& e) {
-      failed_message_ =
-          fmt::format("[rank {}] {} failed: {}", me(), op.fp.describe(op.seq), e.what());
+      failed_message_ = fmt::format("[rank {}] {} failed: {}", me(), op.fp.describe(), e.what());
       op.error = std::make_exception_ptr(CollectiveError(failed_message_));
       failed_ = op.error;
     }
@@ -330,7 +331,7 @@ Placement Group::find(const void* data, size_t bytes) const {
 
 std::shared_ptr<Op> Group::all_reduce(uint64_t seq, void* data, size_t count, DType dtype,
                                       Reduce op, std::shared_ptr<void> keep, Placement placement) {
-  Fingerprint fp{OpKind::kAllReduce, dtype, op, 0, count};
+  CollectiveDesc fp{OpKind::kAllReduce, dtype, op, 0, count};
   return submit(
       seq, fp,
       [this, data, count, dtype, op, placement, keep = std::move(keep)] {
@@ -339,7 +340,7 @@ std::shared_ptr<Op> Group::all_reduce(uint64_t seq, void* data, size_t count, DT
       placement);
 }
 
-std::shared_ptr<Op> Group::run(uint64_t seq, Fingerprint fp, std::function<void()> body,
+std::shared_ptr<Op> Group::run(uint64_t seq, CollectiveDesc fp, std::function<void()> body,
                                Placement placement) {
   return submit(seq, fp, std::move(body), std::move(placement));
 }
@@ -460,7 +461,7 @@ void Group::staged_all_reduce(char* bytes, size_t count, DType dtype, Reduce op,
 
 std::shared_ptr<Op> Group::broadcast(uint64_t seq, void* data, size_t count, DType dtype, int root,
                                      std::shared_ptr<void> keep) {
-  Fingerprint fp{OpKind::kBroadcast, dtype, Reduce::kSum, root, count};
+  CollectiveDesc fp{OpKind::kBroadcast, dtype, Reduce::kSum, root, count};
   return submit(seq, fp, [this, data, count, dtype, root, keep = std::move(keep)] {
     broadcast_here(data, count * element_size(dtype), root);
   });
@@ -468,64 +469,77 @@ std::shared_ptr<Op> Group::broadcast(uint64_t seq, void* data, size_t count, DTy
 
 std::shared_ptr<Op> Group::all_gather(uint64_t seq, std::vector<void*> outputs, const void* input,
                                       size_t count, DType dtype, std::shared_ptr<void> keep) {
-  Fingerprint fp{OpKind::kAllGather, dtype, Reduce::kSum, 0, count};
+  CollectiveDesc fp{OpKind::kAllGather, dtype, Reduce::kSum, 0, count};
   return submit(seq, fp,
                 [this, outputs = std::move(outputs), input, count, dtype, keep = std::move(keep)] {
-                  const size_t total = count * element_size(dtype);
-                  const char* in = static_cast<const char*>(input);
-                  if (outputs[o_.rank] != input) std::memcpy(outputs[o_.rank], in, total);
-                  if (o_.size == 1) return;
-                  size_t a = 0;
-                  do {
-                    const size_t m = std::min(o_.chunk_bytes, total - a);
-                    const int h = next_half();
-                    std::memcpy(staging(o_.rank, h), in + a, m);
-                    sync();
-                    for (int p = 0; p < o_.size; ++p) {
-                      if (p != o_.rank)
-                        std::memcpy(static_cast<char*>(outputs[p]) + a, staging(p, h), m);
-                    }
-                    a += m;
-                  } while (a < total);
+                  all_gather_here(outputs, input, count * element_size(dtype));
                 });
+}
+
+void Group::all_gather_here(const std::vector<void*>& outputs, const void* input, size_t total) {
+  DDP_ASSERT(current_ != nullptr, "all_gather_here outside a collective");
+  const char* in = static_cast<const char*>(input);
+  if (outputs[o_.rank] != input) std::memcpy(outputs[o_.rank], in, total);
+  if (o_.size == 1) return;
+  size_t a = 0;
+  do {
+    const size_t m = std::min(o_.chunk_bytes, total - a);
+    const int h = next_half();
+    std::memcpy(staging(o_.rank, h), in + a, m);
+    sync();
+    for (int p = 0; p < o_.size; ++p) {
+      if (p != o_.rank) std::memcpy(static_cast<char*>(outputs[p]) + a, staging(p, h), m);
+    }
+    a += m;
+  } while (a < total);
 }
 
 std::shared_ptr<Op> Group::reduce_scatter(uint64_t seq, void* output,
                                           std::vector<const void*> inputs, size_t count,
                                           DType dtype, Reduce op, std::shared_ptr<void> keep) {
-  Fingerprint fp{OpKind::kReduceScatter, dtype, op, 0, count};
+  CollectiveDesc fp{OpKind::kReduceScatter, dtype, op, 0, count};
   return submit(seq, fp,
                 [this, output, inputs = std::move(inputs), count, dtype, op,
                  keep = std::move(keep)] {
-                  const int n = o_.size;
-                  const size_t es = element_size(dtype);
-                  char* out = static_cast<char*>(output);
-                  if (n == 1) {
-                    const void* src[1] = {inputs[0]};
-                    reduce(dtype, op, out, src, 1, count);  // a copy (avg divides by 1)
-                    return;
-                  }
-                  const size_t per =
-                      o_.chunk_bytes / (es * n);  // elements of each of the n inputs per chunk
-                  std::vector<const void*> srcs(n);
-                  size_t a = 0;
-                  do {
-                    const size_t m = std::min(per, count - a);
-                    const int h = next_half();
-                    for (int q = 0; q < n; ++q) {
-                      std::memcpy(staging(o_.rank, h) + q * m * es,
-                                  static_cast<const char*>(inputs[q]) + a * es, m * es);
-                    }
-                    sync();
-                    for (int p = 0; p < n; ++p) srcs[p] = staging(p, h) + o_.rank * m * es;
-                    reduce(dtype, op, out + a * es, srcs.data(), n, m);
-                    a += m;
-                  } while (a < count);
+                  reduce_scatter_here(output, inputs, count, dtype, op);
                 });
 }
 
+void Group::reduce_scatter_here(void* output, const std::vector<const void*>& inputs, size_t count,
+                                DType dtype, Reduce op) {
+  DDP_ASSERT(current_ != nullptr, "reduce_scatter_here outside a collective");
+  const int n = o_.size;
+  const size_t es = element_size(dtype);
+  char* out = static_cast<char*>(output);
+  if (n == 1) {
+    const void* src[1] = {inputs[0]};
+    reduce(dtype, op, out, src, 1, count);  // a copy (avg divides by 1)
+    return;
+  }
+  const size_t per = std::max<size_t>(1, o_.chunk_bytes / (es * n));  // of each input per chunk
+  std::vector<const void*> srcs(n);
+  size_t a = 0;
+  do {
+    const size_t m = std::min(per, count - a);
+    const int h = next_half();
+    for (int q = 0; q < n; ++q) {
+      std::memcpy(staging(o_.rank, h) + q * m * es, static_cast<const char*>(inputs[q]) + a * es,
+                  m * es);
+    }
+    sync();
+    for (int p = 0; p < n; ++p) srcs[p] = staging(p, h) + o_.rank * m * es;
+    reduce(dtype, op, out + a * es, srcs.data(), n, m);
+    a += m;
+  } while (a < count);
+}
+
+void Group::barrier_here() {
+  DDP_ASSERT(current_ != nullptr, "barrier_here outside a collective");
+  if (o_.size > 1) sync();
+}
+
 std::shared_ptr<Op> Group::barrier(uint64_t seq) {
-  return submit(seq, Fingerprint{}, [this] { sync(); });
+  return submit(seq, CollectiveDesc{}, [this] { sync(); });
 }
 
 // ---- Protocol ----------------------------------------------------------------------------
@@ -603,21 +617,21 @@ void Group::check_fingerprints() {
     if (p == o_.rank) continue;
     const Slot::Published& e = slots_[p]->ring[op.seq % kRing];
     const uint64_t seq = e.seq.load(std::memory_order_acquire);
-    const Fingerprint theirs = unpack(e.word.load(), e.count.load());
+    const CollectiveDesc theirs = unpack(e.word.load(), e.count.load(), seq);
     if (seq == op.seq && theirs == op.fp) continue;
     std::string their_call;
     if (seq == op.seq) {
-      their_call = theirs.describe(seq);
+      their_call = theirs.describe();
     } else {
       const uint64_t cur = slots_[p]->current_seq.load();
       const Slot::Published& c = slots_[p]->ring[cur % kRing];
-      their_call = unpack(c.word.load(), c.count.load()).describe(cur);
+      their_call = unpack(c.word.load(), c.count.load(), cur).describe();
     }
     throw CollectiveError(fmt::format(
         "[rank {}] collectives differ between ranks: this rank issued {}, rank {} issued {}. "
         "Every rank must issue the same collectives in the same order, with the same sizes "
         "and types.",
-        me(), op.fp.describe(op.seq), name(p), their_call));
+        me(), op.fp.describe(), name(p), their_call));
   }
 }
 
@@ -626,7 +640,7 @@ std::string Group::where_is(int p) const {
   const Op& op = *current_;
   if (cur == 0) return fmt::format("rank {} has not issued any collective", name(p));
   const Slot::Published& c = slots_[p]->ring[cur % kRing];
-  const std::string call = unpack(c.word.load(), c.count.load()).describe(cur);
+  const std::string call = unpack(c.word.load(), c.count.load(), cur).describe();
   if (cur < op.seq) {
     return fmt::format("rank {} has not reached it; its last collective was {}", name(p), call);
   }
@@ -641,7 +655,7 @@ void Group::check_peers(uint64_t g, Clock::time_point now) {
     DDP_CHECK(s.left.load() == 0, CollectiveError,
               "[rank {}] {} failed: rank {} destroyed its process group (or is shutting down) "
               "without reaching it; {}.",
-              me(), op.fp.describe(op.seq), name(p), where_is(p));
+              me(), op.fp.describe(), name(p), where_is(p));
     const int pid = s.pid.load();
     if (pid == pid_) continue;  // a thread of this process
     char state = '?';
@@ -651,7 +665,7 @@ void Group::check_peers(uint64_t g, Clock::time_point now) {
     DDP_CHECK(alive, CollectiveError,
               "[rank {}] {} failed: rank {} (pid {}) exited or was killed before reaching it. "
               "Its own error (ddprun's root-cause summary) says why.",
-              me(), op.fp.describe(op.seq), name(p), pid);
+              me(), op.fp.describe(), name(p), pid);
     if (state != 'T' && state != 't') {
       stopped_since_[p] = Clock::time_point{};
       continue;
@@ -661,8 +675,8 @@ void Group::check_peers(uint64_t g, Clock::time_point now) {
               "[rank {}] {} failed: rank {} (pid {}) is stopped (SIGSTOP, or held by a "
               "debugger) and has not reached it for {:.1f} s; {}. Resume it (kill -CONT {}) or "
               "end the job.",
-              me(), op.fp.describe(op.seq), name(p), pid, seconds(now - stopped_since_[p]),
-              where_is(p), pid);
+              me(), op.fp.describe(), name(p), pid, seconds(now - stopped_since_[p]), where_is(p),
+              pid);
   }
 }
 
@@ -676,8 +690,7 @@ void Group::fail_timeout(uint64_t g) {
       "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s): {}. A rank that is behind may be "
       "stuck in computation or I/O, or issuing collectives in a different order. If the work "
       "is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or InitOptions::timeout.",
-      me(), op.fp.describe(op.seq), seconds(o_.timeout), seconds(o_.timeout),
-      fmt::join(behind, "; ")));
+      me(), op.fp.describe(), seconds(o_.timeout), seconds(o_.timeout), fmt::join(behind, "; ")));
 }
 
 void Group::check_abort() const {
@@ -688,7 +701,7 @@ void Group::check_abort() const {
   // Relayed: the launcher blames `who`, even when this rank records its error first.
   throw Relayed<CollectiveError>(
       name(who), fmt::format("[rank {}] {} failed because rank {} gave up first: {}", me(),
-                             op.fp.describe(op.seq), name(who), std::string(ctl_->abort_reason)));
+                             op.fp.describe(), name(who), std::string(ctl_->abort_reason)));
 }
 
 void Group::raise_abort(const std::string& reason) {

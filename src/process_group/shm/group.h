@@ -108,7 +108,7 @@ struct Placement {
 // One issued collective.
 struct Op {
   uint64_t seq = 0;
-  Fingerprint fp;
+  CollectiveDesc fp;           // fp.seq == seq
   Placement placement;         // all_reduce only; published so peers can find the data
   std::function<void()> body;  // runs the protocol; cleared once run
   std::atomic<bool> done{false};
@@ -131,6 +131,7 @@ class Group {
   int name(int r) const { return o_.names.empty() ? r : o_.names[r]; }  // for messages
   int me() const { return name(o_.rank); }
   int size() const { return o_.size; }
+  std::chrono::milliseconds timeout() const { return o_.timeout; }
 
   // Shared buffers made for this group: registered so that find() recognises their memory.
   void register_buffer(const std::shared_ptr<SharedBuffer>& buffer);
@@ -158,12 +159,18 @@ class Group {
   // cross-host one): `body` runs in issue order like any collective and may call the *_here
   // steps below, which every peer's body must call in the same order. Exceptions it throws
   // fail the op and, like any failure, the group.
-  std::shared_ptr<Op> run(uint64_t seq, Fingerprint fp, std::function<void()> body,
+  std::shared_ptr<Op> run(uint64_t seq, CollectiveDesc fp, std::function<void()> body,
                           Placement placement = {});
   // Steps of the op being run; only from inside a body.
   void all_reduce_here(void* data, size_t count, DType dtype, Reduce op,
                        const Placement& placement);
   void broadcast_here(void* data, size_t bytes, int root);
+  // outputs[r] receives rank r's `bytes` from `input` (outputs[rank()] may be `input`).
+  void all_gather_here(const std::vector<void*>& outputs, const void* input, size_t bytes);
+  // output = reduction over ranks of their inputs[rank()] (count elements each).
+  void reduce_scatter_here(void* output, const std::vector<const void*>& inputs, size_t count,
+                           DType dtype, Reduce op);
+  void barrier_here();
   // Gives the rest of the op a fresh timeout (after a step that waited elsewhere).
   void restart_deadline();
 
@@ -175,7 +182,7 @@ class Group {
   struct Control;
   struct Slot;
 
-  std::shared_ptr<Op> submit(uint64_t seq, Fingerprint fp, std::function<void()> body,
+  std::shared_ptr<Op> submit(uint64_t seq, CollectiveDesc fp, std::function<void()> body,
                              Placement placement = {});
   void executor_loop();
   void run_front();  // runs the oldest queued op; caller holds exec_mu_

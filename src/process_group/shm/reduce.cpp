@@ -95,75 +95,9 @@ void reduce(DType dtype, Reduce op, void* dst, const void* const* srcs, int n, s
     case DType::kBool:
       return reduce_bool(static_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t* const*>(srcs),
                          n, count, op);
+    case DType::kOther: break;  // bytes of a type no kernel reduces (callers refuse it first)
   }
   DDP_ASSERT(false, "unknown shm dtype {}", static_cast<int>(dtype));
-}
-
-size_t element_size(DType t) {
-  switch (t) {
-    case DType::kU8:
-    case DType::kI8:
-    case DType::kBool: return 1;
-    case DType::kI16:
-    case DType::kF16:
-    case DType::kBF16: return 2;
-    case DType::kI32:
-    case DType::kF32: return 4;
-    case DType::kI64:
-    case DType::kF64: return 8;
-  }
-  return 1;
-}
-
-const char* name(DType t) {
-  switch (t) {
-    case DType::kU8: return "Byte";
-    case DType::kI8: return "Char";
-    case DType::kI16: return "Short";
-    case DType::kI32: return "Int";
-    case DType::kI64: return "Long";
-    case DType::kF16: return "Half";
-    case DType::kBF16: return "BFloat16";
-    case DType::kF32: return "Float";
-    case DType::kF64: return "Double";
-    case DType::kBool: return "Bool";
-  }
-  return "?";
-}
-
-const char* name(Reduce r) {
-  switch (r) {
-    case Reduce::kSum: return "sum";
-    case Reduce::kAvg: return "avg";
-    case Reduce::kMax: return "max";
-    case Reduce::kMin: return "min";
-  }
-  return "?";
-}
-
-const char* name(OpKind k) {
-  switch (k) {
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kBarrier: return "barrier";
-  }
-  return "?";
-}
-
-std::string Fingerprint::describe(uint64_t seq) const {
-  switch (kind) {
-    case OpKind::kAllReduce:
-    case OpKind::kReduceScatter:
-      return fmt::format("{} #{} ({}, {} x {})", name(kind), seq, name(reduce), count, name(dtype));
-    case OpKind::kBroadcast:
-      return fmt::format("broadcast #{} (from rank {}, {} x {})", seq, root, count, name(dtype));
-    case OpKind::kAllGather:
-      return fmt::format("all_gather #{} ({} x {})", seq, count, name(dtype));
-    case OpKind::kBarrier: break;
-  }
-  return fmt::format("barrier #{}", seq);
 }
 
 }  // namespace ddp::shm

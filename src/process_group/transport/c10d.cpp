@@ -1,0 +1,144 @@
+// A LibTorch backend as a transport: Gloo (CPU tensors, any hosts) or NCCL (CUDA tensors).
+#include <fmt/format.h>
+
+#include "base/check.h"
+#include "process_group/internal.h"
+#include "process_group/transport/c10d_ops.h"
+#include "process_group/transport/transports.h"
+
+namespace ddp {
+namespace {
+
+// How long a wait sleeps between looks at this host's peers (Note [Hang reports]).
+constexpr std::chrono::seconds kPeerCheckInterval{1};
+
+class C10dPending final : public Pending {
+ public:
+  explicit C10dPending(c10::intrusive_ptr<::c10d::Work> work) : work_(std::move(work)) {}
+
+  // Bounded by the group's timeout (Gloo enforces it itself; the bound covers backends that do
+  // not). With a hang reporter, in slices, looking at this host's peers in between: a stopped
+  // or vanished peer fails the wait at once.
+  void wait(const detail::WorkState& s) override {
+    if (!s.reporter) {
+      work_->wait(s.timeout);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    while (true) {
+      const auto left = s.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now() - start);
+      try {
+        work_->wait(std::max(std::chrono::milliseconds(1),
+                             std::min<std::chrono::milliseconds>(left, kPeerCheckInterval)));
+        return;
+      } catch (...) {
+        // Either the collective failed, or only this slice of waiting ended.
+        if (work_->isCompleted() || left <= kPeerCheckInterval) throw;
+      }
+      const std::string peer = s.reporter->check_local_peers();
+      DDP_CHECK(peer.empty(), CollectiveError,
+                "[rank {}] {} failed: {}; this rank stopped waiting for it after {:.1f} s (the "
+                "timeout is {:.1f} s).",
+                s.rank, s.call.describe(), peer,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                std::chrono::duration<double>(s.timeout).count());
+    }
+  }
+
+  bool is_completed() const override { return work_->isCompleted(); }
+
+ private:
+  const c10::intrusive_ptr<::c10d::Work> work_;
+};
+
+using c10d_ops::pending;
+
+class C10dTransport final : public Transport {
+ public:
+  C10dTransport(std::string name, c10::intrusive_ptr<c10d_compat::Backend> backend, int rank,
+                int size)
+      : backend_(std::move(backend)), rank_(rank), size_(size) {
+    caps_.name = std::move(name);
+    if (caps_.name == "nccl") {
+      caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kOther});
+      caps_.reducible_dtypes = Capabilities::all_dtypes_but({});  // NCCL says what it refuses
+      caps_.native_avg = true;
+      caps_.can_abort = true;
+      caps_.cpu_tensors = false;
+      caps_.cuda_tensors = true;
+    } else {
+      // Gloo in LibTorch 1.13 has no bfloat16 reduction ("Invalid scalar type").
+      caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kBF16, DType::kOther});
+      caps_.reducible_dtypes = Capabilities::all_dtypes_but({});  // Gloo says what it refuses
+      caps_.cuda_tensors = DDP_WITH_NCCL;  // a CUDA LibTorch's Gloo stages them itself
+    }
+  }
+
+  const Capabilities& capabilities() const override { return caps_; }
+
+  Started all_reduce(const CollectiveDesc& call, at::Tensor& tensor) override {
+    const bool avg_here = call.reduce == ReduceOp::kAvg && !caps_.native_avg;
+    Started out;
+    out.pending =
+        pending(c10d_ops::all_reduce(*backend_, tensor, avg_here ? ReduceOp::kSum : call.reduce));
+    if (avg_here) out.then = [tensor, n = size_]() mutable { tensor.div_(n); };
+    return out;
+  }
+
+  Started broadcast(const CollectiveDesc& call, at::Tensor& tensor) override {
+    return {pending(c10d_ops::broadcast(*backend_, tensor, call.root)), {}};
+  }
+
+  Started all_gather(const CollectiveDesc&, std::vector<at::Tensor>& outputs,
+                     const at::Tensor& input) override {
+    return {pending(c10d_ops::all_gather(*backend_, outputs, input)), {}};
+  }
+
+  // Gloo has no reduce_scatter: an all-to-all sends inputs[j] to rank j (the bandwidth of a
+  // ring reduce-scatter), then each rank reduces the n chunks it received.
+  Started reduce_scatter(const CollectiveDesc& call, at::Tensor& output,
+                         const std::vector<at::Tensor>& inputs) override {
+    const int n = size_;
+    at::Tensor send = at::stack(inputs).reshape({n, -1});
+    at::Tensor recv = at::empty_like(send);
+    Started out;
+    out.pending = pending(c10d_ops::all_to_all(*backend_, recv, send));
+    out.then = [output, recv, op = call.reduce, n]() mutable {
+      at::Tensor reduced = c10d_ops::reduce_rows(recv, op);
+      if (op == ReduceOp::kAvg) reduced.div_(n);
+      output.copy_(reduced.view(output.sizes()));
+    };
+    return out;
+  }
+
+  Started barrier(const CollectiveDesc&) override {
+    return {pending(c10d_ops::barrier(*backend_)), {}};
+  }
+
+  std::optional<std::vector<CollectiveDesc>> gather_calls(
+      const CollectiveDesc& mine, std::chrono::milliseconds timeout) override {
+    if (caps_.cuda_tensors) return std::nullopt;  // NCCL would need CUDA tensors
+    return c10d_ops::gather_calls(*backend_, mine, size_, timeout);
+  }
+
+ private:
+  const c10::intrusive_ptr<c10d_compat::Backend> backend_;
+  const int rank_;
+  const int size_;
+  Capabilities caps_;
+};
+
+}  // namespace
+
+std::shared_ptr<Pending> c10d_ops::pending(c10::intrusive_ptr<::c10d::Work> work) {
+  return std::make_shared<C10dPending>(std::move(work));
+}
+
+std::unique_ptr<Transport> make_c10d_transport(std::string name,
+                                               c10::intrusive_ptr<c10d_compat::Backend> backend,
+                                               int rank, int size) {
+  return std::make_unique<C10dTransport>(std::move(name), std::move(backend), rank, size);
+}
+
+}  // namespace ddp

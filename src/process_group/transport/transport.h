@@ -1,0 +1,101 @@
+// The transport interface: what moves a collective's data, under ProcessGroup.
+//
+// Note [Transports]
+// ProcessGroup owns what every collective shares whatever carries it: the sequence number, the
+// argument checks, the CollectiveDesc (collective.h), the flight record, the DDP_DEBUG=detail
+// desync check, the timeout and the error that names rank, call and cause (work.cpp). A
+// Transport only starts the data movement of one collective and says how to wait for it. The
+// implementations (one file each in this folder):
+//   shm        every rank on this host: one shared-memory group (shm/group.h);
+//   c10d       a LibTorch backend: Gloo (CPU, any hosts) or NCCL (CUDA);
+//   hierarchy  ranks on several hosts, the same number L > 1 on each ("shm+gloo"): shared memory
+//              inside each host, Gloo between hosts on rails (Note [Hierarchical collectives]).
+// Each declares what it does natively (Capabilities), so that callers (the comm hooks,
+// comm_buffer, the checks) ask "does it reduce bfloat16 / average in its reduction / move comm
+// buffers in place" instead of comparing backend names.
+// Calls into a transport are serialised by ProcessGroup (issue order = sequence order).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "process_group/collective.h"
+
+namespace ddp {
+namespace detail {
+struct WorkState;
+}
+namespace shm {
+class Group;
+}
+
+// What a transport does itself, typed.
+struct Capabilities {
+  std::string name;               // "shm", "gloo", "nccl", "shm+gloo": ProcessGroup::backend()
+  uint32_t reduced_dtypes = 0;    // bit (1 << DType): reduced natively, in that dtype's values
+  uint32_t reducible_dtypes = 0;  // reduced at all (natively, or by a fallback inside)
+  bool native_avg = false;        // ReduceOp::kAvg inside the reduction (no pass by the caller)
+  bool in_place_comm_buffers = false;  // comm_buffer() memory is reduced in place, zero copy
+  bool can_abort = false;              // a failure ends every later collective of the group at once
+  bool checks_calls = false;  // compares every collective's CollectiveDesc across ranks itself
+  bool announces_departure = false;  // peers learn of a destroyed group without the store
+  bool cpu_tensors = true;
+  bool cuda_tensors = false;
+
+  bool reduces(DType t) const { return (reduced_dtypes >> static_cast<unsigned>(t)) & 1u; }
+  bool can_reduce(DType t) const { return (reducible_dtypes >> static_cast<unsigned>(t)) & 1u; }
+  // Every reducing op on `t` (kAvg on floating types); the transport's own dtype, no widening.
+  static uint32_t all_dtypes_but(std::initializer_list<DType> excluded);
+};
+
+// A started collective.
+class Pending {
+ public:
+  virtual ~Pending() = default;
+  // Blocks until the transfer is done, bounded by `s.timeout`; throws its failure (ddp::Error,
+  // or the library's exception for work.cpp to classify).
+  virtual void wait(const detail::WorkState& s) = 0;
+  virtual bool is_completed() const = 0;
+};
+
+struct Started {
+  std::shared_ptr<Pending> pending;  // null: done already (nothing was sent)
+  // A local step after the transfer (copy a staged result back, divide, reduce received
+  // chunks); runs once, in the first wait(). May be empty.
+  std::function<void()> then;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const Capabilities& capabilities() const = 0;
+
+  // The collectives, arguments checked by ProcessGroup; `call` says what they are (the tensors'
+  // dtype, count, the reduce op, the root) and carries the sequence number.
+  virtual Started all_reduce(const CollectiveDesc& call, at::Tensor& tensor) = 0;
+  virtual Started broadcast(const CollectiveDesc& call, at::Tensor& tensor) = 0;
+  virtual Started all_gather(const CollectiveDesc& call, std::vector<at::Tensor>& outputs,
+                             const at::Tensor& input) = 0;
+  virtual Started reduce_scatter(const CollectiveDesc& call, at::Tensor& output,
+                                 const std::vector<at::Tensor>& inputs) = 0;
+  virtual Started barrier(const CollectiveDesc& call) = 0;
+
+  // Every rank's `mine`, outside the numbering, within `timeout` (DDP_DEBUG=detail compares
+  // them before each collective). nullopt where the transport cannot (or checks_calls: need not).
+  virtual std::optional<std::vector<CollectiveDesc>> gather_calls(
+      const CollectiveDesc& mine, std::chrono::milliseconds timeout);
+
+  // The shared-memory group whose memory comm_buffer() hands out (shm; the hierarchy's host
+  // group), or null.
+  virtual shm::Group* shared_memory() const { return nullptr; }
+};
+
+}  // namespace ddp

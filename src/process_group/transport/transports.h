@@ -1,0 +1,41 @@
+// The transports (Note [Transports] in transport.h), built by make_process_group.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "c10d/compat.h"
+#include "process_group/transport/transport.h"
+
+namespace ddp {
+
+// Every rank of the group on this host, sharing `group`.
+std::unique_ptr<Transport> make_shm_transport(std::shared_ptr<shm::Group> group);
+
+// A LibTorch backend; `name` is "gloo" or "nccl".
+std::unique_ptr<Transport> make_c10d_transport(std::string name,
+                                               c10::intrusive_ptr<c10d_compat::Backend> backend,
+                                               int rank, int size);
+
+// Where the ranks of a hierarchical group run: rank_at[h][l] is the rank with local index l on
+// host h (every host runs the same number, more than one).
+struct HierarchyLayout {
+  int rank = 0;
+  int host = 0;   // this rank's host: its rank in its rail
+  int local = 0;  // this rank's index on its host: its rail
+  std::vector<std::vector<int>> rank_at;
+  int hosts() const { return static_cast<int>(rank_at.size()); }
+  int per_host() const { return static_cast<int>(rank_at.front().size()); }
+  int size() const { return hosts() * per_host(); }
+};
+
+// Note [Hierarchical collectives]: `local` (this host's ranks), `rail` (Gloo among the ranks
+// of this local index, one per host, in host order) and `flat` (Gloo over the whole group:
+// DDP_DEBUG=detail's call comparison and dtypes the shm kernels do not know).
+std::unique_ptr<Transport> make_hierarchy_transport(std::shared_ptr<shm::Group> local,
+                                                    c10::intrusive_ptr<c10d_compat::Backend> rail,
+                                                    c10::intrusive_ptr<c10d_compat::Backend> flat,
+                                                    HierarchyLayout layout);
+
+}  // namespace ddp
