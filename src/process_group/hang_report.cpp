@@ -100,13 +100,17 @@ void HangReporter::publish(const std::string& verdict, bool left) {
 }
 
 std::vector<HangReporter::Peer> HangReporter::peers() {
+  std::vector<Peer> found;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!peers_.empty()) return peers_;
+    if (peers_.empty()) peers_.resize(o_.size);
+    if (peers_store_failed_) return peers_;
+    found = peers_;
   }
-  std::vector<Peer> found(o_.size);
+  // A peer is asked for until its record is there: it may form its group after our first look.
+  bool failed = false;
   for (int r = 0; r < o_.size; ++r) {
-    if (r == o_.rank) continue;
+    if (r == o_.rank || found[r].known) continue;
     try {
       std::lock_guard<std::mutex> store_lock(store_mu_);
       const std::string key = fmt::format("who/{}", r);
@@ -119,11 +123,15 @@ std::vector<HangReporter::Peer> HangReporter::peers() {
       p.local = host == host_ && p.pid != getpid();  // a thread-rank of this process: not local
       p.known = true;
     } catch (const std::exception&) {
-      break;  // the store does not answer: what is known so far
+      failed = true;  // the store does not answer: what is known so far, and no more asking
+      break;
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (peers_.empty()) peers_ = std::move(found);
+  peers_store_failed_ = peers_store_failed_ || failed;
+  for (int r = 0; r < o_.size; ++r) {
+    if (found[r].known) peers_[r] = found[r];
+  }
   return peers_;
 }
 

@@ -81,7 +81,7 @@ class HangReporter {
   void depart() { publish("", /*left=*/true); }
 
   // A peer on this host that has been stopped for shm::kStoppedLimit, or is gone: its verdict
-  // line; else empty. Cheap after the first call; never throws.
+  // line; else empty. Cheap once every peer's record was read; never throws.
   std::string check_local_peers();
 
  private:
@@ -93,7 +93,9 @@ class HangReporter {
   void watch();
   // Records to the store and (unless `left`) the dump file; `left`: marked as departed.
   void publish(const std::string& verdict, bool left = false);
-  std::vector<Peer> peers();  // read once from the store (bounded), then remembered
+  // Read from the store (bounded) and remembered; a peer not recorded yet is asked for again
+  // on the next call, until a store call fails.
+  std::vector<Peer> peers();
 
   // Constant after construction.
   const Options o_;
@@ -104,10 +106,11 @@ class HangReporter {
   c10::intrusive_ptr<::c10d::Store> store_;
 
   std::mutex mu_;
-  std::vector<Peer> peers_;  // guarded by mu_; empty until read
-  bool published_ = false;   // guarded by mu_
-  bool explained_ = false;   // guarded by mu_
-  bool stopping_ = false;    // guarded by mu_
+  std::vector<Peer> peers_;          // guarded by mu_; empty until read
+  bool peers_store_failed_ = false;  // guarded by mu_; peers() asks no more
+  bool published_ = false;           // guarded by mu_
+  bool explained_ = false;           // guarded by mu_
+  bool stopping_ = false;            // guarded by mu_
   std::map<int, std::chrono::steady_clock::time_point> stopped_since_;  // guarded by mu_
   std::condition_variable wake_;
   std::thread watcher_;  // last: starts after everything above exists
