@@ -24,6 +24,13 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 std::string records_key(int rank) { return fmt::format("records/{}", rank); }
 
+// The file publish() writes a rank's records to; `rank` is "<R>" where a message names every
+// rank's.
+std::string dump_file_name(const std::string& group, const std::string& rank) {
+  return group == "default" ? fmt::format("flight_recorder_rank{}.json", rank)
+                            : fmt::format("flight_recorder_{}_rank{}.json", group, rank);
+}
+
 }  // namespace
 
 HangReporter::HangReporter(c10::intrusive_ptr<::c10d::Store> store,
@@ -87,10 +94,9 @@ void HangReporter::publish(const std::string& verdict, bool left) {
     // The store may be what failed; the dump file still tells.
   }
   if (o_.dump_dir.empty() || left) return;
-  const std::string name = o_.group == "default"
-                               ? fmt::format("flight_recorder_rank{}.json", o_.rank)
-                               : fmt::format("flight_recorder_{}_rank{}.json", o_.group, o_.rank);
-  const std::string path = (std::filesystem::path(o_.dump_dir) / name).string();
+  const std::string path =
+      (std::filesystem::path(o_.dump_dir) / dump_file_name(o_.group, std::to_string(o_.rank)))
+          .string();
   const std::string tmp = path + ".tmp";
   if (FILE* f = std::fopen(tmp.c_str(), "w")) {
     const std::string pretty = doc.dump(1);
@@ -243,10 +249,9 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
     }
     if (!report.verdict.empty()) publish(report.verdict);  // the dump file carries it too
     if (!o_.dump_dir.empty()) {
-      report.details += fmt::format(
-          "  (each rank's records: flight_recorder_rank<R>.json in "
-          "its log folder; this rank's in {})\n",
-          o_.dump_dir);
+      report.details +=
+          fmt::format("  (each rank's records: {} in its log folder; this rank's in {})\n",
+                      dump_file_name(o_.group, "<R>"), o_.dump_dir);
     }
   } catch (const std::exception& e) {
     report.details = fmt::format("flight recorder: no report ({})\n", e.what());

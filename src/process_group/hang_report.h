@@ -18,7 +18,8 @@
 //   - When the store itself does not answer (its host exited, the network is down), no peer can
 //     be asked: the report says so once, in its verdict, not once per rank.
 // Each rank also writes its records as JSON next to its error file (TORCHELASTIC_ERROR_FILE's
-// folder: ddprun's per-rank log folder), flight_recorder_rank<R>.json; none without one.
+// folder: ddprun's per-rank log folder), flight_recorder_rank<R>.json (a group other than the
+// default: flight_recorder_<group>_rank<R>.json); none without one.
 // While a Gloo collective waits, the waiting thread checks this host's peers once per second:
 // a peer stopped for shm::kStoppedLimit, or gone, fails the collective at once instead of at
 // the timeout.

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <latch>
 
 #include <fmt/format.h>
@@ -146,6 +147,30 @@ TEST(HangReport, APeerRecordedAfterTheFirstLookIsCheckedLater) {
   const int pid = gone_pid();
   store.client("[rank 1]")->set("who/1", bytes(fmt::format("{} {}", pid, host_identity())));
   EXPECT_EQ(reporter.check_local_peers(), fmt::format("rank 1 (pid {}) has exited", pid));
+}
+
+// The details name the dump files as publish() writes them, for a group that is not "default"
+// too: flight_recorder_<group>_rank<R>.json.
+TEST(HangReport, TheDetailsNameTheDumpFilesOfANamedGroup) {
+  LocalStore store;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("ddp_hang_report_dump_{}", getpid());
+  std::filesystem::create_directories(dir);
+  auto ring = std::make_shared<flight::Ring>(16);
+  ring->issue(1, "all_reduce", "Float", 4, nullptr);
+  ring->finish(1, false);
+  HangReporter reporter(store.client("[rank 0]"), ring,
+                        {.rank = 0, .size = 1, .group = "sub", .dump_dir = dir.string()});
+  const std::string details = reporter.explain(1).details;
+  const std::string prefix = "each rank's records: ";
+  const size_t at = details.find(prefix);
+  ASSERT_NE(at, std::string::npos) << details;
+  const size_t from = at + prefix.size();
+  std::string name = details.substr(from, details.find(' ', from) - from);
+  EXPECT_EQ(name, "flight_recorder_sub_rank<R>.json") << details;
+  name.replace(name.find("<R>"), 3, "0");
+  EXPECT_TRUE(std::filesystem::exists(dir / name)) << dir / name << " was not written";
+  std::filesystem::remove_all(dir);
 }
 
 // A rank leaving its group says so in the store first (HangReporter::depart); when the store's
