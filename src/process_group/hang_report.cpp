@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
+#include "base/proc_stat.h"           // own_start_time
 #include "process_group/shm/group.h"  // kStoppedLimit
 #include "process_group/shm_setup.h"  // host_identity
 
@@ -38,7 +39,9 @@ HangReporter::HangReporter(c10::intrusive_ptr<::c10d::Store> store,
     : o_(std::move(options)), ring_(std::move(ring)), host_(host_identity()),
       store_(std::move(store)) {
   try {
-    store_->set(fmt::format("who/{}", o_.rank), bytes(fmt::format("{} {}", getpid(), host_)));
+    // The pid with its start time names this process even after its pid is reused.
+    store_->set(fmt::format("who/{}", o_.rank),
+                bytes(fmt::format("{} {} {}", getpid(), own_start_time(), host_)));
   } catch (const std::exception&) {
     // Diagnostics never fail a job: peers will not know this rank's pid.
   }
@@ -124,7 +127,7 @@ std::vector<HangReporter::Peer> HangReporter::peers() {
       std::istringstream in(text(store_->get(key)));
       Peer& p = found[r];
       std::string host;
-      in >> p.pid;
+      in >> p.pid >> p.start_time;
       std::getline(in >> std::ws, host);
       p.local = host == host_ && p.pid != getpid();  // a thread-rank of this process: not local
       p.known = true;
@@ -146,7 +149,7 @@ std::string HangReporter::check_local_peers() {
   const auto now = Clock::now();
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
     if (!all[r].local) continue;
-    const flight::Liveness state = flight::process_state(all[r].pid);
+    const flight::Liveness state = flight::process_state(all[r].pid, all[r].start_time);
     if (state == flight::Liveness::kGone) {
       return fmt::format("rank {} (pid {}) has exited", r, all[r].pid);
     }
@@ -195,7 +198,7 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
       flight::PeerView v;
       v.rank = r;
       v.pid = who[r].pid;
-      if (who[r].local) v.liveness = flight::process_state(who[r].pid);
+      if (who[r].local) v.liveness = flight::process_state(who[r].pid, who[r].start_time);
       views.push_back(std::move(v));
     }
     // Gather until every peer that can answer did, or the deadline.

@@ -60,7 +60,7 @@ class HangReporter {
     std::string dump_dir;  // where the JSON dump goes; empty: none
   };
   // `store`: a handle of the reporter's own (calls bounded by kStoreCallLimit), prefixed for
-  // the group. Publishes this process's pid and host.
+  // the group. Publishes this process's pid, its start time and host.
   HangReporter(c10::intrusive_ptr<::c10d::Store> store, std::shared_ptr<flight::Ring> ring,
                Options options);
   ~HangReporter();  // stops the watcher
@@ -88,6 +88,7 @@ class HangReporter {
  private:
   struct Peer {
     int pid = 0;
+    uint64_t start_time = 0;  // of pid (base/proc_stat.h): a reused pid is not this peer
     bool local = false;
     bool known = false;
   };

@@ -1,9 +1,10 @@
 // Hang reports with ranks as threads (Gloo, or shm with DDP_TEST_BACKEND=shm): a skipped
 // collective, a desync under DDP_DEBUG=detail, monitored_barrier, and DDP's bucket notes.
 #include <sys/wait.h>  // waitpid
-#include <unistd.h>    // fork
+#include <unistd.h>    // fork, getpid, pause
 
 #include <chrono>
+#include <csignal>  // kill
 #include <cstdlib>
 #include <filesystem>
 #include <latch>
@@ -145,8 +146,26 @@ TEST(HangReport, APeerRecordedAfterTheFirstLookIsCheckedLater) {
                         {.rank = 0, .size = 2, .group = "default", .dump_dir = ""});
   EXPECT_EQ(reporter.check_local_peers(), "");  // rank 1 is not known yet
   const int pid = gone_pid();
-  store.client("[rank 1]")->set("who/1", bytes(fmt::format("{} {}", pid, host_identity())));
+  store.client("[rank 1]")->set("who/1", bytes(fmt::format("{} 1 {}", pid, host_identity())));
   EXPECT_EQ(reporter.check_local_peers(), fmt::format("rank 1 (pid {}) has exited", pid));
+}
+
+// A peer's pid reused by another process: the peer's record names its pid and start time, and
+// the process now holding that pid started at another time, so the peer has exited.
+TEST(HangReport, APeerWhosePidWasReusedIsReportedExited) {
+  LocalStore store;
+  HangReporter reporter(store.client("[rank 0]"), std::make_shared<flight::Ring>(16),
+                        {.rank = 0, .size = 2, .group = "default", .dump_dir = ""});
+  const pid_t other = fork();  // alive, and not the peer
+  if (other == 0) {
+    pause();
+    _exit(0);
+  }
+  // Start time 1: one clock tick after boot, not when `other` started.
+  store.client("[rank 1]")->set("who/1", bytes(fmt::format("{} 1 {}", other, host_identity())));
+  EXPECT_EQ(reporter.check_local_peers(), fmt::format("rank 1 (pid {}) has exited", other));
+  kill(other, SIGKILL);
+  waitpid(other, nullptr, 0);
 }
 
 // The details name the dump files as publish() writes them, for a group that is not "default"

@@ -10,13 +10,12 @@
 #include <climits>  // INT_MAX
 #include <cstring>  // memcpy
 #include <ctime>    // timespec
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
 #include "base/check.h"
+#include "base/proc_stat.h"     // live_process: a dead or stopped peer
 #include "ddp/relayed_error.h"  // Relayed: a peer's failure, announced
 #include "process_group/shm/reduce.h"
 
@@ -63,25 +62,6 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 }
 
 double seconds(Clock::duration d) { return duration<double>(d).count(); }
-
-// Fields 3 (state) and 22 (start time) of /proc/<pid>/stat; false when the process is gone.
-bool read_stat(int pid, char* state, uint64_t* start_time) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  std::string line;
-  if (!in || !std::getline(in, line)) return false;
-  const size_t close = line.rfind(')');  // the command name may contain spaces and ')'
-  if (close == std::string::npos) return false;
-  std::istringstream fields(line.substr(close + 1));
-  std::string field;
-  for (int i = 3; i <= 22 && fields >> field; ++i) {
-    if (i == 3) *state = field.empty() ? '?' : field[0];
-    if (i == 22) {
-      *start_time = std::stoull(field);
-      return true;
-    }
-  }
-  return false;
-}
 
 uint64_t pack(const Fingerprint& fp) {
   return static_cast<uint64_t>(fp.kind) | static_cast<uint64_t>(fp.dtype) << 8 |
@@ -149,10 +129,7 @@ Group::Group(Options options, Segment segment)
   for (int r = 0; r < o_.size; ++r) slots_.push_back(&slots[r]);
   stopped_since_.assign(o_.size, Clock::time_point{});
   Slot& mine = *slots_[o_.rank];
-  char state = '?';
-  uint64_t start = 0;
-  read_stat(pid_, &state, &start);
-  mine.start_time.store(start);
+  mine.start_time.store(own_start_time());
   mine.pid.store(pid_);
   // Every rank must be identifiable before any collective waits for it: a peer stopped or
   // killed between the segment handshake and this point would otherwise never be named.
@@ -644,15 +621,12 @@ void Group::check_peers(uint64_t g, Clock::time_point now) {
               me(), op.fp.describe(op.seq), name(p), where_is(p));
     const int pid = s.pid.load();
     if (pid == pid_) continue;  // a thread of this process
-    char state = '?';
-    uint64_t start = 0;
-    const bool alive = read_stat(pid, &state, &start) && start == s.start_time.load() &&
-                       state != 'Z' && state != 'X' && state != 'x';
-    DDP_CHECK(alive, CollectiveError,
+    const std::optional<ProcStat> peer = live_process(pid, s.start_time.load());
+    DDP_CHECK(peer.has_value(), CollectiveError,
               "[rank {}] {} failed: rank {} (pid {}) exited or was killed before reaching it. "
               "Its own error (ddprun's root-cause summary) says why.",
               me(), op.fp.describe(op.seq), name(p), pid);
-    if (state != 'T' && state != 't') {
+    if (!peer->stopped()) {
       stopped_since_[p] = Clock::time_point{};
       continue;
     }
