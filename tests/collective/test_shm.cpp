@@ -4,6 +4,8 @@
 // desync, a rank that left, an error that poisons the group. Comm buffers (memory every rank
 // maps, reduced in place): every dtype and op at any offset, mixed placements, bit-identity,
 // sizes that differ between ranks, and no mapping left once the tensors are gone.
+#include <unistd.h>  // getpid
+
 #include <fstream>
 #include <latch>
 
@@ -12,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "ddp/error.h"
+#include "process_group/shm/group.h"  // the transport alone
 #include "support/ranks.h"
 
 namespace ddp {
@@ -333,6 +336,51 @@ TEST(ShmErrors, TimeoutNamesTheOpAndTheRankBehind) {
   EXPECT_LT(waited_s, 3.0);
   expect_contains(message, {"[rank 0] all_reduce #1 (sum, 4 x Float) timed out",
                             "rank 1 has not issued any collective", "DDP_COLLECTIVE_TIMEOUT"});
+}
+
+// The transport alone, two thread-ranks over one segment: a composed op whose deadline was
+// restarted (as the hierarchy does after its cross-host step) times out later than the limit
+// after it started, and the message says how long it really waited.
+TEST(ShmErrors, ATimeoutAfterARestartedDeadlineReportsTheTimeSinceTheOpStarted) {
+  constexpr size_t kChunk = 4096;
+  const size_t bytes = shm::Group::segment_bytes(2, kChunk);
+  shm::Segment segments[2];
+  segments[0] = shm::Segment::create("ddp-test-shm", bytes);
+  segments[1] = shm::Segment::open(getpid(), segments[0].fd(), bytes);
+  std::string message;
+  std::latch rank0_done(1);
+  auto errors = run_threads(2, [&](int r) {
+    struct CountDown {  // rank 1 leaves only after rank 0, whatever happens to rank 0
+      std::latch* latch;
+      ~CountDown() {
+        if (latch != nullptr) latch->count_down();
+      }
+    } done{r == 0 ? &rank0_done : nullptr};
+    shm::Group group(shm::Options{r, 2, 1000ms, kChunk, {}}, std::move(segments[r]));
+    if (r == 1) {
+      rank0_done.wait();  // never joins the op
+      return;
+    }
+    int64_t value = 0;
+    auto op = group.run(1, shm::Fingerprint{}, [&] {
+      std::this_thread::sleep_for(700ms);  // a step that waited elsewhere
+      group.restart_deadline();
+      group.broadcast_here(&value, sizeof value, 0);
+    });
+    try {
+      group.wait(*op);
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_FALSE(errors[r]) << message_of(errors[r]);
+  const std::string after = "timed out after ";
+  const size_t at = message.find(after);
+  ASSERT_NE(at, std::string::npos) << message;
+  const double elapsed = std::stod(message.substr(at + after.size()));
+  EXPECT_GE(elapsed, 1.6) << message;
+  EXPECT_LT(elapsed, 3.0) << message;
+  expect_contains(message, {"(limit 1.0 s"});
 }
 
 TEST(ShmErrors, DesyncIsNamedAtOnceOnEveryRank) {

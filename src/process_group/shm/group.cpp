@@ -510,7 +510,8 @@ std::shared_ptr<Op> Group::barrier(uint64_t seq) {
 void Group::begin(const Op& op) {
   current_ = &op;
   fingerprints_checked_ = false;
-  deadline_ = Clock::now() + o_.timeout;
+  started_ = Clock::now();
+  deadline_ = started_ + o_.timeout;
   Slot::Published& e = slots_[o_.rank]->ring[op.seq % kRing];
   e.seq.store(op.seq, std::memory_order_relaxed);
   e.word.store(pack(op.fp), std::memory_order_relaxed);
@@ -646,11 +647,15 @@ void Group::fail_timeout(uint64_t g) {
   for (int p = 0; p < o_.size; ++p) {
     if (slots_[p]->arrived.load() < g) behind.push_back(where_is(p));
   }
+  // The limit counts from the op's start, or from its last restart_deadline() (the hierarchy's
+  // cross-host step): then the op has been waiting longer than the limit.
+  const bool restarted = deadline_ - o_.timeout > started_;
   throw TimeoutError(fmt::format(
-      "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s): {}. A rank that is behind may be "
-      "stuck in computation or I/O, or issuing collectives in a different order. If the work "
-      "is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or InitOptions::timeout.",
-      me(), op.fp.describe(op.seq), seconds(o_.timeout), seconds(o_.timeout),
+      "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s{}): {}. A rank that is behind may "
+      "be stuck in computation or I/O, or issuing collectives in a different order. If the "
+      "work is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or InitOptions::timeout.",
+      me(), op.fp.describe(op.seq), seconds(Clock::now() - started_), seconds(o_.timeout),
+      restarted ? ", counted again after a step that waited elsewhere" : "",
       fmt::join(behind, "; ")));
 }
 
