@@ -6,6 +6,7 @@
 // sizes that differ between ranks, and no mapping left once the tensors are gone.
 #include <unistd.h>  // getpid
 
+#include <atomic>
 #include <fstream>
 #include <latch>
 
@@ -381,6 +382,37 @@ TEST(ShmErrors, ATimeoutAfterARestartedDeadlineReportsTheTimeSinceTheOpStarted) 
   EXPECT_GE(elapsed, 1.6) << message;
   EXPECT_LT(elapsed, 3.0) << message;
   expect_contains(message, {"(limit 1.0 s"});
+}
+
+// The layout word at a segment's start (group.cpp): "DDPSHM" in the high 48 bits, the layout
+// version in the low 16; written by local rank 0, checked by the others.
+constexpr uint64_t kSegmentMark = 0x4444'5053'484d'0000;
+
+// A peer that maps the segment of a build with another layout refuses it, naming both versions,
+// instead of reading slots that are not where it thinks.
+TEST(ShmErrors, ASegmentOfAnotherLayoutIsRefusedNamingBothVersions) {
+  constexpr size_t kChunk = 4096;
+  const size_t bytes = shm::Group::segment_bytes(2, kChunk);
+  for (const uint64_t word : {kSegmentMark | 0xfffe, uint64_t{0x1234}}) {
+    shm::Segment created = shm::Segment::create("ddp-test-shm", bytes);
+    reinterpret_cast<std::atomic<uint64_t>*>(created.data())->store(word);
+    std::string message;
+    try {
+      shm::Group group(shm::Options{1, 2, 1000ms, kChunk, {}},
+                       shm::Segment::open(getpid(), created.fd(), bytes));
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    if (word == uint64_t{0x1234}) {
+      expect_contains(message, {"[rank 1] the shared-memory segment of rank 0 is not a ddp-cpp "
+                                "segment (its first word is 0x1234)",
+                                "every rank must run the same ddp-cpp build"});
+    } else {
+      expect_contains(message, {"[rank 1] the shared-memory segment of rank 0 has layout version "
+                                "65534, this build expects ",
+                                ": every rank must run the same ddp-cpp build"});
+    }
+  }
 }
 
 TEST(ShmErrors, DesyncIsNamedAtOnceOnEveryRank) {

@@ -88,8 +88,17 @@ std::pair<size_t, size_t> slice(size_t m, int n, int p) {
 
 }  // namespace
 
+// The segment's first word, the layout word: "DDPSHM" in the high 48 bits, the layout version
+// in the low 16. Local rank 0 (which created the segment) writes it; every other rank checks it
+// before it touches any slot, so ranks of builds whose segments differ refuse each other
+// instead of reading each other's fields at the wrong offsets. Bump kLayoutVersion with any
+// change to Control, Slot, kRing or the staging areas.
+constexpr uint64_t kSegmentMark = 0x4444'5053'484d'0000;
+constexpr uint64_t kVersionMask = 0xffff;
+constexpr uint64_t kLayoutVersion = 1;
+
 struct Group::Control {
-  uint64_t magic;
+  std::atomic<uint64_t> magic;      // kSegmentMark | kLayoutVersion, once rank 0 started
   std::atomic<uint32_t> wake;       // futex word: bumped by an arrival when someone sleeps
   std::atomic<uint32_t> sleepers;   // ranks inside a futex wait (or about to be)
   std::atomic<int32_t> abort_rank;  // 1 + the rank that gave up first; 0 = none
@@ -128,12 +137,32 @@ Group::Group(Options options, Segment segment)
   Slot* slots = reinterpret_cast<Slot*>(base + round_up(sizeof(Control), kPage));
   for (int r = 0; r < o_.size; ++r) slots_.push_back(&slots[r]);
   stopped_since_.assign(o_.size, Clock::time_point{});
+  const Clock::time_point deadline = Clock::now() + o_.timeout;
+  if (o_.rank == 0) {
+    ctl_->magic.store(kSegmentMark | kLayoutVersion, std::memory_order_release);
+  } else {
+    uint64_t word = 0;
+    while ((word = ctl_->magic.load(std::memory_order_acquire)) == 0) {
+      DDP_CHECK(Clock::now() < deadline, RendezvousError,
+                "[rank {}] rank {} created the shared segment but did not start its transport "
+                "within {:.1f} s; it may have died or been stopped, or run an older ddp-cpp build",
+                me(), name(0), seconds(o_.timeout));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    DDP_CHECK((word & ~kVersionMask) == kSegmentMark, RendezvousError,
+              "[rank {}] the shared-memory segment of rank {} is not a ddp-cpp segment (its first "
+              "word is {:#x}): every rank must run the same ddp-cpp build",
+              me(), name(0), word);
+    DDP_CHECK((word & kVersionMask) == kLayoutVersion, RendezvousError,
+              "[rank {}] the shared-memory segment of rank {} has layout version {}, this build "
+              "expects {}: every rank must run the same ddp-cpp build",
+              me(), name(0), word & kVersionMask, kLayoutVersion);
+  }
   Slot& mine = *slots_[o_.rank];
   mine.start_time.store(own_start_time());
   mine.pid.store(pid_);
   // Every rank must be identifiable before any collective waits for it: a peer stopped or
   // killed between the segment handshake and this point would otherwise never be named.
-  const Clock::time_point deadline = Clock::now() + o_.timeout;
   for (int r = 0; r < o_.size; ++r) {
     while (slots_[r]->pid.load() == 0) {
       DDP_CHECK(Clock::now() < deadline, RendezvousError,
