@@ -4,11 +4,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
+
+#include "base/proc_stat.h"  // live_process
 
 namespace ddp::flight {
 namespace {
@@ -196,17 +197,11 @@ std::vector<Record> records_from_json(const nlohmann::json& j) {
   return out;
 }
 
-Liveness process_state(int pid) {
+Liveness process_state(int pid, uint64_t start_time) {
   if (pid <= 0) return Liveness::kUnknown;
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  std::string line;
-  if (!in || !std::getline(in, line)) return Liveness::kGone;
-  const size_t close = line.rfind(')');  // the command name may contain spaces and ')'
-  if (close == std::string::npos || close + 2 >= line.size()) return Liveness::kUnknown;
-  const char state = line[close + 2];
-  if (state == 'T' || state == 't') return Liveness::kStopped;
-  if (state == 'Z' || state == 'X') return Liveness::kGone;
-  return Liveness::kRunning;
+  const std::optional<ProcStat> stat = live_process(pid, start_time);
+  if (!stat) return Liveness::kGone;
+  return stat->stopped() ? Liveness::kStopped : Liveness::kRunning;
 }
 
 std::string verdict(int my_rank, const Record& failed, const std::vector<PeerView>& peers) {

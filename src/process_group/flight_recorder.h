@@ -93,10 +93,12 @@ nlohmann::json to_json(const std::vector<Record>& records);
 // Throws std::exception on malformed input.
 std::vector<Record> records_from_json(const nlohmann::json& j);
 
-// How a local process looks from /proc: running (any state but those below), stopped ('T' or
-// 't'), gone (no such process, or a zombie).
+// How a local process looks from /proc (base/proc_stat.h): running (any state but those below),
+// stopped ('T' or 't'), gone (no such process, a zombie, or, given the start time the peer
+// published, a process that started at another time: the pid was reused). `start_time` 0:
+// unknown, any process with that pid.
 enum class Liveness { kUnknown, kRunning, kStopped, kGone };
-Liveness process_state(int pid);
+Liveness process_state(int pid, uint64_t start_time = 0);
 
 // What the rank whose collective failed knows about one peer.
 struct PeerView {

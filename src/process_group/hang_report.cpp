@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
+#include "base/proc_stat.h"           // own_start_time
 #include "process_group/shm/group.h"  // kStoppedLimit
 #include "process_group/shm_setup.h"  // host_identity
 
@@ -24,6 +25,13 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 std::string records_key(int rank) { return fmt::format("records/{}", rank); }
 
+// The file publish() writes a rank's records to; `rank` is "<R>" where a message names every
+// rank's.
+std::string dump_file_name(const std::string& group, const std::string& rank) {
+  return group == "default" ? fmt::format("flight_recorder_rank{}.json", rank)
+                            : fmt::format("flight_recorder_{}_rank{}.json", group, rank);
+}
+
 }  // namespace
 
 HangReporter::HangReporter(c10::intrusive_ptr<::c10d::Store> store,
@@ -31,7 +39,9 @@ HangReporter::HangReporter(c10::intrusive_ptr<::c10d::Store> store,
     : o_(std::move(options)), ring_(std::move(ring)), host_(host_identity()),
       store_(std::move(store)) {
   try {
-    store_->set(fmt::format("who/{}", o_.rank), bytes(fmt::format("{} {}", getpid(), host_)));
+    // The pid with its start time names this process even after its pid is reused.
+    store_->set(fmt::format("who/{}", o_.rank),
+                bytes(fmt::format("{} {} {}", getpid(), own_start_time(), host_)));
   } catch (const std::exception&) {
     // Diagnostics never fail a job: peers will not know this rank's pid.
   }
@@ -87,10 +97,9 @@ void HangReporter::publish(const std::string& verdict, bool left) {
     // The store may be what failed; the dump file still tells.
   }
   if (o_.dump_dir.empty() || left) return;
-  const std::string name = o_.group == "default"
-                               ? fmt::format("flight_recorder_rank{}.json", o_.rank)
-                               : fmt::format("flight_recorder_{}_rank{}.json", o_.group, o_.rank);
-  const std::string path = (std::filesystem::path(o_.dump_dir) / name).string();
+  const std::string path =
+      (std::filesystem::path(o_.dump_dir) / dump_file_name(o_.group, std::to_string(o_.rank)))
+          .string();
   const std::string tmp = path + ".tmp";
   if (FILE* f = std::fopen(tmp.c_str(), "w")) {
     const std::string pretty = doc.dump(1);
@@ -100,13 +109,17 @@ void HangReporter::publish(const std::string& verdict, bool left) {
 }
 
 std::vector<HangReporter::Peer> HangReporter::peers() {
+  std::vector<Peer> found;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!peers_.empty()) return peers_;
+    if (peers_.empty()) peers_.resize(o_.size);
+    if (peers_store_failed_) return peers_;
+    found = peers_;
   }
-  std::vector<Peer> found(o_.size);
+  // A peer is asked for until its record is there: it may form its group after our first look.
+  bool failed = false;
   for (int r = 0; r < o_.size; ++r) {
-    if (r == o_.rank) continue;
+    if (r == o_.rank || found[r].known) continue;
     try {
       std::lock_guard<std::mutex> store_lock(store_mu_);
       const std::string key = fmt::format("who/{}", r);
@@ -114,16 +127,20 @@ std::vector<HangReporter::Peer> HangReporter::peers() {
       std::istringstream in(text(store_->get(key)));
       Peer& p = found[r];
       std::string host;
-      in >> p.pid;
+      in >> p.pid >> p.start_time;
       std::getline(in >> std::ws, host);
       p.local = host == host_ && p.pid != getpid();  // a thread-rank of this process: not local
       p.known = true;
     } catch (const std::exception&) {
-      break;  // the store does not answer: what is known so far
+      failed = true;  // the store does not answer: what is known so far, and no more asking
+      break;
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (peers_.empty()) peers_ = std::move(found);
+  peers_store_failed_ = peers_store_failed_ || failed;
+  for (int r = 0; r < o_.size; ++r) {
+    if (found[r].known) peers_[r] = found[r];
+  }
   return peers_;
 }
 
@@ -132,7 +149,7 @@ std::string HangReporter::check_local_peers() {
   const auto now = Clock::now();
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
     if (!all[r].local) continue;
-    const flight::Liveness state = flight::process_state(all[r].pid);
+    const flight::Liveness state = flight::process_state(all[r].pid, all[r].start_time);
     if (state == flight::Liveness::kGone) {
       return fmt::format("rank {} (pid {}) has exited", r, all[r].pid);
     }
@@ -181,7 +198,7 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
       flight::PeerView v;
       v.rank = r;
       v.pid = who[r].pid;
-      if (who[r].local) v.liveness = flight::process_state(who[r].pid);
+      if (who[r].local) v.liveness = flight::process_state(who[r].pid, who[r].start_time);
       views.push_back(std::move(v));
     }
     // Gather until every peer that can answer did, or the deadline.
@@ -237,10 +254,9 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
     }
     if (!report.verdict.empty()) publish(report.verdict);  // the dump file carries it too
     if (!o_.dump_dir.empty()) {
-      report.details += fmt::format(
-          "  (each rank's records: flight_recorder_rank<R>.json in "
-          "its log folder; this rank's in {})\n",
-          o_.dump_dir);
+      report.details +=
+          fmt::format("  (each rank's records: {} in its log folder; this rank's in {})\n",
+                      dump_file_name(o_.group, "<R>"), o_.dump_dir);
     }
   } catch (const std::exception& e) {
     report.details = fmt::format("flight recorder: no report ({})\n", e.what());

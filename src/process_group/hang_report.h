@@ -18,7 +18,8 @@
 //   - When the store itself does not answer (its host exited, the network is down), no peer can
 //     be asked: the report says so once, in its verdict, not once per rank.
 // Each rank also writes its records as JSON next to its error file (TORCHELASTIC_ERROR_FILE's
-// folder: ddprun's per-rank log folder), flight_recorder_rank<R>.json; none without one.
+// folder: ddprun's per-rank log folder), flight_recorder_rank<R>.json (a group other than the
+// default: flight_recorder_<group>_rank<R>.json); none without one.
 // While a Gloo collective waits, the waiting thread checks this host's peers once per second:
 // a peer stopped for shm::kStoppedLimit, or gone, fails the collective at once instead of at
 // the timeout.
@@ -59,7 +60,7 @@ class HangReporter {
     std::string dump_dir;  // where the JSON dump goes; empty: none
   };
   // `store`: a handle of the reporter's own (calls bounded by kStoreCallLimit), prefixed for
-  // the group. Publishes this process's pid and host.
+  // the group. Publishes this process's pid, its start time and host.
   HangReporter(c10::intrusive_ptr<::c10d::Store> store, std::shared_ptr<flight::Ring> ring,
                Options options);
   ~HangReporter();  // stops the watcher
@@ -81,19 +82,22 @@ class HangReporter {
   void depart() { publish("", /*left=*/true); }
 
   // A peer on this host that has been stopped for shm::kStoppedLimit, or is gone: its verdict
-  // line; else empty. Cheap after the first call; never throws.
+  // line; else empty. Cheap once every peer's record was read; never throws.
   std::string check_local_peers();
 
  private:
   struct Peer {
     int pid = 0;
+    uint64_t start_time = 0;  // of pid (base/proc_stat.h): a reused pid is not this peer
     bool local = false;
     bool known = false;
   };
   void watch();
   // Records to the store and (unless `left`) the dump file; `left`: marked as departed.
   void publish(const std::string& verdict, bool left = false);
-  std::vector<Peer> peers();  // read once from the store (bounded), then remembered
+  // Read from the store (bounded) and remembered; a peer not recorded yet is asked for again
+  // on the next call, until a store call fails.
+  std::vector<Peer> peers();
 
   // Constant after construction.
   const Options o_;
@@ -104,10 +108,11 @@ class HangReporter {
   c10::intrusive_ptr<::c10d::Store> store_;
 
   std::mutex mu_;
-  std::vector<Peer> peers_;  // guarded by mu_; empty until read
-  bool published_ = false;   // guarded by mu_
-  bool explained_ = false;   // guarded by mu_
-  bool stopping_ = false;    // guarded by mu_
+  std::vector<Peer> peers_;          // guarded by mu_; empty until read
+  bool peers_store_failed_ = false;  // guarded by mu_; peers() asks no more
+  bool published_ = false;           // guarded by mu_
+  bool explained_ = false;           // guarded by mu_
+  bool stopping_ = false;            // guarded by mu_
   std::map<int, std::chrono::steady_clock::time_point> stopped_since_;  // guarded by mu_
   std::condition_variable wake_;
   std::thread watcher_;  // last: starts after everything above exists

@@ -1,7 +1,12 @@
 // Hang reports with ranks as threads (Gloo, or shm with DDP_TEST_BACKEND=shm): a skipped
 // collective, a desync under DDP_DEBUG=detail, monitored_barrier, and DDP's bucket notes.
+#include <sys/wait.h>  // waitpid
+#include <unistd.h>    // fork, getpid, pause
+
 #include <chrono>
+#include <csignal>  // kill
 #include <cstdlib>
+#include <filesystem>
 #include <latch>
 
 #include <fmt/format.h>
@@ -11,6 +16,7 @@
 #include "ddp/ddp.h"
 #include "process_group/hang_report.h"
 #include "process_group/internal.h"
+#include "process_group/shm_setup.h"  // host_identity
 #include "store/c10d_store.h"
 #include "store/server.h"
 #include "support/ranks.h"
@@ -25,6 +31,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 TEST(HangReport, SkippedCollectiveNamesTheRankBehindAndWhereItStands) {
   const int port = testing::free_port();
@@ -100,6 +108,88 @@ TEST(HangReport, AStoreThatIsGoneIsNamedOnceNotOncePerRank) {
     ++mentions;
   }
   EXPECT_EQ(mentions, 1u) << "the store's error once:\n" << report.details;
+}
+
+// A store of this process for a reporter built by hand: a server, and clients of it.
+struct LocalStore {
+  LocalStore() {
+    store::ServerOptions so;
+    so.bind_addresses = {"127.0.0.1"};
+    so.key = store::job_key("secret", "run");
+    server = std::make_unique<store::Server>(so);
+  }
+  c10::intrusive_ptr<store::DdpStore> client(const std::string& who) const {
+    store::ClientOptions co;
+    co.host = "127.0.0.1";
+    co.port = server->port();
+    co.key = store::job_key("secret", "run");
+    co.who = who;
+    co.owner = who;
+    return c10::make_intrusive<store::DdpStore>(co, 2s);
+  }
+  std::unique_ptr<store::Server> server;
+};
+
+// A pid that no process has any more: a child that exited and was reaped.
+int gone_pid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);
+  return child;
+}
+
+// A peer whose "who" record reaches the store after the reporter's first look (it formed its
+// group late) is still looked up on a later check.
+TEST(HangReport, APeerRecordedAfterTheFirstLookIsCheckedLater) {
+  LocalStore store;
+  HangReporter reporter(store.client("[rank 0]"), std::make_shared<flight::Ring>(16),
+                        {.rank = 0, .size = 2, .group = "default", .dump_dir = ""});
+  EXPECT_EQ(reporter.check_local_peers(), "");  // rank 1 is not known yet
+  const int pid = gone_pid();
+  store.client("[rank 1]")->set("who/1", bytes(fmt::format("{} 1 {}", pid, host_identity())));
+  EXPECT_EQ(reporter.check_local_peers(), fmt::format("rank 1 (pid {}) has exited", pid));
+}
+
+// A peer's pid reused by another process: the peer's record names its pid and start time, and
+// the process now holding that pid started at another time, so the peer has exited.
+TEST(HangReport, APeerWhosePidWasReusedIsReportedExited) {
+  LocalStore store;
+  HangReporter reporter(store.client("[rank 0]"), std::make_shared<flight::Ring>(16),
+                        {.rank = 0, .size = 2, .group = "default", .dump_dir = ""});
+  const pid_t other = fork();  // alive, and not the peer
+  if (other == 0) {
+    pause();
+    _exit(0);
+  }
+  // Start time 1: one clock tick after boot, not when `other` started.
+  store.client("[rank 1]")->set("who/1", bytes(fmt::format("{} 1 {}", other, host_identity())));
+  EXPECT_EQ(reporter.check_local_peers(), fmt::format("rank 1 (pid {}) has exited", other));
+  kill(other, SIGKILL);
+  waitpid(other, nullptr, 0);
+}
+
+// The details name the dump files as publish() writes them, for a group that is not "default"
+// too: flight_recorder_<group>_rank<R>.json.
+TEST(HangReport, TheDetailsNameTheDumpFilesOfANamedGroup) {
+  LocalStore store;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("ddp_hang_report_dump_{}", getpid());
+  std::filesystem::create_directories(dir);
+  auto ring = std::make_shared<flight::Ring>(16);
+  ring->issue({.op = Collective::kAllReduce, .dtype = DType::kF32, .count = 4, .seq = 1}, nullptr);
+  ring->finish(1, false);
+  HangReporter reporter(store.client("[rank 0]"), ring,
+                        {.rank = 0, .size = 1, .group = "sub", .dump_dir = dir.string()});
+  const std::string details = reporter.explain(1).details;
+  const std::string prefix = "each rank's records: ";
+  const size_t at = details.find(prefix);
+  ASSERT_NE(at, std::string::npos) << details;
+  const size_t from = at + prefix.size();
+  std::string name = details.substr(from, details.find(' ', from) - from);
+  EXPECT_EQ(name, "flight_recorder_sub_rank<R>.json") << details;
+  name.replace(name.find("<R>"), 3, "0");
+  EXPECT_TRUE(std::filesystem::exists(dir / name)) << dir / name << " was not written";
+  std::filesystem::remove_all(dir);
 }
 
 // A rank leaving its group says so in the store first (HangReporter::depart); when the store's

@@ -4,6 +4,9 @@
 // desync, a rank that left, an error that poisons the group. Comm buffers (memory every rank
 // maps, reduced in place): every dtype and op at any offset, mixed placements, bit-identity,
 // sizes that differ between ranks, and no mapping left once the tensors are gone.
+#include <unistd.h>  // getpid
+
+#include <atomic>
 #include <fstream>
 #include <latch>
 
@@ -12,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "ddp/error.h"
+#include "process_group/shm/group.h"  // the transport alone
 #include "support/ranks.h"
 
 namespace ddp {
@@ -335,6 +339,82 @@ TEST(ShmErrors, TimeoutNamesTheOpAndTheRankBehind) {
                             "rank 1 has not issued any collective", "DDP_COLLECTIVE_TIMEOUT"});
 }
 
+// The transport alone, two thread-ranks over one segment: a composed op whose deadline was
+// restarted (as the hierarchy does after its cross-host step) times out later than the limit
+// after it started, and the message says how long it really waited.
+TEST(ShmErrors, ATimeoutAfterARestartedDeadlineReportsTheTimeSinceTheOpStarted) {
+  constexpr size_t kChunk = 4096;
+  const size_t bytes = shm::Group::segment_bytes(2, kChunk);
+  shm::Segment segments[2];
+  segments[0] = shm::Segment::create("ddp-test-shm", bytes);
+  segments[1] = shm::Segment::open(getpid(), segments[0].fd(), bytes);
+  std::string message;
+  std::latch rank0_done(1);
+  auto errors = run_threads(2, [&](int r) {
+    struct CountDown {  // rank 1 leaves only after rank 0, whatever happens to rank 0
+      std::latch* latch;
+      ~CountDown() {
+        if (latch != nullptr) latch->count_down();
+      }
+    } done{r == 0 ? &rank0_done : nullptr};
+    shm::Group group(shm::Options{r, 2, 1000ms, kChunk, {}}, std::move(segments[r]));
+    if (r == 1) {
+      rank0_done.wait();  // never joins the op
+      return;
+    }
+    int64_t value = 0;
+    auto op = group.run(1, CollectiveDesc{}, [&] {
+      std::this_thread::sleep_for(700ms);  // a step that waited elsewhere
+      group.restart_deadline();
+      group.broadcast_here(&value, sizeof value, 0);
+    });
+    try {
+      group.wait(*op);
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) ASSERT_FALSE(errors[r]) << message_of(errors[r]);
+  const std::string after = "timed out after ";
+  const size_t at = message.find(after);
+  ASSERT_NE(at, std::string::npos) << message;
+  const double elapsed = std::stod(message.substr(at + after.size()));
+  EXPECT_GE(elapsed, 1.6) << message;
+  EXPECT_LT(elapsed, 3.0) << message;
+  expect_contains(message, {"(limit 1.0 s"});
+}
+
+// The layout word at a segment's start (group.cpp): "DDPSHM" in the high 48 bits, the layout
+// version in the low 16; written by local rank 0, checked by the others.
+constexpr uint64_t kSegmentMark = 0x4444'5053'484d'0000;
+
+// A peer that maps the segment of a build with another layout refuses it, naming both versions,
+// instead of reading slots that are not where it thinks.
+TEST(ShmErrors, ASegmentOfAnotherLayoutIsRefusedNamingBothVersions) {
+  constexpr size_t kChunk = 4096;
+  const size_t bytes = shm::Group::segment_bytes(2, kChunk);
+  for (const uint64_t word : {kSegmentMark | 0xfffe, uint64_t{0x1234}}) {
+    shm::Segment created = shm::Segment::create("ddp-test-shm", bytes);
+    reinterpret_cast<std::atomic<uint64_t>*>(created.data())->store(word);
+    std::string message;
+    try {
+      shm::Group group(shm::Options{1, 2, 1000ms, kChunk, {}},
+                       shm::Segment::open(getpid(), created.fd(), bytes));
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    if (word == uint64_t{0x1234}) {
+      expect_contains(message, {"[rank 1] the shared-memory segment of rank 0 is not a ddp-cpp "
+                                "segment (its first word is 0x1234)",
+                                "every rank must run the same ddp-cpp build"});
+    } else {
+      expect_contains(message, {"[rank 1] the shared-memory segment of rank 0 has layout version "
+                                "65534, this build expects ",
+                                ": every rank must run the same ddp-cpp build"});
+    }
+  }
+}
+
 TEST(ShmErrors, DesyncIsNamedAtOnceOnEveryRank) {
   const int port = testing::free_port();
   std::vector<std::string> messages(2);
@@ -370,7 +450,7 @@ TEST(ShmErrors, DesyncIsNamedAtOnceOnEveryRank) {
 TEST(ShmErrors, RankThatLeftFailsPeersFastAndTheGroupStaysFailed) {
   const int port = testing::free_port();
   std::string first, second;
-  double waited_s = 0;
+  std::vector<double> waited_s(3);  // per rank: ranks 0 and 1 both measure
   std::latch rank2_gone(1);
   auto errors = run_threads(3, [&](int r) {
     auto pg = make_process_group(shm_rank(r, 3, port, /*timeout=*/60s));
@@ -387,9 +467,7 @@ TEST(ShmErrors, RankThatLeftFailsPeersFastAndTheGroupStaysFailed) {
     } catch (const CollectiveError& e) {
       if (r == 0) first = e.what();
     }
-    waited_s =
-        std::max(waited_s,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    waited_s[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     try {
       pg->barrier().wait();
     } catch (const CollectiveError& e) {
@@ -397,7 +475,7 @@ TEST(ShmErrors, RankThatLeftFailsPeersFastAndTheGroupStaysFailed) {
     }
   });
   ASSERT_FALSE(errors[0]) << message_of(errors[0]);
-  EXPECT_LT(waited_s, 5.0);
+  EXPECT_LT(std::max(waited_s[0], waited_s[1]), 5.0);
   // Rank 0 either saw rank 2 leave itself, or rank 1 did first and told it.
   expect_contains(first, {"[rank 0] all_reduce #1 (sum, 4 x Float) failed", "rank 2"});
   expect_contains(second, {"[rank 0] barrier #2 was not run", "failed at an earlier collective"});

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "base/proc_stat.h"  // own_start_time
 #include "process_group/flight_recorder.h"
 
 namespace ddp::flight {
@@ -232,6 +233,15 @@ TEST(FlightRecorder, ProcessStateTellsRunningStoppedAndGone) {
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   EXPECT_EQ(process_state(child), Liveness::kGone);
+}
+
+// The start time a peer published names its process: the same pid with another start time is
+// a process that took the pid over, and the peer is gone.
+TEST(FlightRecorder, AReusedPidIsGone) {
+  const uint64_t start = own_start_time();
+  ASSERT_NE(start, 0u);
+  EXPECT_EQ(process_state(getpid(), start), Liveness::kRunning);
+  EXPECT_EQ(process_state(getpid(), start + 1), Liveness::kGone);
 }
 
 }  // namespace

@@ -10,13 +10,12 @@
 #include <climits>  // INT_MAX
 #include <cstring>  // memcpy
 #include <ctime>    // timespec
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
 #include "base/check.h"
+#include "base/proc_stat.h"     // live_process: a dead or stopped peer
 #include "ddp/relayed_error.h"  // Relayed: a peer's failure, announced
 #include "process_group/shm/reduce.h"
 
@@ -64,25 +63,6 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 
 double seconds(Clock::duration d) { return duration<double>(d).count(); }
 
-// Fields 3 (state) and 22 (start time) of /proc/<pid>/stat; false when the process is gone.
-bool read_stat(int pid, char* state, uint64_t* start_time) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  std::string line;
-  if (!in || !std::getline(in, line)) return false;
-  const size_t close = line.rfind(')');  // the command name may contain spaces and ')'
-  if (close == std::string::npos) return false;
-  std::istringstream fields(line.substr(close + 1));
-  std::string field;
-  for (int i = 3; i <= 22 && fields >> field; ++i) {
-    if (i == 3) *state = field.empty() ? '?' : field[0];
-    if (i == 22) {
-      *start_time = std::stoull(field);
-      return true;
-    }
-  }
-  return false;
-}
-
 uint64_t pack(const CollectiveDesc& fp) {
   return static_cast<uint64_t>(fp.op) | static_cast<uint64_t>(fp.dtype) << 8 |
          static_cast<uint64_t>(fp.reduce) << 16 |
@@ -109,8 +89,17 @@ std::pair<size_t, size_t> slice(size_t m, int n, int p) {
 
 }  // namespace
 
+// The segment's first word, the layout word: "DDPSHM" in the high 48 bits, the layout version
+// in the low 16. Local rank 0 (which created the segment) writes it; every other rank checks it
+// before it touches any slot, so ranks of builds whose segments differ refuse each other
+// instead of reading each other's fields at the wrong offsets. Bump kLayoutVersion with any
+// change to Control, Slot, kRing or the staging areas.
+constexpr uint64_t kSegmentMark = 0x4444'5053'484d'0000;
+constexpr uint64_t kVersionMask = 0xffff;
+constexpr uint64_t kLayoutVersion = 1;
+
 struct Group::Control {
-  uint64_t magic;
+  std::atomic<uint64_t> magic;      // kSegmentMark | kLayoutVersion, once rank 0 started
   std::atomic<uint32_t> wake;       // futex word: bumped by an arrival when someone sleeps
   std::atomic<uint32_t> sleepers;   // ranks inside a futex wait (or about to be)
   std::atomic<int32_t> abort_rank;  // 1 + the rank that gave up first; 0 = none
@@ -149,15 +138,32 @@ Group::Group(Options options, Segment segment)
   Slot* slots = reinterpret_cast<Slot*>(base + round_up(sizeof(Control), kPage));
   for (int r = 0; r < o_.size; ++r) slots_.push_back(&slots[r]);
   stopped_since_.assign(o_.size, Clock::time_point{});
+  const Clock::time_point deadline = Clock::now() + o_.timeout;
+  if (o_.rank == 0) {
+    ctl_->magic.store(kSegmentMark | kLayoutVersion, std::memory_order_release);
+  } else {
+    uint64_t word = 0;
+    while ((word = ctl_->magic.load(std::memory_order_acquire)) == 0) {
+      DDP_CHECK(Clock::now() < deadline, RendezvousError,
+                "[rank {}] rank {} created the shared segment but did not start its transport "
+                "within {:.1f} s; it may have died or been stopped, or run an older ddp-cpp build",
+                me(), name(0), seconds(o_.timeout));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    DDP_CHECK((word & ~kVersionMask) == kSegmentMark, RendezvousError,
+              "[rank {}] the shared-memory segment of rank {} is not a ddp-cpp segment (its first "
+              "word is {:#x}): every rank must run the same ddp-cpp build",
+              me(), name(0), word);
+    DDP_CHECK((word & kVersionMask) == kLayoutVersion, RendezvousError,
+              "[rank {}] the shared-memory segment of rank {} has layout version {}, this build "
+              "expects {}: every rank must run the same ddp-cpp build",
+              me(), name(0), word & kVersionMask, kLayoutVersion);
+  }
   Slot& mine = *slots_[o_.rank];
-  char state = '?';
-  uint64_t start = 0;
-  read_stat(pid_, &state, &start);
-  mine.start_time.store(start);
+  mine.start_time.store(own_start_time());
   mine.pid.store(pid_);
   // Every rank must be identifiable before any collective waits for it: a peer stopped or
   // killed between the segment handshake and this point would otherwise never be named.
-  const Clock::time_point deadline = Clock::now() + o_.timeout;
   for (int r = 0; r < o_.size; ++r) {
     while (slots_[r]->pid.load() == 0) {
       DDP_CHECK(Clock::now() < deadline, RendezvousError,
@@ -547,7 +553,8 @@ std::shared_ptr<Op> Group::barrier(uint64_t seq) {
 void Group::begin(const Op& op) {
   current_ = &op;
   fingerprints_checked_ = false;
-  deadline_ = Clock::now() + o_.timeout;
+  started_ = Clock::now();
+  deadline_ = started_ + o_.timeout;
   Slot::Published& e = slots_[o_.rank]->ring[op.seq % kRing];
   e.seq.store(op.seq, std::memory_order_relaxed);
   e.word.store(pack(op.fp), std::memory_order_relaxed);
@@ -658,15 +665,12 @@ void Group::check_peers(uint64_t g, Clock::time_point now) {
               me(), op.fp.describe(), name(p), where_is(p));
     const int pid = s.pid.load();
     if (pid == pid_) continue;  // a thread of this process
-    char state = '?';
-    uint64_t start = 0;
-    const bool alive = read_stat(pid, &state, &start) && start == s.start_time.load() &&
-                       state != 'Z' && state != 'X' && state != 'x';
-    DDP_CHECK(alive, CollectiveError,
+    const std::optional<ProcStat> peer = live_process(pid, s.start_time.load());
+    DDP_CHECK(peer.has_value(), CollectiveError,
               "[rank {}] {} failed: rank {} (pid {}) exited or was killed before reaching it. "
               "Its own error (ddprun's root-cause summary) says why.",
               me(), op.fp.describe(), name(p), pid);
-    if (state != 'T' && state != 't') {
+    if (!peer->stopped()) {
       stopped_since_[p] = Clock::time_point{};
       continue;
     }
@@ -686,11 +690,16 @@ void Group::fail_timeout(uint64_t g) {
   for (int p = 0; p < o_.size; ++p) {
     if (slots_[p]->arrived.load() < g) behind.push_back(where_is(p));
   }
+  // The limit counts from the op's start, or from its last restart_deadline() (the hierarchy's
+  // cross-host step): then the op has been waiting longer than the limit.
+  const bool restarted = deadline_ - o_.timeout > started_;
   throw TimeoutError(fmt::format(
-      "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s): {}. A rank that is behind may be "
-      "stuck in computation or I/O, or issuing collectives in a different order. If the work "
-      "is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or InitOptions::timeout.",
-      me(), op.fp.describe(), seconds(o_.timeout), seconds(o_.timeout), fmt::join(behind, "; ")));
+      "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s{}): {}. A rank that is behind may "
+      "be stuck in computation or I/O, or issuing collectives in a different order. If the "
+      "work is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or InitOptions::timeout.",
+      me(), op.fp.describe(), seconds(Clock::now() - started_), seconds(o_.timeout),
+      restarted ? ", counted again after a step that waited elsewhere" : "",
+      fmt::join(behind, "; ")));
 }
 
 void Group::check_abort() const {

@@ -220,7 +220,8 @@ class Group {
   uint64_t chunk_ = 0;       // chunks moved (selects the staging half)
   const Op* current_ = nullptr;
   bool fingerprints_checked_ = false;
-  std::chrono::steady_clock::time_point deadline_;
+  std::chrono::steady_clock::time_point started_;   // when the current op began
+  std::chrono::steady_clock::time_point deadline_;  // started_ + timeout, or later if restarted
   std::vector<std::chrono::steady_clock::time_point> stopped_since_;  // per rank; zero = running
   std::exception_ptr failed_;  // the first error: every later collective fails with it
   std::string failed_message_;
