@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "parallel/ddp_core.h"
 
 namespace ddp {
@@ -19,10 +20,9 @@ Join::Join(DistributedDataParallelBase& model, JoinOptions options)
 
 Join::~Join() {
   if (!finished_ && std::uncaught_exceptions() == 0) {
-    std::fprintf(stderr,
-                 "[rank %d] ddp::Join destroyed without finish(): the other ranks will wait for "
-                 "this one until their collective timeout. Call join.finish() after the loop.\n",
-                 core_.process_group().rank());
+    log::line(core_.process_group().rank(),
+              "ddp::Join destroyed without finish(): the other ranks will wait for this one "
+              "until their collective timeout. Call join.finish() after the loop.");
   }
   core_.attach_join(nullptr);
 }

@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "process_group/flight_recorder.h"
 #include "parallel/bucketing.h"
 
@@ -60,7 +61,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   passthrough_ = group_.size() == 1;
   if (passthrough_) {
     if (options_.debug != DebugLevel::kOff) {
-      std::fprintf(stderr, "[rank 0] ddp: world size 1: gradients need no reduction\n");
+      log::line(group_.rank(), "world size 1: gradients need no reduction");
     }
   } else {
     build_initial_buckets();
@@ -201,11 +202,10 @@ void Reducer::restore_bucket_order(const std::vector<int64_t>& order) {
 
 void Reducer::log_layout(const char* when) const {
   if (options_.debug == DebugLevel::kOff) return;
-  std::string s = fmt::format(
-      "[rank {}] ddp: {} bucket layout: {} parameters in {} buckets "
-      "(first {:.2f} MB, cap {:.2f} MB)",
-      group_.rank(), when, params_.size(), buckets_.size(),
-      options_.first_bucket_bytes() / 1048576.0, options_.bucket_bytes() / 1048576.0);
+  std::string s =
+      fmt::format("{} bucket layout: {} parameters in {} buckets (first {:.2f} MB, cap {:.2f} MB)",
+                  when, params_.size(), buckets_.size(), options_.first_bucket_bytes() / 1048576.0,
+                  options_.bucket_bytes() / 1048576.0);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const auto& bucket = buckets_[b];
     std::vector<std::string> names;
@@ -215,7 +215,7 @@ void Reducer::log_layout(const char* when) const {
                      group_.is_comm_buffer(bucket.contents) ? ", shared memory" : "",
                      fmt::join(names, ", "));
   }
-  std::fprintf(stderr, "%s\n", s.c_str());
+  log::line(group_.rank(), s);
 }
 
 void Reducer::prepare_for_forward(bool sync) {
@@ -515,9 +515,11 @@ void Reducer::finalize_locked() {
   last_stats_ = stats_;
   phase_ = Phase::kFinalized;
   if (options_.debug == DebugLevel::kDetail) {
-    std::fprintf(stderr, "[rank %d] ddp: iteration %lld ready order: %s\n", group_.rank(),
-                 static_cast<long long>(iterations_),
-                 fmt::format("{}", fmt::join(stats_.ready_order, ", ")).c_str());
+    // One line per iteration: at most 10 a second (Note [Logging]).
+    static log::RateLimit per_iteration(10, std::chrono::seconds(1));
+    log::limited(per_iteration, group_.rank(),
+                 fmt::format("iteration {} ready order: {}", iterations_,
+                             fmt::join(stats_.ready_order, ", ")));
   }
 }
 

@@ -5,7 +5,6 @@
 #include <sys/socket.h>  // socket, connect, getsockname
 #include <unistd.h>      // close
 
-#include <cstdio>   // stderr
 #include <numeric>  // std::iota
 #include <string_view>
 #include <thread>
@@ -15,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "process_group/internal.h"
 #include "process_group/shm_setup.h"
 #include "process_group/store_exchange.h"
@@ -339,10 +339,10 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
     if (where.uniform() && where.host_size.front() > 1) {
       why_not = form_hierarchy(impl, o, where, out);
     } else if (env.rank == 0 && debug_info(env)) {
-      fmt::print(stderr,
-                 "ddp: {} hosts with {} ranks; a hierarchy needs the same number, more than one, "
-                 "on each; using gloo\n",
-                 where.hosts(), fmt::join(where.host_size, "/"));
+      log::note(env.rank,
+                "{} hosts with {} ranks; a hierarchy needs the same number, more than one, on "
+                "each; using gloo",
+                where.hosts(), fmt::join(where.host_size, "/"));
     }
   }
   if (out) return out;
@@ -351,7 +351,7 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
             "host (same kernel, same pid namespace); use backend 'auto' or 'gloo'.",
             env.rank, why_not);
   if (env.rank == 0 && (debug_info(env) || why_not.find("hosts") == std::string::npos)) {
-    fmt::print(stderr, "ddp: shared-memory transport not used ({}); using gloo\n", why_not);
+    log::note(env.rank, "shared-memory transport not used ({}); using gloo", why_not);
   }
   impl.shm_peers = {};
   return c10d_transport(impl, o, "gloo");
@@ -379,8 +379,8 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   impl->transport = choice == "shm" || choice == "cpu-auto" ? cpu_transport(*impl, o, choice)
                                                             : c10d_transport(*impl, o, choice);
   if (env.rank == 0 && debug_info(env)) {
-    fmt::print(stderr, "ddp: process group '{}' of {} ranks over {}\n", o.group_name,
-               env.world_size, impl->caps().name);
+    log::note(env.rank, "process group '{}' of {} ranks over {}", o.group_name, env.world_size,
+              impl->caps().name);
   }
   add_diagnostics(*impl, o, rc.key_prefix);
   return std::make_shared<ProcessGroup>(std::move(impl));

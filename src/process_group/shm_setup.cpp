@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "base/net.h"  // host_name
 #include "process_group/store_exchange.h"
 
@@ -204,10 +205,10 @@ std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm:
   buffer->parts[rank].close_fd();
   if (status != "ok") {
     if (rank == 0) {
-      fmt::print(stderr,
-                 "ddp: comm buffer #{} ({:.1f} MiB) is in private memory: {}; its collectives "
-                 "copy through the staging areas\n",
-                 id, bytes / 1048576.0, status);
+      log::note(peers.global[rank],
+                "comm buffer #{} ({:.1f} MiB) is in private memory: {}; its collectives copy "
+                "through the staging areas",
+                id, bytes / 1048576.0, status);
     }
     return nullptr;
   }

@@ -87,6 +87,7 @@ std::shared_ptr<store::Server> host_store(const Config& c, const std::string& ke
   o.has_secret = !c.store_secret.empty();
   o.max_bytes = c.store_max_bytes;
   o.name = "the rendezvous store";
+  o.rank = 0;
   try {
     return store::host(o);
   } catch (const store::HostError& e) {

@@ -2,20 +2,20 @@
 #include "store/host.h"
 
 #include <cerrno>
-#include <cstdio>
 
 #include <fmt/format.h>
 
+#include "base/log.h"
 #include "store/bind.h"
 
 namespace ddp::store {
 
 std::unique_ptr<Server> host(const HostOptions& o) {
-  const auto log = [&](const std::string& line) {
+  const auto note = [&](const std::string& text) {
     if (o.log) {
-      o.log(line);
+      o.log("ddp: " + text);
     } else {
-      std::fprintf(stderr, "%s\n", line.c_str());
+      log::line(o.rank, text);
     }
   };
   const BindPlan plan = plan_bind(o.master_addr, o.single_host, o.bind);
@@ -32,10 +32,10 @@ std::unique_ptr<Server> host(const HostOptions& o) {
     throw HostError(e.what(), e.error == EADDRINUSE);
   }
   if (!plan.why_every_interface.empty()) {
-    log(fmt::format(
-        "ddp: {} listens on every interface ({}): {}; set DDP_STORE_BIND=<address of this "
-        "host> to listen on one",
-        o.name, server->listening(), plan.why_every_interface));
+    note(
+        fmt::format("{} listens on every interface ({}): {}; set DDP_STORE_BIND=<address of this "
+                    "host> to listen on one",
+                    o.name, server->listening(), plan.why_every_interface));
   }
   bool loopback_only = !plan.addresses.empty();
   for (const std::string& a : plan.addresses) {
@@ -43,8 +43,8 @@ std::unique_ptr<Server> host(const HostOptions& o) {
     loopback_only = loopback_only && parse_ip(a, 0, parsed) && parsed.is_loopback();
   }
   if (!o.has_secret && !loopback_only) {
-    log(fmt::format(
-        "ddp: {} on {} has no secret (DDP_STORE_SECRET is not set): any process that reaches "
+    note(fmt::format(
+        "{} on {} has no secret (DDP_STORE_SECRET is not set): any process that reaches "
         "it and knows the run id can join the job. Give every process the same "
         "DDP_STORE_SECRET (ddprun does for single-node jobs; with several nodes, export one on "
         "each)",

@@ -30,9 +30,10 @@ struct HostOptions {
   bool has_secret = false;            // DDP_STORE_SECRET was given
   std::optional<uint64_t> max_bytes;  // DDP_STORE_MAX_BYTES; unset: the server's default
   std::string name;                   // "the rendezvous store", "the agent store": for notes
-  // Notes and the server's own log lines, without a trailing newline. Unset: "ddp: ..." on
-  // stderr.
+  // Notes and the server's own log lines ("ddp: ...", no trailing newline). Unset: the log
+  // sink (Note [Logging]) as rank `rank` (-1: none).
   std::function<void(const std::string&)> log;
+  int rank = -1;
 };
 
 // The server could not bind or listen.

@@ -1,6 +1,8 @@
 // The store's server loop (Note [Store server] in server.h).
 #include "store/server.h"
 
+#include "base/log.h"
+
 #include <fcntl.h>        // open
 #include <netinet/in.h>   // sockaddr_in6, IPV6_V6ONLY
 #include <pthread.h>      // pthread_setname_np
@@ -142,13 +144,12 @@ struct Server::Loop {
 // Logging.
 
 void Server::Loop::emit(const std::string& line) {
-  const std::string full = fmt::format("ddp: rendezvous store {}: {}", name, line);
+  const std::string text = fmt::format("rendezvous store {}: {}", name, line);
   if (o.log) {
-    o.log(full);
+    o.log("ddp: " + text);
     return;
   }
-  const std::string with_newline = full + "\n";
-  (void)!::write(STDERR_FILENO, with_newline.data(), with_newline.size());
+  log::line(-1, text);  // Note [Logging]; refusals are rate-limited by log_refusal
 }
 
 void Server::Loop::log_refusal(const std::string& line) {

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "args.h"
+#include "base/log.h"
 #include "ddp/env.h"  // ddp::current_environment
 #include "launcher.h"
 
@@ -47,21 +48,22 @@ int main(int argc, char** argv) {
       fmt::print("{}", cl.help_text);
       return 0;
     }
-    for (const std::string& n : cl.notes) fmt::print(stderr, "ddprun: {}\n", n);
+    for (const std::string& n : cl.notes) ddp::log::tool("ddprun", n);
     std::fflush(stdout);
     dl::RunResult result = dl::run(cl.config);
     return result.signal != 0 ? die_of(result.signal) : result.exit_code;
   } catch (const dl::ExecError& e) {
-    fmt::print(stderr, "ddprun: {}\n", e.what());
+    ddp::log::tool("ddprun", e.what());
     return e.exit_code();
   } catch (const ddp::ConfigError& e) {
-    fmt::print(stderr, "ddprun: error: {}\nRun 'ddprun --help' to see every flag.\n", e.what());
+    ddp::log::tool("ddprun",
+                   fmt::format("error: {}\nRun 'ddprun --help' to see every flag.", e.what()));
     return dl::kUsageExitCode;
   } catch (const ddp::Error& e) {
-    fmt::print(stderr, "ddprun: error: {}\n", e.what());
+    ddp::log::tool("ddprun", fmt::format("error: {}", e.what()));
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "ddprun: internal error: {}\n", e.what());
+    ddp::log::tool("ddprun", fmt::format("internal error: {}", e.what()));
     return 1;
   }
 }

@@ -1,6 +1,8 @@
 // Worker output and the run directory (see output.h).
 #include "output.h"
 
+#include "base/log.h"
+
 #include <fcntl.h>   // open, O_* flags
 #include <poll.h>    // poll, to wait out EAGAIN
 #include <stdlib.h>  // mkdtemp
@@ -51,7 +53,7 @@ bool write_all(int fd, std::string_view data) {
   return true;
 }
 
-void note(const std::string& line) { write_all(STDERR_FILENO, "ddprun: " + line + "\n"); }
+void note(const std::string& line) { log::tool("ddprun", line); }  // Note [Logging]
 
 // ---------------------------------------------------------------------------------------------
 // Stream
