@@ -36,8 +36,9 @@ esac
 # - UBSan: -fno-sanitize-recover=all (CMake), so the first report aborts the test.
 # - TSan sees our accesses and every pthread call, but not the atomics inside LibTorch or
 #   libgomp: a hand-off that LibTorch synchronizes with its own atomics (a c10 refcount, a
-#   c10::ivalue::Future) or an OpenMP barrier looks like a race to it. Each suppression in
-#   tsan.supp names the one function and says why. OMP_NUM_THREADS=1 keeps LibTorch's kernels
+#   c10::ivalue::Future) or an OpenMP barrier looks like a race to it. tsan.supp says for each
+#   entry which reports it covers and what it hides (LibTorch's side has no symbols, so the main
+#   entry names its library: it hides only races against LibTorch's own free or pthread calls). OMP_NUM_THREADS=1 keeps LibTorch's kernels
 #   on the calling thread: TSan cannot follow libgomp's barriers at all, and one thread per
 #   rank is how the tests run ranks as threads anyway.
 asan_env=(
