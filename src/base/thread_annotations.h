@@ -1,6 +1,9 @@
 // Clang's thread-safety annotations (no-ops elsewhere) and the mutexes and condition variable
-// that carry them, as LevelDB's port/thread_annotations.h and port.h. scripts/check-thread-safety.sh
-// (ctest: test_thread_safety) compiles the annotated files with clang -Wthread-safety -Werror.
+// that carry them, as LevelDB's port/thread_annotations.h and port.h. Every class of ours with a
+// mutex uses these: scripts/check-thread-safety.sh (ctest: test_thread_safety) fails when a
+// std::mutex, std::timed_mutex, std::recursive_mutex, std::shared_mutex or
+// std::condition_variable is declared anywhere in src/ or tools/ but here, then compiles every
+// annotated file with clang -Wthread-safety -Werror.
 //
 //   mutable Mutex mu_;
 //   CondVar changed_{&mu_};
