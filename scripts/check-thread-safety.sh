@@ -1,16 +1,50 @@
 #!/usr/bin/env bash
-# Clang's thread-safety analysis over every source that uses src/base/thread_annotations.h:
-# each is compiled (syntax only) with clang++ -Wthread-safety -Werror, using the build's own
-# flags (from `ninja -t compdb`). A GUARDED_BY member touched without its mutex fails.
+# Thread-safety rules for the whole tree, in two passes:
+#   1. (grep, needs no compiler) No std::mutex, std::timed_mutex, std::recursive_mutex,
+#      std::shared_mutex (nor their timed variants) or std::condition_variable(_any) is declared
+#      in src/ or tools/ outside src/base/thread_annotations.h: every lock of ours is a
+#      ddp::Mutex / TimedMutex with a CondVar, so that the members it guards can say so
+#      (GUARDED_BY) and clang can check them. Each offending file:line is listed and the check
+#      fails. Locking a mutex that is not ours (std::lock_guard<std::mutex> over LibTorch's
+#      generator mutex) is allowed: it declares none.
+#   2. Clang's thread-safety analysis over every source that uses
+#      src/base/thread_annotations.h: each is compiled (syntax only) with clang++
+#      -Wthread-safety -Werror, using the build's own flags (from `ninja -t compdb`). A
+#      GUARDED_BY member touched without its mutex fails.
 #   scripts/check-thread-safety.sh [BUILD_DIR]     (default: build)
-# Exit 77 (ctest: skipped) when clang++ is not installed. Each file is checked with the build's
-# own flags; one that clang 14 cannot compile in C++20 mode for another reason (with libstdc++
-# 12 it rejects some of LibTorch 1.13's headers: incomplete types in constexpr std::vector) is
-# checked again in C++17 mode: the analysis does not depend on the language version.
+# Exit 77 (ctest: skipped) when clang++ is not installed and pass 1 found nothing; exit 1 when
+# either pass fails. Pass 2 checks each file with the build's own flags; one that clang 14
+# cannot compile in C++20 mode for another reason (with libstdc++ 12 it rejects some of
+# LibTorch 1.13's headers: incomplete types in constexpr std::vector) is checked again in C++17
+# mode: the analysis does not depend on the language version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
-command -v clang++ >/dev/null || { echo "check-thread-safety: clang++ not installed: skipped"; exit 77; }
+
+# Pass 1. A line counts without its comment and its lock types' template arguments
+# (lock_guard<std::mutex> locks a mutex, it declares none).
+std_lock='std::(recursive_|shared_)?(timed_)?mutex|std::condition_variable'
+raw_locks=$(grep -rnE --include='*.h' --include='*.hpp' --include='*.cpp' --include='*.cc' \
+              "$std_lock" src tools |
+            grep -v '^src/base/thread_annotations\.h:' |
+            awk -v re="$std_lock" '{
+              code = $0
+              sub(/\/\/.*$/, "", code)
+              gsub(/std::(lock_guard|unique_lock|scoped_lock|shared_lock)<[^>]*>/, "", code)
+              if (code ~ re) print
+            }' || true)
+if [[ -n $raw_locks ]]; then
+  echo "check-thread-safety: FAILED: standard mutexes or condition variables declared outside" \
+       "src/base/thread_annotations.h; use ddp::Mutex / ddp::TimedMutex / ddp::CondVar and" \
+       "GUARDED_BY (see that header):"
+  printf '%s\n' "$raw_locks" | sed -E 's@^([^:]+:[0-9]+):[[:space:]]*@  \1: @; s@[[:space:]]+$@@'
+fi
+
+command -v clang++ >/dev/null || {
+  echo "check-thread-safety: clang++ not installed: the analysis (pass 2) skipped"
+  [[ -z $raw_locks ]] || exit 1
+  exit 77
+}
 mapfile -t files < <(grep -rl --include='*.cpp' 'thread_annotations.h' src tools || true)
 # Annotated headers reach their .cpp files through includes.
 mapfile -t headers < <(grep -rl --include='*.h' 'thread_annotations.h' src tools | grep -v thread_annotations.h || true)
@@ -19,21 +53,27 @@ for h in "${headers[@]}"; do
   mapfile -t -O "${#files[@]}" files < <(grep -rl --include='*.cpp' "\"$(dirname "${h#src/}")/$base\"\|\"$base\"" src tools || true)
 done
 mapfile -t files < <(printf '%s\n' "${files[@]}" | sort -u)
-[[ -n ${files[0]:-} ]] || { echo "check-thread-safety: no annotated sources"; exit 0; }
+if [[ -z ${files[0]:-} ]]; then
+  echo "check-thread-safety: no annotated sources"
+  [[ -z $raw_locks ]] || exit 1
+  exit 0
+fi
 (cd "$BUILD_DIR" && ninja -t compdb) > "$BUILD_DIR/compdb-thread-safety.json"
-python3 - "$BUILD_DIR/compdb-thread-safety.json" "$PWD" "${files[@]}" <<'PY'
+analysis=0
+python3 - "$BUILD_DIR/compdb-thread-safety.json" "$PWD" "${files[@]}" <<'PY' || analysis=$?
 import json, os, shlex, subprocess, sys
+from concurrent.futures import ThreadPoolExecutor
 compdb, root, files = sys.argv[1], sys.argv[2], sys.argv[3:]
 entries = {}
 for e in json.load(open(compdb)):
     path = os.path.normpath(os.path.join(e["directory"], e["file"]))
     entries.setdefault(path, e)
-failed = 0
-for f in files:
+
+def check_file(f):
+    """One file's verdict: (ok, what to print)."""
     e = entries.get(os.path.join(root, f))
     if e is None:
-        print(f"check-thread-safety: {f}: not in the build, skipped")
-        continue
+        return True, f"check-thread-safety: {f}: not in the build, skipped"
     args = shlex.split(e["command"])
     while args and os.path.basename(args[0]) in ("ccache", "c++", "g++", "gcc", "cc"):
         args = args[1:]
@@ -59,10 +99,17 @@ for f in files:
         r17 = check(["-std=c++17" if a.startswith("-std=") else a for a in out])
         if r17.returncode == 0 or "-Wthread-safety" in r17.stderr:
             r = r17
-    status = "ok" if r.returncode == 0 else "FAILED"
-    print(f"check-thread-safety: {f}: {status}")
-    if r.returncode != 0:
-        failed += 1
-        print(r.stderr[-4000:])
+    if r.returncode == 0:
+        return True, f"check-thread-safety: {f}: ok"
+    return False, f"check-thread-safety: {f}: FAILED\n{r.stderr[-4000:]}"
+
+# One clang per core (a LibTorch file takes seconds even without code generation).
+failed = 0
+with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    for ok, text in pool.map(check_file, files):
+        print(text, flush=True)
+        failed += not ok
 sys.exit(1 if failed else 0)
 PY
+[[ -z $raw_locks ]] || { echo "check-thread-safety: FAILED: standard mutexes declared (listed above)"; exit 1; }
+exit "$analysis"

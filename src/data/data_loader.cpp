@@ -9,16 +9,15 @@
 //   ~Pass: stop, wake, join (workers finish at most the batch in their hands).
 #include "ddp/data_loader.h"
 
-#include <condition_variable>
 #include <exception>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include <torch/cuda.h>  // torch::cuda::is_available (declaration only; cheap to include)
 
 #include "base/check.h"
+#include "base/thread_annotations.h"  // Mutex, CondVar, GUARDED_BY
 
 namespace ddp {
 namespace {
@@ -85,20 +84,20 @@ struct DataLoader::Pass {
   Batch current;
   bool done = false;
 
-  std::mutex mu;
-  std::condition_variable produced_cv;  // a batch was filed
-  std::condition_variable consumed_cv;  // the consumer took one, or stop
-  std::map<int64_t, Item> produced;     // guarded by mu
-  int64_t consumed = 0;                 // guarded by mu: batches taken so far
-  bool stop = false;                    // guarded by mu
+  Mutex mu;
+  CondVar produced_cv{&mu};  // a batch was filed
+  CondVar consumed_cv{&mu};  // the consumer took one, or stop
+  std::map<int64_t, Item> produced GUARDED_BY(mu);
+  int64_t consumed GUARDED_BY(mu) = 0;  // batches taken so far
+  bool stop GUARDED_BY(mu) = false;
   std::vector<std::thread> workers;
 
   ~Pass() {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       stop = true;
     }
-    consumed_cv.notify_all();
+    consumed_cv.signal_all();
     for (auto& t : workers) t.join();
     alive->store(false);
   }
@@ -119,12 +118,12 @@ struct DataLoader::Pass {
     return batch;
   }
 
-  void work(int w) {
+  void work(int w) EXCLUDES(mu) {
     const int W = options.num_workers;
     for (int64_t k = w; k < num_batches; k += W) {
       {
-        std::unique_lock<std::mutex> lock(mu);
-        consumed_cv.wait(lock, [&] { return stop || k < consumed + window; });
+        MutexLock lock(&mu);
+        while (!stop && k >= consumed + window) consumed_cv.wait();
         if (stop) return;
       }
       Item item;
@@ -135,10 +134,10 @@ struct DataLoader::Pass {
       }
       const bool failed = item.error != nullptr;
       {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(&mu);
         produced.emplace(k, std::move(item));
       }
-      produced_cv.notify_all();
+      produced_cv.signal_all();
       if (failed) return;  // the consumer rethrows it; nothing after it will be taken
     }
   }
@@ -166,7 +165,7 @@ struct DataLoader::Pass {
     }
   }
 
-  Item take(int64_t k) {
+  Item take(int64_t k) EXCLUDES(mu) {
     if (options.num_workers == 0) {
       Item item;
       try {
@@ -176,17 +175,19 @@ struct DataLoader::Pass {
       }
       return item;
     }
-    std::unique_lock<std::mutex> lock(mu);
-    produced_cv.wait(lock, [&] { return produced.count(k) > 0; });
-    auto node = produced.extract(k);
-    consumed = k + 1;
-    lock.unlock();
-    consumed_cv.notify_all();
+    std::map<int64_t, Item>::node_type node;
+    {
+      MutexLock lock(&mu);
+      while (produced.count(k) == 0) produced_cv.wait();
+      node = produced.extract(k);
+      consumed = k + 1;
+    }
+    consumed_cv.signal_all();
     return std::move(node.mapped());
   }
 
   // Hands out the next batch into `current`, or ends the pass.
-  void fetch_next() {
+  void fetch_next() EXCLUDES(mu) {
     if (next == num_batches) {
       finish();
       return;

@@ -2,12 +2,12 @@
 #include "ddp/sampler.h"
 
 #include <algorithm>
-#include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>  // at::CPUGeneratorImpl, the generator behind torch.Generator()
 #include <ATen/ops/randperm.h>      // at::randperm, the kernel torch.randperm calls
 
 #include "base/check.h"
+#include "base/thread_annotations.h"  // Mutex, GUARDED_BY
 #include "ddp/distributed.h"  // get_world_size, get_rank: the defaults for replicas and rank
 
 namespace ddp {
@@ -62,18 +62,18 @@ struct DistributedSampler::Shared {
   int64_t n = 0;
   SamplerOptions options;  // num_replicas and rank resolved
 
-  mutable std::mutex mu;
-  int64_t epoch = 0;      // guarded by mu
-  int64_t position = 0;   // guarded by mu; samples of this epoch consumed by this rank
-  int64_t offset = 0;     // guarded by mu; Note [Sampler position and resume]
-  bool restored = false;  // guarded by mu; load_state() since the last begin_pass()
+  mutable Mutex mu;
+  int64_t epoch GUARDED_BY(mu) = 0;
+  int64_t position GUARDED_BY(mu) = 0;   // samples of this epoch consumed by this rank
+  int64_t offset GUARDED_BY(mu) = 0;     // Note [Sampler position and resume]
+  bool restored GUARDED_BY(mu) = false;  // load_state() since the last begin_pass()
 
   int R() const { return *options.num_replicas; }
   int r() const { return *options.rank; }
-  int64_t num_samples_locked() const {
+  int64_t num_samples_locked() const REQUIRES(mu) {
     return plan_num_samples(n - offset, R(), r(), options.drop_last, options.pad);
   }
-  std::vector<int64_t> indices_locked() const {
+  std::vector<int64_t> indices_locked() const REQUIRES(mu) {
     return shard_indices(epoch_order(n, options.shuffle, options.seed, epoch), offset, R(), r(),
                          options.drop_last, options.pad);
   }
@@ -110,7 +110,7 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, SamplerOptions opti
 void DistributedSampler::set_epoch(int64_t epoch) {
   DDP_CHECK(epoch >= 0, ConfigError, "DistributedSampler::set_epoch({}): epochs count from 0",
             epoch);
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   if (epoch == shared_->epoch) return;  // keeps a restored position (Note [... and resume])
   shared_->epoch = epoch;
   shared_->position = 0;
@@ -119,25 +119,25 @@ void DistributedSampler::set_epoch(int64_t epoch) {
 }
 
 int64_t DistributedSampler::epoch() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   return shared_->epoch;
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   return shared_->indices_locked();
 }
 
 std::vector<int64_t> DistributedSampler::remaining() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   auto all = shared_->indices_locked();
   all.erase(all.begin(), all.begin() + shared_->position);
   return all;
 }
 
 std::vector<int64_t> DistributedSampler::begin_pass() {
-  std::lock_guard<std::mutex> lock(shared_->mu);
   Shared& s = *shared_;
+  MutexLock lock(&s.mu);
   const bool finished = s.position == s.num_samples_locked();
   if (finished && !s.restored) {  // a new pass over a finished epoch: start it over
     s.position = 0;
@@ -150,7 +150,7 @@ std::vector<int64_t> DistributedSampler::begin_pass() {
 }
 
 void DistributedSampler::advance(int64_t count) {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   const int64_t total = shared_->num_samples_locked();
   DDP_CHECK(count >= 0 && shared_->position + count <= total, ConfigError,
             "DistributedSampler::advance({}): position {} + {} exceeds the {} samples of "
@@ -183,7 +183,7 @@ DistributedSampler::Iterator& DistributedSampler::Iterator::operator++() {
 
 void DistributedSampler::Iterator::hand_out() {
   Shared& s = *shared_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(&s.mu);
   if (s.epoch != epoch_) return;  // set_epoch() mid-pass restarted the cursor: leave it alone
   const int64_t total = s.num_samples_locked();
   DDP_CHECK(s.position < total, ConfigError,
@@ -196,12 +196,12 @@ void DistributedSampler::Iterator::hand_out() {
 }
 
 int64_t DistributedSampler::num_samples() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   return shared_->num_samples_locked();
 }
 
 int64_t DistributedSampler::position() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   return shared_->position;
 }
 
@@ -211,8 +211,8 @@ int DistributedSampler::rank() const { return shared_->r(); }
 const SamplerOptions& DistributedSampler::options() const { return shared_->options; }
 
 SamplerState DistributedSampler::state() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
   const Shared& s = *shared_;
+  MutexLock lock(&s.mu);
   SamplerState st;
   st.epoch = s.epoch;
   st.position = s.position;
@@ -255,7 +255,7 @@ void DistributedSampler::load_state(const SamplerState& st) {
             "rank of epoch {} at world size {}: the state is corrupt",
             st.position, saved_total, st.epoch, st.num_replicas);
 
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(&s.mu);
   s.epoch = st.epoch;
   if (st.num_replicas == s.R()) {  // same shard plan: continue inside it
     s.offset = st.offset;
@@ -271,7 +271,8 @@ DistributedSampler DistributedSampler::clone() const {
   auto copy = std::make_shared<Shared>();
   copy->n = shared_->n;
   copy->options = shared_->options;
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
+  MutexLock copy_lock(&copy->mu);  // not shared yet: never contended
   copy->epoch = shared_->epoch;
   copy->position = shared_->position;
   copy->offset = shared_->offset;

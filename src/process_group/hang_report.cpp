@@ -50,34 +50,35 @@ HangReporter::HangReporter(c10::intrusive_ptr<::c10d::Store> store,
 
 HangReporter::~HangReporter() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.signal_all();
   watcher_.join();
 }
 
 void HangReporter::watch() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_ && !published_) {
-    wake_.wait_for(lock, kWatchInterval);
-    if (stopping_ || published_) return;
-    lock.unlock();
+  while (true) {
+    {
+      MutexLock lock(&mu_);
+      if (stopping_ || published_) return;
+      wake_.wait_for(kWatchInterval);
+      if (stopping_ || published_) return;
+    }
     bool asked = false;
     try {
-      std::lock_guard<std::mutex> store_lock(store_mu_);
+      MutexLock store_lock(&store_mu_);
       asked = store_->check({"dump"});
     } catch (const std::exception&) {
       return;  // the store is gone (its host exited): nobody can ask any more
     }
     if (asked) publish("");
-    lock.lock();
   }
 }
 
 void HangReporter::publish(const std::string& verdict, bool left) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (published_ && verdict.empty() && !left) return;
     published_ = true;
   }
@@ -91,7 +92,7 @@ void HangReporter::publish(const std::string& verdict, bool left) {
   if (left) doc["left"] = true;
   const std::string json = doc.dump();
   try {
-    std::lock_guard<std::mutex> store_lock(store_mu_);
+    MutexLock store_lock(&store_mu_);
     store_->set(records_key(o_.rank), bytes(json));
   } catch (const std::exception&) {
     // The store may be what failed; the dump file still tells.
@@ -111,7 +112,7 @@ void HangReporter::publish(const std::string& verdict, bool left) {
 std::vector<HangReporter::Peer> HangReporter::peers() {
   std::vector<Peer> found;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (peers_.empty()) peers_.resize(o_.size);
     if (peers_store_failed_) return peers_;
     found = peers_;
@@ -121,7 +122,7 @@ std::vector<HangReporter::Peer> HangReporter::peers() {
   for (int r = 0; r < o_.size; ++r) {
     if (r == o_.rank || found[r].known) continue;
     try {
-      std::lock_guard<std::mutex> store_lock(store_mu_);
+      MutexLock store_lock(&store_mu_);
       const std::string key = fmt::format("who/{}", r);
       if (!store_->check({key})) continue;
       std::istringstream in(text(store_->get(key)));
@@ -136,7 +137,7 @@ std::vector<HangReporter::Peer> HangReporter::peers() {
       break;
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   peers_store_failed_ = peers_store_failed_ || failed;
   for (int r = 0; r < o_.size; ++r) {
     if (found[r].known) peers_[r] = found[r];
@@ -153,7 +154,7 @@ std::string HangReporter::check_local_peers() {
     if (state == flight::Liveness::kGone) {
       return fmt::format("rank {} (pid {}) has exited", r, all[r].pid);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (state != flight::Liveness::kStopped) {
       stopped_since_.erase(r);
       continue;
@@ -171,7 +172,7 @@ std::string HangReporter::check_local_peers() {
 
 HangReporter::Report HangReporter::explain(uint64_t seq) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (explained_) return {};
     explained_ = true;
   }
@@ -186,7 +187,7 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
     publish("");  // our records first, so that peers explaining the same failure see them
     std::string store_trouble;
     try {
-      std::lock_guard<std::mutex> store_lock(store_mu_);
+      MutexLock store_lock(&store_mu_);
       store_->set("dump", bytes(std::to_string(o_.rank)));
     } catch (const std::exception& e) {
       store_trouble = e.what();
@@ -211,7 +212,7 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
           continue;
         }
         try {
-          std::lock_guard<std::mutex> store_lock(store_mu_);
+          MutexLock store_lock(&store_mu_);
           if (store_->check({records_key(v.rank)})) {
             const auto doc = nlohmann::json::parse(text(store_->get(records_key(v.rank))));
             v.records = flight::records_from_json(doc);

@@ -27,16 +27,15 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "base/thread_annotations.h"  // Mutex, CondVar, GUARDED_BY
 #include "process_group/flight_recorder.h"
 
 namespace ddp {
@@ -73,17 +72,17 @@ class HangReporter {
   };
   // For this group's first failure (`seq`): publishes, gathers, judges (Note [Hang reports]).
   // Later failures return an empty report at once. Never throws.
-  Report explain(uint64_t seq);
+  Report explain(uint64_t seq) EXCLUDES(mu_, store_mu_);
 
   // This rank leaves the group (its ProcessGroup is being destroyed, before the transport
   // closes): its records, marked "left", so that a peer still waiting in a collective learns
   // why this rank went silent (Note [Hang reports]). Bounded by the store handle's timeout
   // (the group sets kDepartLimit); never throws.
-  void depart() { publish("", /*left=*/true); }
+  void depart() EXCLUDES(mu_, store_mu_) { publish("", /*left=*/true); }
 
   // A peer on this host that has been stopped for shm::kStoppedLimit, or is gone: its verdict
   // line; else empty. Cheap once every peer's record was read; never throws.
-  std::string check_local_peers();
+  std::string check_local_peers() EXCLUDES(mu_, store_mu_);
 
  private:
   struct Peer {
@@ -92,29 +91,30 @@ class HangReporter {
     bool local = false;
     bool known = false;
   };
-  void watch();
+  void watch() EXCLUDES(mu_, store_mu_);
   // Records to the store and (unless `left`) the dump file; `left`: marked as departed.
-  void publish(const std::string& verdict, bool left = false);
+  void publish(const std::string& verdict, bool left = false) EXCLUDES(mu_, store_mu_);
   // Read from the store (bounded) and remembered; a peer not recorded yet is asked for again
   // on the next call, until a store call fails.
-  std::vector<Peer> peers();
+  std::vector<Peer> peers() EXCLUDES(mu_, store_mu_);
 
   // Constant after construction.
   const Options o_;
   const std::shared_ptr<flight::Ring> ring_;
   const std::string host_;  // this kernel's identity
 
-  std::mutex store_mu_;  // one store call at a time
-  c10::intrusive_ptr<::c10d::Store> store_;
+  // One store call at a time (the watcher's, explain()'s, depart()'s); never taken under mu_.
+  Mutex store_mu_;
+  c10::intrusive_ptr<::c10d::Store> store_ GUARDED_BY(store_mu_);
 
-  std::mutex mu_;
-  std::vector<Peer> peers_;          // guarded by mu_; empty until read
-  bool peers_store_failed_ = false;  // guarded by mu_; peers() asks no more
-  bool published_ = false;           // guarded by mu_
-  bool explained_ = false;           // guarded by mu_
-  bool stopping_ = false;            // guarded by mu_
-  std::map<int, std::chrono::steady_clock::time_point> stopped_since_;  // guarded by mu_
-  std::condition_variable wake_;
+  Mutex mu_;
+  CondVar wake_{&mu_};                               // stopping_ was set
+  std::vector<Peer> peers_ GUARDED_BY(mu_);          // empty until read
+  bool peers_store_failed_ GUARDED_BY(mu_) = false;  // peers() asks no more
+  bool published_ GUARDED_BY(mu_) = false;
+  bool explained_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::map<int, std::chrono::steady_clock::time_point> stopped_since_ GUARDED_BY(mu_);
   std::thread watcher_;  // last: starts after everything above exists
 };
 

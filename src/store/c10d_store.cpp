@@ -90,35 +90,35 @@ c10::intrusive_ptr<::c10d::Store> DdpStore::clone_store() {
 // BoundedStore
 
 struct BoundedStore::Worker {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::function<void()> task;  // guarded by mu
-  uint64_t posted = 0;         // guarded by mu
-  uint64_t done = 0;           // guarded by mu
-  std::exception_ptr error;    // guarded by mu: the last task's
-  bool stop = false;           // guarded by mu
-  std::string broken;          // guarded by the store's call_mu_: why every call now fails
+  Mutex mu;
+  CondVar cv{&mu};  // a task was posted or done, or stop
+  std::function<void()> task GUARDED_BY(mu);
+  uint64_t posted GUARDED_BY(mu) = 0;
+  uint64_t done GUARDED_BY(mu) = 0;
+  std::exception_ptr error GUARDED_BY(mu);  // the last task's
+  bool stop GUARDED_BY(mu) = false;
   c10::intrusive_ptr<::c10d::Store> inner;  // used by the worker thread only
 
-  void loop() {
-    std::unique_lock<std::mutex> lock(mu);
+  void loop() EXCLUDES(mu) {
+    mu.lock();
     while (true) {
-      cv.wait(lock, [&] { return stop || posted > done; });
-      if (posted == done) return;  // stop, and no call waits
+      while (!stop && posted <= done) cv.wait();
+      if (posted == done) break;  // stop, and no call waits
       std::function<void()> t = std::move(task);
-      lock.unlock();
+      mu.unlock();
       std::exception_ptr e;
       try {
         t();
       } catch (...) {
         e = std::current_exception();
       }
-      lock.lock();
+      mu.lock();
       error = e;
       ++done;
-      cv.notify_all();
-      if (stop) return;
+      cv.signal_all();
+      if (stop) break;
     }
+    mu.unlock();
   }
 };
 
@@ -145,13 +145,19 @@ BoundedStore::~BoundedStore() { shutdown(); }
 void BoundedStore::shutdown() {
   if (!thread_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(worker_->mu);
+    MutexLock lock(&worker_->mu);
     worker_->stop = true;
-    worker_->cv.notify_all();
+    worker_->cv.signal_all();
   }
   // A call still stuck inside the inner store cannot be interrupted: its thread is left to
-  // finish (or to die with the process); it owns what it uses through `worker_`.
-  if (worker_->broken.empty())
+  // finish (or to die with the process); it owns what it uses through `worker_`. No call runs
+  // now (the store is being destroyed, or its constructor failed): call_mu_ is free.
+  bool stuck = false;
+  {
+    TimedMutexLock call(&call_mu_);
+    stuck = !broken_.empty();
+  }
+  if (!stuck)
     thread_.join();
   else
     thread_.detach();
@@ -162,27 +168,32 @@ milliseconds BoundedStore::bound() const { return bounded(timeout_); }
 void BoundedStore::run(const std::string& what, milliseconds limit, std::function<void()> task) {
   const auto started = Clock::now();
   const auto deadline = started + limit;
-  std::unique_lock<std::timed_mutex> call(call_mu_, std::defer_lock);
-  if (!call.try_lock_until(deadline)) {
+  if (!call_mu_.try_lock_until(deadline)) {
     throw RendezvousError(
         fmt::format("{} {} on the rendezvous store at {} waited {:.1f} s for another thread's call",
                     who_, what, endpoint_, seconds(Clock::now() - started)));
   }
-  if (!worker_->broken.empty()) throw RendezvousError(worker_->broken);
-  std::unique_lock<std::mutex> lock(worker_->mu);
-  worker_->task = std::move(task);
-  const uint64_t mine = ++worker_->posted;
-  worker_->cv.notify_all();
-  if (!worker_->cv.wait_until(lock, deadline, [&] { return worker_->done >= mine; })) {
-    worker_->broken = fmt::format(
-        "{} the rendezvous store at {} did not answer {} within {:.1f} s: the process hosting "
-        "it ({}) is stopped (SIGSTOP, a debugger), frozen or overloaded, or {} belongs to "
-        "another program than this job's store",
-        who_, endpoint_, what, seconds(Clock::now() - started), owner_, endpoint_);
-    throw RendezvousError(worker_->broken);
+  TimedMutexLock call(&call_mu_, std::adopt_lock);
+  if (!broken_.empty()) throw RendezvousError(broken_);
+  std::exception_ptr error;
+  {
+    Worker& w = *worker_;
+    MutexLock lock(&w.mu);
+    w.task = std::move(task);
+    const uint64_t mine = ++w.posted;
+    w.cv.signal_all();
+    while (w.done < mine) {
+      if (w.cv.wait_until(deadline) == std::cv_status::timeout && w.done < mine) {
+        broken_ = fmt::format(
+            "{} the rendezvous store at {} did not answer {} within {:.1f} s: the process "
+            "hosting it ({}) is stopped (SIGSTOP, a debugger), frozen or overloaded, or {} "
+            "belongs to another program than this job's store",
+            who_, endpoint_, what, seconds(Clock::now() - started), owner_, endpoint_);
+        throw RendezvousError(broken_);
+      }
+    }
+    error = std::exchange(w.error, nullptr);
   }
-  std::exception_ptr error = std::exchange(worker_->error, nullptr);
-  lock.unlock();
   if (!error) return;
   if (what == "connecting") std::rethrow_exception(error);
   try {

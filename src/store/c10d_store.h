@@ -19,14 +19,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/thread_annotations.h"  // TimedMutex, GUARDED_BY
 #include "c10d/compat.h"
 #include "store/client.h"
 #include "store/server.h"
@@ -95,15 +94,18 @@ class BoundedStore final : public c10d_compat::StoreBase {
 
  private:
   std::chrono::milliseconds bound() const;
-  void shutdown();  // stops the worker: joined, or left behind when a call is stuck in it
+  // Stops the worker: joined, or left behind when a call is stuck in it.
+  void shutdown() EXCLUDES(call_mu_);
   // Runs `task` on the worker; the caller waits at most `limit`, then the store is broken.
-  void run(const std::string& what, std::chrono::milliseconds limit, std::function<void()> task);
+  void run(const std::string& what, std::chrono::milliseconds limit, std::function<void()> task)
+      EXCLUDES(call_mu_);
 
   // Constant after construction.
   const std::function<c10::intrusive_ptr<::c10d::Store>()> make_;
   const std::string who_, endpoint_, owner_;
 
-  std::timed_mutex call_mu_;        // one call at a time
+  TimedMutex call_mu_;                       // one call at a time
+  std::string broken_ GUARDED_BY(call_mu_);  // why every call now fails; empty: not broken
   std::shared_ptr<Worker> worker_;  // shared with its thread, which may outlive a stuck call
   std::thread thread_;
 };

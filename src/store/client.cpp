@@ -75,12 +75,13 @@ void Client::send_all(std::string_view bytes, Clock::time_point deadline) {
 }
 
 std::string Client::read_frame(size_t limit, Clock::time_point deadline) {
+  const int fd = fd_.get();  // the lambda reads it: the analysis does not see mu_ held there
   std::string data;
   auto read_exact = [&](size_t n) {
     const size_t want = data.size() + n;
     char buf[64 * 1024];
     while (data.size() < want) {
-      const ssize_t got = ::recv(fd_.get(), buf, std::min(sizeof buf, want - data.size()), 0);
+      const ssize_t got = ::recv(fd, buf, std::min(sizeof buf, want - data.size()), 0);
       if (got > 0) {
         data.append(buf, static_cast<size_t>(got));
         continue;
@@ -88,7 +89,7 @@ std::string Client::read_frame(size_t limit, Clock::time_point deadline) {
       if (got == 0) throw Closed{"the store closed the connection"};
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        pollfd p{fd_.get(), POLLIN, 0};
+        pollfd p{fd, POLLIN, 0};
         const int ready = ::poll(&p, 1, remaining_ms(deadline));
         if (ready == 0) throw NoAnswer{};
         continue;
@@ -231,25 +232,25 @@ void Client::connect_locked(Clock::time_point deadline, Clock::time_point starte
 
 void Client::connect(Clock::time_point deadline) {
   const auto started = Clock::now();
-  std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-  if (!lock.try_lock_until(deadline)) {
+  if (!mu_.try_lock_until(deadline)) {
     throw RendezvousError(fmt::format(
         "{} could not use the connection to the rendezvous store at {} within {:.1f} s: another "
         "thread's call held it",
         o_.who, endpoint(), seconds(Clock::now() - started)));
   }
+  TimedMutexLock lock(&mu_, std::adopt_lock);
   if (!fd_.valid()) connect_locked(deadline, started);
 }
 
 Client::Answer Client::call(const std::string& request, const std::string& what,
                             Clock::time_point deadline, Clock::time_point started) {
-  std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
-  if (!lock.try_lock_until(deadline)) {
+  if (!mu_.try_lock_until(deadline)) {
     throw RendezvousError(fmt::format(
         "{} {} on the rendezvous store at {} waited {:.1f} s for another thread's call on the "
         "same connection",
         o_.who, what, endpoint(), seconds(Clock::now() - started)));
   }
+  TimedMutexLock lock(&mu_, std::adopt_lock);
   if (!fd_.valid()) {
     try {
       connect_locked(deadline, started);

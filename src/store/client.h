@@ -11,11 +11,11 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/thread_annotations.h"  // TimedMutex, GUARDED_BY
 #include "ddp/error.h"
 #include "store/net.h"
 #include "store/protocol.h"
@@ -61,7 +61,7 @@ class Client {
   std::string endpoint() const { return format_endpoint(o_.host, o_.port); }
 
   // Connects and authenticates now (a call would do it anyway).
-  void connect(Clock::time_point deadline);
+  void connect(Clock::time_point deadline) EXCLUDES(mu_);
 
   // c10d::Store's operations. `wait` is how long the server waits for missing keys; the
   // deadline bounds the whole call (keep it a little past `wait`, so that a slow key and a
@@ -85,21 +85,22 @@ class Client {
   };
   // Sends one request and reads its answer; `what` names it in errors ("add(\"joined\")").
   Answer call(const std::string& request, const std::string& what, Clock::time_point deadline,
-              Clock::time_point started);
-  void connect_locked(Clock::time_point deadline, Clock::time_point started);
-  void handshake(Clock::time_point deadline, Clock::time_point started);
+              Clock::time_point started) EXCLUDES(mu_);
+  void connect_locked(Clock::time_point deadline, Clock::time_point started) REQUIRES(mu_);
+  void handshake(Clock::time_point deadline, Clock::time_point started) REQUIRES(mu_);
   // Both throw internal NoAnswer / Closed values (client.cpp), or fail() on a bad frame.
-  void send_all(std::string_view bytes, Clock::time_point deadline);
-  std::string read_frame(size_t limit, Clock::time_point deadline);
-  [[noreturn]] void fail(const std::string& message);
-  [[noreturn]] void refuse(const std::string& message);  // fail() with a RefusedError
+  void send_all(std::string_view bytes, Clock::time_point deadline) REQUIRES(mu_);
+  std::string read_frame(size_t limit, Clock::time_point deadline) REQUIRES(mu_);
+  [[noreturn]] void fail(const std::string& message) REQUIRES(mu_);
+  // fail() with a RefusedError.
+  [[noreturn]] void refuse(const std::string& message) REQUIRES(mu_);
   std::string silent_host_hint() const;
 
   // Constant after construction.
   const ClientOptions o_;
 
-  std::timed_mutex mu_;  // one call at a time
-  Fd fd_;                // guarded by mu_; invalid: not connected
+  TimedMutex mu_;          // one call at a time
+  Fd fd_ GUARDED_BY(mu_);  // invalid: not connected
 };
 
 }  // namespace ddp::store

@@ -178,17 +178,17 @@ Group::Group(Options options, Segment segment)
 
 Group::~Group() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  queued_.notify_all();
-  done_.notify_all();
+  queued_.signal_all();
+  done_.signal_all();
   if (executor_.joinable()) executor_.join();
   // Peers still waiting for this rank learn at once that it will not come.
   slots_[o_.rank]->left.store(1, std::memory_order_seq_cst);
   ctl_->wake.fetch_add(1, std::memory_order_seq_cst);
   futex(&ctl_->wake, FUTEX_WAKE, INT_MAX, nullptr);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& op : queue_) {
     op->error = std::make_exception_ptr(CollectiveError(
         fmt::format("[rank {}] {} was not run: its process group was destroyed first", me(),
@@ -197,7 +197,7 @@ Group::~Group() {
     op->done.store(true);
   }
   queue_.clear();
-  done_.notify_all();
+  done_.signal_all();
 }
 
 char* Group::staging(int rank, int half) const {
@@ -216,29 +216,29 @@ std::shared_ptr<Op> Group::submit(uint64_t seq, CollectiveDesc fp, std::function
   op->body = std::move(body);
   op->placement = std::move(placement);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     DDP_ASSERT(!stopping_, "collective issued on a destroyed shm group");
     queue_.push_back(op);
   }
-  queued_.notify_one();
+  queued_.signal();
   return op;
 }
 
 void Group::executor_loop() {
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) queued_.wait();
       if (stopping_) return;
     }
     // A thread inside wait() may be running the queue already: then it is not our turn, and
     // blocking on the mutex would only add a hand-off; it wakes us if work remains.
-    std::unique_lock<std::mutex> exec(exec_mu_, std::try_to_lock);
-    if (!exec.owns_lock()) {
-      std::unique_lock<std::mutex> lock(mu_);
-      done_.wait(lock, [&] { return stopping_ || queue_.empty() || !helping_; });
+    if (!exec_mu_.try_lock()) {
+      MutexLock lock(&mu_);
+      while (!stopping_ && !queue_.empty() && helping_) done_.wait();
       continue;
     }
+    MutexLock exec(&exec_mu_, std::adopt_lock);
     run_front();
   }
 }
@@ -246,7 +246,7 @@ void Group::executor_loop() {
 void Group::run_front() {
   std::shared_ptr<Op> op;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (queue_.empty()) return;
     op = std::move(queue_.front());
     queue_.pop_front();
@@ -254,9 +254,9 @@ void Group::run_front() {
   execute(*op);
   op->done.store(true);
   {
-    std::lock_guard<std::mutex> lock(mu_);  // pairs with the waiter's predicate check
+    MutexLock lock(&mu_);  // pairs with the waiter's check of op->done
   }
-  done_.notify_all();
+  done_.signal_all();
 }
 
 void Group::execute(Op& op) {
@@ -286,31 +286,30 @@ void Group::execute(Op& op) {
 
 void Group::set_helping(bool helping) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     helping_ = helping;
   }
-  if (!helping) done_.notify_all();
+  if (!helping) done_.signal_all();
 }
 
 void Group::wait(Op& op) {
-  if (!op.done.load()) {
-    std::unique_lock<std::mutex> exec(exec_mu_, std::try_to_lock);
-    if (exec.owns_lock()) {
+  if (!op.done.load() && exec_mu_.try_lock()) {
+    {
+      MutexLock exec(&exec_mu_, std::adopt_lock);
       set_helping(true);
       while (!op.done.load()) {
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           if (queue_.empty()) break;
         }
         run_front();
       }
-      exec.unlock();
-      set_helping(false);  // wakes the executor for whatever was queued behind `op`
     }
+    set_helping(false);  // wakes the executor for whatever was queued behind `op`
   }
   if (!op.done.load()) {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return op.done.load(); });
+    MutexLock lock(&mu_);
+    while (!op.done.load()) done_.wait();
   }
   if (op.error) std::rethrow_exception(op.error);
 }
@@ -319,14 +318,14 @@ void Group::wait(Op& op) {
 
 void Group::register_buffer(const std::shared_ptr<SharedBuffer>& buffer) {
   DDP_ASSERT(buffer && static_cast<int>(buffer->base.size()) == o_.size, "bad shared buffer");
-  std::lock_guard<std::mutex> lock(buffers_mu_);
+  MutexLock lock(&buffers_mu_);
   std::erase_if(buffers_, [](const auto& kv) { return kv.second.expired(); });
   buffers_[reinterpret_cast<uintptr_t>(buffer->base[o_.rank])] = buffer;
 }
 
 Placement Group::find(const void* data, size_t bytes) const {
   const auto at = reinterpret_cast<uintptr_t>(data);
-  std::lock_guard<std::mutex> lock(buffers_mu_);
+  MutexLock lock(&buffers_mu_);
   auto it = buffers_.upper_bound(at);  // the first buffer starting after `data`
   if (it == buffers_.begin()) return {};
   --it;
@@ -352,12 +351,14 @@ std::shared_ptr<Op> Group::run(uint64_t seq, CollectiveDesc fp, std::function<vo
 }
 
 void Group::restart_deadline() {
+  exec_mu_.assert_held();  // reached from an op's body (a std::function), under exec_mu_
   DDP_ASSERT(current_ != nullptr, "restart_deadline outside a collective");
   deadline_ = Clock::now() + o_.timeout;
 }
 
 void Group::all_reduce_here(void* data, size_t count, DType dtype, Reduce op,
                             const Placement& placement) {
+  exec_mu_.assert_held();  // reached from an op's body (a std::function), under exec_mu_
   DDP_ASSERT(current_ != nullptr, "all_reduce_here outside a collective");
   if (placement.buffer) {
     DDP_ASSERT(placement.buffer->base[o_.rank] + placement.offset == static_cast<char*>(data) &&
@@ -379,6 +380,7 @@ void Group::all_reduce_here(void* data, size_t count, DType dtype, Reduce op,
 }
 
 void Group::broadcast_here(void* data, size_t total, int root) {
+  exec_mu_.assert_held();  // reached from an op's body (a std::function), under exec_mu_
   DDP_ASSERT(current_ != nullptr, "broadcast_here outside a collective");
   if (o_.size == 1) return;
   char* bytes = static_cast<char*>(data);
@@ -483,6 +485,7 @@ std::shared_ptr<Op> Group::all_gather(uint64_t seq, std::vector<void*> outputs, 
 }
 
 void Group::all_gather_here(const std::vector<void*>& outputs, const void* input, size_t total) {
+  exec_mu_.assert_held();  // reached from an op's body (a std::function), under exec_mu_
   DDP_ASSERT(current_ != nullptr, "all_gather_here outside a collective");
   const char* in = static_cast<const char*>(input);
   if (outputs[o_.rank] != input) std::memcpy(outputs[o_.rank], in, total);
@@ -513,6 +516,7 @@ std::shared_ptr<Op> Group::reduce_scatter(uint64_t seq, void* output,
 
 void Group::reduce_scatter_here(void* output, const std::vector<const void*>& inputs, size_t count,
                                 DType dtype, Reduce op) {
+  exec_mu_.assert_held();  // reached from an op's body (a std::function), under exec_mu_
   DDP_ASSERT(current_ != nullptr, "reduce_scatter_here outside a collective");
   const int n = o_.size;
   const size_t es = element_size(dtype);
@@ -540,12 +544,16 @@ void Group::reduce_scatter_here(void* output, const std::vector<const void*>& in
 }
 
 void Group::barrier_here() {
+  exec_mu_.assert_held();  // reached from an op's body (a std::function), under exec_mu_
   DDP_ASSERT(current_ != nullptr, "barrier_here outside a collective");
   if (o_.size > 1) sync();
 }
 
 std::shared_ptr<Op> Group::barrier(uint64_t seq) {
-  return submit(seq, CollectiveDesc{}, [this] { sync(); });
+  return submit(seq, CollectiveDesc{}, [this] {
+    exec_mu_.assert_held();  // bodies run under exec_mu_ (run_front)
+    sync();
+  });
 }
 
 // ---- Protocol ----------------------------------------------------------------------------

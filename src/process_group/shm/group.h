@@ -49,22 +49,24 @@
 // Execution: collectives run in issue order on the group's executor: a background thread, or
 // the thread that waits for a collective the executor has not started yet (so a blocking call
 // pays no thread hand-off). Issue returns at once: DDP's buckets are reduced while backward
-// goes on.
+// goes on. Whichever thread runs the queue holds exec_mu_ throughout, so the protocol's state
+// (generation_, chunk_, current_, ...) is GUARDED_BY(exec_mu_); a body reaches the *_here
+// steps through a std::function the analysis cannot follow, so each step opens with
+// exec_mu_.assert_held().
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "base/thread_annotations.h"  // Mutex, CondVar, GUARDED_BY
 #include "process_group/shm/segment.h"
 #include "process_group/shm/types.h"
 
@@ -134,9 +136,9 @@ class Group {
   std::chrono::milliseconds timeout() const { return o_.timeout; }
 
   // Shared buffers made for this group: registered so that find() recognises their memory.
-  void register_buffer(const std::shared_ptr<SharedBuffer>& buffer);
+  void register_buffer(const std::shared_ptr<SharedBuffer>& buffer) EXCLUDES(buffers_mu_);
   // The shared buffer holding [data, data + bytes) in this rank's part, if any.
-  Placement find(const void* data, size_t bytes) const;
+  Placement find(const void* data, size_t bytes) const EXCLUDES(buffers_mu_);
 
   // The collectives, on plain memory. Each returns at once; `keep` holds whatever must stay
   // alive until the collective ran (the tensors). Pointers must stay valid until then.
@@ -161,7 +163,8 @@ class Group {
   // fail the op and, like any failure, the group.
   std::shared_ptr<Op> run(uint64_t seq, CollectiveDesc fp, std::function<void()> body,
                           Placement placement = {});
-  // Steps of the op being run; only from inside a body.
+  // Steps of the op being run; only from inside a body, whose thread holds exec_mu_ (each
+  // asserts it to the analysis: the body is a std::function it cannot follow).
   void all_reduce_here(void* data, size_t count, DType dtype, Reduce op,
                        const Placement& placement);
   void broadcast_here(void* data, size_t bytes, int root);
@@ -175,37 +178,42 @@ class Group {
   void restart_deadline();
 
   // Blocks until `op` ran (running it, and the ones before it, on this thread when the
-  // executor has not started it yet); rethrows its ddp::Error.
-  void wait(Op& op);
+  // executor has not started it yet); rethrows its ddp::Error. Never from inside a body.
+  void wait(Op& op) EXCLUDES(exec_mu_, mu_);
 
  private:
   struct Control;
   struct Slot;
 
   std::shared_ptr<Op> submit(uint64_t seq, CollectiveDesc fp, std::function<void()> body,
-                             Placement placement = {});
-  void executor_loop();
-  void run_front();  // runs the oldest queued op; caller holds exec_mu_
-  void set_helping(bool helping);
-  void execute(Op& op);
+                             Placement placement = {}) EXCLUDES(mu_);
+  void executor_loop() EXCLUDES(exec_mu_, mu_);
+  void run_front() REQUIRES(exec_mu_) EXCLUDES(mu_);  // runs the oldest queued op
+  void set_helping(bool helping) EXCLUDES(mu_);
+  void execute(Op& op) REQUIRES(exec_mu_);
 
-  // Protocol (executor only).
-  void begin(const Op& op);
-  void staged_all_reduce(char* data, size_t count, DType dtype, Reduce op, bool synced_once);
-  void shared_all_reduce(const Placement& where, size_t count, DType dtype, Reduce op);
-  bool placed_alike(const Placement& mine) const;  // every rank published `mine`'s id, offset
-  bool any_peer_placed() const;                    // some rank published a shared buffer
-  int next_half() { return static_cast<int>(chunk_++ & 1); }
+  // Protocol (the thread running the queue).
+  void begin(const Op& op) REQUIRES(exec_mu_);
+  void staged_all_reduce(char* data, size_t count, DType dtype, Reduce op, bool synced_once)
+      REQUIRES(exec_mu_);
+  void shared_all_reduce(const Placement& where, size_t count, DType dtype, Reduce op)
+      REQUIRES(exec_mu_);
+  // Every rank published `mine`'s id and offset.
+  bool placed_alike(const Placement& mine) const REQUIRES(exec_mu_);
+  bool any_peer_placed() const REQUIRES(exec_mu_);  // some rank published a shared buffer
+  int next_half() REQUIRES(exec_mu_) { return static_cast<int>(chunk_++ & 1); }
   char* staging(int rank, int half) const;
-  void sync();
+  void sync() REQUIRES(exec_mu_);
   bool all_arrived(uint64_t generation) const;
-  void wait_for_all(uint64_t generation);
-  void check_fingerprints();
-  void check_peers(uint64_t generation, std::chrono::steady_clock::time_point now);
-  void check_abort() const;
-  [[noreturn]] void fail_timeout(uint64_t generation);
+  void wait_for_all(uint64_t generation) REQUIRES(exec_mu_);
+  void check_fingerprints() REQUIRES(exec_mu_);
+  void check_peers(uint64_t generation, std::chrono::steady_clock::time_point now)
+      REQUIRES(exec_mu_);
+  void check_abort() const REQUIRES(exec_mu_);
+  [[noreturn]] void fail_timeout(uint64_t generation) REQUIRES(exec_mu_);
   void raise_abort(const std::string& reason);
-  std::string where_is(int peer) const;  // "rank 1 is in broadcast #7 (...)"
+  // "rank 1 is in broadcast #7 (...)"
+  std::string where_is(int peer) const REQUIRES(exec_mu_);
 
   // Constant after construction.
   const Options o_;
@@ -214,29 +222,35 @@ class Group {
   std::vector<Slot*> slots_;
   const int pid_;
 
-  // Executor state: touched only by the thread holding exec_mu_.
-  std::mutex exec_mu_;
-  uint64_t generation_ = 0;  // syncs passed by this rank
-  uint64_t chunk_ = 0;       // chunks moved (selects the staging half)
-  const Op* current_ = nullptr;
-  bool fingerprints_checked_ = false;
-  std::chrono::steady_clock::time_point started_;   // when the current op began
-  std::chrono::steady_clock::time_point deadline_;  // started_ + timeout, or later if restarted
-  std::vector<std::chrono::steady_clock::time_point> stopped_since_;  // per rank; zero = running
-  std::exception_ptr failed_;  // the first error: every later collective fails with it
-  std::string failed_message_;
+  // Executor state: held by the thread running the queue (the executor, or a waiter helping),
+  // for as long as it runs ops; taken with try_lock(), never waited for.
+  Mutex exec_mu_;
+  uint64_t generation_ GUARDED_BY(exec_mu_) = 0;  // syncs passed by this rank
+  uint64_t chunk_ GUARDED_BY(exec_mu_) = 0;       // chunks moved (selects the staging half)
+  const Op* current_ GUARDED_BY(exec_mu_) = nullptr;
+  bool fingerprints_checked_ GUARDED_BY(exec_mu_) = false;
+  // When the current op began.
+  std::chrono::steady_clock::time_point started_ GUARDED_BY(exec_mu_);
+  // started_ + timeout, or later if restarted.
+  std::chrono::steady_clock::time_point deadline_ GUARDED_BY(exec_mu_);
+  // Per rank; zero = running.
+  std::vector<std::chrono::steady_clock::time_point> stopped_since_ GUARDED_BY(exec_mu_);
+  // The first error: every later collective fails with it.
+  std::exception_ptr failed_ GUARDED_BY(exec_mu_);
+  std::string failed_message_ GUARDED_BY(exec_mu_);
 
-  // Shared buffers by the address of this rank's part, guarded by buffers_mu_.
-  mutable std::mutex buffers_mu_;
-  std::map<uintptr_t, std::weak_ptr<SharedBuffer>> buffers_;
+  // Shared buffers by the address of this rank's part.
+  mutable Mutex buffers_mu_;
+  std::map<uintptr_t, std::weak_ptr<SharedBuffer>> buffers_ GUARDED_BY(buffers_mu_);
 
-  // Queue, guarded by mu_.
-  std::mutex mu_;
-  std::condition_variable queued_;  // an op was queued, or stopping_
-  std::condition_variable done_;    // an op finished
-  std::deque<std::shared_ptr<Op>> queue_;
-  bool helping_ = false;  // a waiting thread runs the queue (the executor stands aside)
-  bool stopping_ = false;
+  // The queue of issued ops.
+  Mutex mu_;
+  CondVar queued_{&mu_};  // an op was queued, or stopping_
+  CondVar done_{&mu_};    // an op finished, or helping_ ended, or stopping_
+  std::deque<std::shared_ptr<Op>> queue_ GUARDED_BY(mu_);
+  bool helping_ GUARDED_BY(mu_) =
+      false;  // a waiting thread runs the queue (the executor stands aside)
+  bool stopping_ GUARDED_BY(mu_) = false;
 
   std::thread executor_;  // last: starts after everything above exists
 };
