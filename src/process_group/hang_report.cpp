@@ -14,14 +14,15 @@
 #include "base/proc_stat.h"           // own_start_time
 #include "process_group/shm/group.h"  // kStoppedLimit
 #include "process_group/shm_setup.h"  // host_identity
+#include "process_group/store_exchange.h"
 
 namespace ddp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+using store_exchange::bytes_of;
+using store_exchange::text_of;
 
 std::string records_key(int rank) { return fmt::format("records/{}", rank); }
 
@@ -41,7 +42,7 @@ HangReporter::HangReporter(c10::intrusive_ptr<::c10d::Store> store,
   try {
     // The pid with its start time names this process even after its pid is reused.
     store_->set(fmt::format("who/{}", o_.rank),
-                bytes(fmt::format("{} {} {}", getpid(), own_start_time(), host_)));
+                bytes_of(fmt::format("{} {} {}", getpid(), own_start_time(), host_)));
   } catch (const std::exception&) {
     // Diagnostics never fail a job: peers will not know this rank's pid.
   }
@@ -93,7 +94,7 @@ void HangReporter::publish(const std::string& verdict, bool left) {
   const std::string json = doc.dump();
   try {
     MutexLock store_lock(&store_mu_);
-    store_->set(records_key(o_.rank), bytes(json));
+    store_->set(records_key(o_.rank), bytes_of(json));
   } catch (const std::exception&) {
     // The store may be what failed; the dump file still tells.
   }
@@ -125,7 +126,7 @@ std::vector<HangReporter::Peer> HangReporter::peers() {
       MutexLock store_lock(&store_mu_);
       const std::string key = fmt::format("who/{}", r);
       if (!store_->check({key})) continue;
-      std::istringstream in(text(store_->get(key)));
+      std::istringstream in(text_of(store_->get(key)));
       Peer& p = found[r];
       std::string host;
       in >> p.pid >> p.start_time;
@@ -188,7 +189,7 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
     std::string store_trouble;
     try {
       MutexLock store_lock(&store_mu_);
-      store_->set("dump", bytes(std::to_string(o_.rank)));
+      store_->set("dump", bytes_of(std::to_string(o_.rank)));
     } catch (const std::exception& e) {
       store_trouble = e.what();
     }
@@ -214,7 +215,7 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
         try {
           MutexLock store_lock(&store_mu_);
           if (store_->check({records_key(v.rank)})) {
-            const auto doc = nlohmann::json::parse(text(store_->get(records_key(v.rank))));
+            const auto doc = nlohmann::json::parse(text_of(store_->get(records_key(v.rank))));
             v.records = flight::records_from_json(doc);
             v.left = doc.value("left", false);
           } else {
