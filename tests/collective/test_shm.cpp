@@ -419,6 +419,7 @@ TEST(ShmErrors, DesyncIsNamedAtOnceOnEveryRank) {
   const int port = testing::free_port();
   std::vector<std::string> messages(2);
   std::vector<double> waited(2);
+  std::latch both_failed(2);
   auto errors = run_threads(2, [&](int r) {
     auto pg = make_process_group(shm_rank(r, 2, port, /*timeout=*/30s));
     auto f = torch::ones({4});
@@ -435,6 +436,10 @@ TEST(ShmErrors, DesyncIsNamedAtOnceOnEveryRank) {
       messages[r] = e.what();
     }
     waited[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // Rank 0 hosts the store: it stays until rank 1's hang report is done with it. Otherwise
+    // rank 1, a moment behind, finds the store gone and its report's store calls take their
+    // bound (seen as a 3.3 s wait, about 1 run in 10).
+    both_failed.arrive_and_wait();
   });
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(errors[r]) << message_of(errors[r]);
