@@ -261,13 +261,13 @@ std::unique_ptr<Transport> c10d_transport(detail::ProcessGroupImpl& impl, const 
       return make_c10d_transport(backend,
                                  c10d_compat::make_nccl(store, env.rank, env.world_size,
                                                         impl.timeout),
-                                 env.rank, env.world_size);
+                                 env.world_size);
     }
 #endif
     return make_c10d_transport(backend,
                                c10d_compat::make_gloo(store, env.rank, env.world_size, impl.timeout,
                                                       gloo_device(o, env)),
-                               env.rank, env.world_size);
+                               env.world_size);
   });
 }
 

@@ -56,9 +56,8 @@ using c10d_ops::pending;
 
 class C10dTransport final : public Transport {
  public:
-  C10dTransport(std::string name, c10::intrusive_ptr<c10d_compat::Backend> backend, int rank,
-                int size)
-      : backend_(std::move(backend)), rank_(rank), size_(size) {
+  C10dTransport(std::string name, c10::intrusive_ptr<c10d_compat::Backend> backend, int size)
+      : backend_(std::move(backend)), size_(size) {
     caps_.name = std::move(name);
     if (caps_.name == "nccl") {
       caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kOther});
@@ -124,7 +123,6 @@ class C10dTransport final : public Transport {
 
  private:
   const c10::intrusive_ptr<c10d_compat::Backend> backend_;
-  const int rank_;
   const int size_;
   Capabilities caps_;
 };
@@ -137,8 +135,8 @@ std::shared_ptr<Pending> c10d_ops::pending(c10::intrusive_ptr<::c10d::Work> work
 
 std::unique_ptr<Transport> make_c10d_transport(std::string name,
                                                c10::intrusive_ptr<c10d_compat::Backend> backend,
-                                               int rank, int size) {
-  return std::make_unique<C10dTransport>(std::move(name), std::move(backend), rank, size);
+                                               int size) {
+  return std::make_unique<C10dTransport>(std::move(name), std::move(backend), size);
 }
 
 }  // namespace ddp

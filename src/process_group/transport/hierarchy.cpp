@@ -82,11 +82,11 @@ class HierarchyTransport final : public Transport {
                      c10::intrusive_ptr<c10d_compat::Backend> rail,
                      c10::intrusive_ptr<c10d_compat::Backend> flat, HierarchyLayout layout)
       : rails_(std::make_shared<Rails>(Rails{std::move(local), std::move(rail), layout, {}})),
-        flat_(make_c10d_transport("gloo", std::move(flat), layout.rank, layout.size())) {
+        flat_(make_c10d_transport("gloo", std::move(flat), layout.size())) {
     caps_.name = "shm+gloo";
     caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kOther});
     caps_.reducible_dtypes = caps_.reduced_dtypes;  // Gloo reduces no type the kernels do not
-    caps_.native_avg = true;                                    // one division at the end of the op
+    caps_.native_avg = true;                        // one division at the end of the op
     caps_.in_place_comm_buffers = true;
     for (int h = 0; h < l_.hosts(); ++h) {
       if (h != l_.host) rails_->rail_peers.push_back(l_.rank_at[h][l_.local]);

@@ -16,8 +16,7 @@ DType dtype_of(at::ScalarType t);
 at::Tensor cpu_contiguous(const at::Tensor& t, const CollectiveDesc& call, int rank,
                           const std::string& backend);
 
-// Flat views of `t` (contiguous): as `numel` elements, and as bytes.
-inline at::Tensor flat(const at::Tensor& t) { return t.view({-1}); }
+// `t` (contiguous) as a flat tensor of bytes, sharing its memory.
 at::Tensor bytes_of(const at::Tensor& t);
 
 }  // namespace ddp::transport

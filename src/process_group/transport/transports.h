@@ -16,7 +16,7 @@ std::unique_ptr<Transport> make_shm_transport(std::shared_ptr<shm::Group> group)
 // A LibTorch backend; `name` is "gloo" or "nccl".
 std::unique_ptr<Transport> make_c10d_transport(std::string name,
                                                c10::intrusive_ptr<c10d_compat::Backend> backend,
-                                               int rank, int size);
+                                               int size);
 
 // Where the ranks of a hierarchical group run: rank_at[h][l] is the rank with local index l on
 // host h (every host runs the same number, more than one).
