@@ -25,8 +25,17 @@ set -euo pipefail
 
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${DDP_LIBTORCH2_CACHE:-/var/cache/ddp-cpp}
-ROOT=${DDP_TRIXIE_ROOT:-$CACHE/trixie-root}
-CCACHE_HOST=${DDP_TRIXIE_CCACHE:-$CACHE/ccache-trixie}
+# The flavour of LibTorch: cpu (libtorch-dev, this script) or cuda (libtorch-cuda-dev with NCCL
+# and the CUDA toolkit from contrib/non-free; scripts/test-cuda.sh sets it). Each flavour has its
+# own root, ccache and build folder: the two LibTorch packages conflict.
+FLAVOR=${DDP_TRIXIE_FLAVOR:-cpu}
+case $FLAVOR in
+  cpu) suffix= ;;
+  cuda) suffix=-cuda ;;
+  *) echo "test-libtorch2: DDP_TRIXIE_FLAVOR must be cpu or cuda, not '$FLAVOR'" >&2; exit 2 ;;
+esac
+ROOT=${DDP_TRIXIE_ROOT:-$CACHE/trixie$suffix-root}
+CCACHE_HOST=${DDP_TRIXIE_CCACHE:-$CACHE/ccache-trixie$suffix}
 MIRROR=${DDP_TRIXIE_MIRROR:-http://deb.debian.org/debian}
 SUITE=trixie
 JOBS=${DDP_JOBS:-2}
@@ -35,7 +44,8 @@ SRC_IN=/src/ddp-cpp
 BUILD_IN=/var/build/ddp-cpp
 CCACHE_IN=/var/cache/ccache
 
-log() { echo "test-libtorch2: $*" >&2; }
+NAME=${DDP_SCRIPT_NAME:-test-libtorch2}
+log() { echo "$NAME: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 mode=test
@@ -50,12 +60,22 @@ case "$ROOT" in /|"") die "DDP_TRIXIE_ROOT must be a dedicated folder" ;; esac
 case "$ROOT/" in "$SRC"/*) die "the trixie root must be outside the source tree ($SRC)" ;; esac
 
 # A package of install-deps.sh under its trixie name (the same for every package so far; a rename
-# goes here, e.g.  libfoo1) echo libfoo1t64 ;;).
+# goes here, e.g.  libfoo1) echo libfoo1t64 ;;). The cuda flavour swaps LibTorch and PyTorch for
+# their CUDA builds.
 trixie_name() {
-  case "$1" in
+  case "$FLAVOR:$1" in
+    cuda:libtorch-dev) echo libtorch-cuda-dev ;;
+    cuda:python3-torch) echo python3-torch-cuda ;;
+    cuda:libgloo-dev) echo libgloo-cuda-dev ;;
     *) echo "$1" ;;
   esac
 }
+# Packages only the cuda flavour needs: NCCL's headers and the CUDA toolkit LibTorch's CMake
+# files look for (nvcc, cudart, cuBLAS, ...).
+EXTRA_PACKAGES=()
+[[ $FLAVOR == cuda ]] && EXTRA_PACKAGES=(libnccl-dev nvidia-cuda-toolkit)
+COMPONENTS=main
+[[ $FLAVOR == cuda ]] && COMPONENTS="main contrib non-free"
 
 # Anything still mounted at or below a path (deepest first).
 mounts_below() {
@@ -108,8 +128,8 @@ if [[ ! -f $ROOT/.ddp-debootstrap-done ]]; then
     >"$CACHE/debootstrap.log" 2>&1 || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
   unmount_below "$new"
   cat >"$new/etc/apt/sources.list" <<EOF
-deb $MIRROR $SUITE main
-deb $MIRROR $SUITE-updates main
+deb $MIRROR $SUITE $COMPONENTS
+deb $MIRROR $SUITE-updates $COMPONENTS
 EOF
   # No daemons start inside the root while packages install.
   printf '#!/bin/sh\nexit 101\n' >"$new/usr/sbin/policy-rc.d"
@@ -142,9 +162,31 @@ in_root() {
     "$@"
 }
 
+# The cuda flavour: trixie's CUDA LibTorch depends on nvidia-cudnn, an installer that downloads
+# cuDNN from NVIDIA at install time (no network to it here). A local package of that name
+# providing a stub libcudnn.so.9 stands in (Note [cuDNN stand-in] in scripts/cudnn-standin.sh).
+install_cudnn_standin() {
+  if in_root dpkg-query -W -f='${Version}' nvidia-cudnn 2>/dev/null | grep -q 'ddp.standin'; then
+    return
+  fi
+  log "building the cuDNN stand-in (Note [cuDNN stand-in])"
+  in_root apt-get update -q >/dev/null
+  local lib
+  lib=$(in_root apt-cache depends libtorch-cuda-dev | awk '/Depends: libtorch-cuda-[0-9]/ {print $2; exit}')
+  [[ -n $lib ]] || die "cannot find the library package of libtorch-cuda-dev"
+  rm -rf "$ROOT/tmp/cudnn-standin" && mkdir -p "$ROOT/tmp/cudnn-standin"
+  in_root bash -c "cd /tmp/cudnn-standin && apt-get download -q $lib" >/dev/null
+  "$SRC/scripts/cudnn-standin.sh" "$ROOT/tmp/cudnn-standin/nvidia-cudnn-standin.deb" \
+    "$ROOT"/tmp/cudnn-standin/"$lib"_*.deb
+  in_root dpkg -i /tmp/cudnn-standin/nvidia-cudnn-standin.deb >/dev/null
+  in_root apt-mark hold nvidia-cudnn >/dev/null
+  rm -rf "$ROOT/tmp/cudnn-standin"
+}
+
 # --- 3. packages -------------------------------------------------------------------------------
-packages=()
+packages=("${EXTRA_PACKAGES[@]}")
 for p in $("$SRC/scripts/install-deps.sh" --print-packages); do packages+=("$(trixie_name "$p")"); done
+[[ $FLAVOR == cuda ]] && install_cudnn_standin
 missing=()
 for p in "${packages[@]}"; do
   in_root dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
@@ -158,7 +200,8 @@ if ((${#missing[@]})); then
   in_root apt-get clean
   log "packages installed in $((SECONDS - start)) s"
 fi
-log "$(in_root dpkg-query -W -f='${Package} ${Version}\n' libtorch-dev python3-torch libgloo-dev | tr '\n' ' ')"
+log "$(in_root dpkg-query -W -f='${Package} ${Version}\n' "$(trixie_name libtorch-dev)" \
+  "$(trixie_name python3-torch)" "$(trixie_name libgloo-dev)" | tr '\n' ' ')"
 
 case $mode in
   prepare) exit 0 ;;
@@ -170,7 +213,9 @@ esac
 
 # --- 5. build ----------------------------------------------------------------------------------
 start=$SECONDS
-in_root cmake -S "$SRC_IN" -B "$BUILD_IN" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
+[[ $FLAVOR == cuda ]] && cmake_args+=(-DDDP_WITH_NCCL=ON)
+in_root cmake -S "$SRC_IN" -B "$BUILD_IN" "${cmake_args[@]}" >/dev/null
 in_root cmake --build "$BUILD_IN" -j"$JOBS"
 log "built in $((SECONDS - start)) s"
 

@@ -22,9 +22,11 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -59,6 +61,11 @@ struct DDPOptions {
   bool static_graph = false;
   // Verify parameters across ranks and copy rank 0's parameters and buffers at construction.
   bool init_sync = true;
+  // PyTorch's device_ids: for a module on one CUDA device, that device's index ({LOCAL_RANK},
+  // as in DistributedDataParallel(model, device_ids=[local_rank])); checked at construction:
+  // every parameter and buffer must be on it. Unset (or empty): the module stays wherever it
+  // is (CPU modules; CUDA modules whose device was chosen otherwise). One entry at most.
+  std::vector<int> device_ids;
   // Unset: DDP_DEBUG (off|info|detail), else TORCH_DISTRIBUTED_DEBUG, else off. info logs the
   // bucket layout; detail also logs, per iteration, the order in which parameters were ready.
   std::optional<DebugLevel> debug;
@@ -131,9 +138,23 @@ class DistributedDataParallelBase {
   DistributedDataParallelBase& operator=(DistributedDataParallelBase&&) noexcept;
   void before_forward();
 
+  // A tensor argument of forward on DDPOptions::device_ids' device: the argument itself, or its
+  // copy there (held until the next forward, so a reference to it stays valid).
+  template <typename T>
+  T&& on_input_device(T&& arg) {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      if (at::Tensor* moved = to_input_device(arg)) return static_cast<T&&>(*moved);
+    }
+    return std::forward<T>(arg);
+  }
+
  private:
   friend detail::DdpCore& detail::core_of(DistributedDataParallelBase& model);
+  // Null when `t` is undefined, already there, or no device_ids was given.
+  at::Tensor* to_input_device(const at::Tensor& t);
   std::unique_ptr<detail::DdpCore> core_;
+  std::optional<c10::Device> input_device_;  // device_ids[0] as a CUDA device
+  std::deque<at::Tensor> moved_inputs_;      // this forward's copies (deque: stable addresses)
 };
 
 template <typename ModuleType>
@@ -145,11 +166,12 @@ class DistributedDataParallel : public DistributedDataParallelBase {
       : DistributedDataParallel(holder.ptr(), std::move(options)) {}
 
   // Forward through the wrapper: broadcasts buffers, prepares gradient reduction, then calls
-  // the module's own forward with whatever arguments it takes.
+  // the module's own forward with whatever arguments it takes. With device_ids, tensor
+  // arguments elsewhere are first copied to that device (non_blocking), as PyTorch's DDP does.
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
     before_forward();
-    return module_->forward(std::forward<Args>(args)...);
+    return module_->forward(on_input_device(std::forward<Args>(args))...);
   }
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {

@@ -126,6 +126,8 @@ inline constexpr EnvKnob kEnvKnobs[] = {
     {"TORCHELASTIC_ERROR_FILE", "(set by ddprun)", "where a failing process records its error"},
     {"OMP_NUM_THREADS", "1 per rank under ddprun", "intra-op threads of ddp-train and ddp-bench"},
     {"USE_LIBUV", "1", "LibTorch 2.x TCPStore: libuv or classic (falls back when libuv is absent)"},
+    {"CUDA_VISIBLE_DEVICES", "(all)",
+     "CUDA devices a rank sees; nccl ranks bind cuda:LOCAL_RANK among them"},
     {"OPENBLAS_CORETYPE", "(CPU's best)",
      "OpenBLAS kernel; ddp::ensure_fast_blas sets it when unset"},
     {"DDP_FLIGHT_RECORDER", "256", "collectives each group remembers for hang reports (0: off)"},

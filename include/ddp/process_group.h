@@ -64,6 +64,10 @@ struct InitOptions {
   // id, pid namespace, user), compared through the store. Ranks that set equal ids must really
   // share a kernel and pid namespace; tests use it to lay thread-ranks out as several hosts.
   std::optional<std::string> host_id;
+  // The CUDA device this rank uses (an index into the visible devices), bound before anything
+  // touches CUDA. Unset: LOCAL_RANK with the nccl backend; no device with the CPU backends
+  // (Note [Device binding], src/process_group/cuda_device.h).
+  std::optional<int> device_id;
 };
 
 class ProcessGroup;
@@ -115,6 +119,9 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const;  // collective timeout
   const DistEnv& env() const;                 // where this rank stands in the job
   uint64_t last_sequence_number() const;      // of the most recently issued collective
+  // The CUDA device index this rank was bound to (InitOptions::device_id; with nccl, LOCAL_RANK
+  // by default), or nullopt when the group bound none.
+  std::optional<int> bound_device_id() const;
 
   // In-place reduction of `tensor` across ranks (kAvg divides by size()).
   [[nodiscard]] Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);

@@ -25,6 +25,20 @@ bool set_use_libuv(Options& options, bool on) {
   }
 }
 
+// NCCL's eager communicator creation (2.3 and later); nothing where it does not exist.
+template <typename Nccl>
+void eager_connect(Nccl& nccl, const at::Device& device) {
+  if constexpr (requires { nccl.eagerConnectSingleDevice(device); }) {
+    nccl.eagerConnectSingleDevice(device);
+  }
+}
+
+// ProcessGroupNCCL::abort() where this LibTorch has it (2.x).
+template <typename Nccl>
+void abort_if_able(Nccl& nccl) {
+  if constexpr (requires { nccl.abort(); }) nccl.abort();
+}
+
 }  // namespace
 
 // Note [TCPStore and libuv]
@@ -67,12 +81,20 @@ c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<::c10d::Store>& s
 
 #if DDP_WITH_NCCL
 c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
-                                      int size, std::chrono::milliseconds timeout) {
+                                      int size, std::chrono::milliseconds timeout, int device) {
   auto options = ::c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
-  return c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, rank, size, options);
+  auto nccl = c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, rank, size, options);
+  eager_connect(*nccl, at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+  return nccl;
 }
 #endif
+
+void abort([[maybe_unused]] Backend& backend) {
+#if DDP_WITH_NCCL
+  if (auto* nccl = dynamic_cast<::c10d::ProcessGroupNCCL*>(&backend)) abort_if_able(*nccl);
+#endif
+}
 
 OptimizerStateKey optimizer_state_key(const at::Tensor& param) {
 #if TORCH_VERSION_MAJOR >= 2

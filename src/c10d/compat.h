@@ -71,8 +71,14 @@ c10::intrusive_ptr<Backend> make_gloo(const c10::intrusive_ptr<::c10d::Store>& s
                                       const GlooDeviceSpec& device);
 
 #if DDP_WITH_NCCL
+// NCCL on `device` (the rank's bound CUDA device: Note [Device binding]); where this LibTorch
+// can, its communicator is created now, on that device (every rank of the group calls this),
+// instead of lazily at the first collective.
 c10::intrusive_ptr<Backend> make_nccl(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
-                                      int size, std::chrono::milliseconds timeout);
+                                      int size, std::chrono::milliseconds timeout, int device);
 #endif
+// Aborts `backend`'s communicator where it has one (NCCL); every pending and later collective
+// of it fails. No-op for other backends.
+void abort(Backend& backend);
 
 }  // namespace ddp::c10d_compat

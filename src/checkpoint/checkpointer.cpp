@@ -23,7 +23,8 @@
 #include "checkpoint/state.h"
 #include "ddp/checkpoint.h"
 #include "ddp/process_group.h"
-#include "ddp/relayed_error.h"  // Relayed: a failure announced by another rank
+#include "ddp/relayed_error.h"                  // Relayed: a failure announced by another rank
+#include "process_group/transport/transport.h"  // capabilities_of
 
 namespace ddp {
 namespace {
@@ -76,10 +77,13 @@ bool same_file(const fs::path& a, const fs::path& b) {
 
 // --- collectives (rank 0 decides, everyone learns) ------------------------------------------
 
-at::TensorOptions comm_options(const ProcessGroup& g, at::ScalarType type) {
+// The checkpoint's small collectives move tensors where the group's transport takes them: the
+// CPU, or (a transport of CUDA tensors only, NCCL) the rank's bound device.
+at::TensorOptions comm_options(ProcessGroup& g, at::ScalarType type) {
   auto o = at::TensorOptions().dtype(type);
-  if (g.backend() == "nccl") o = o.device(c10::Device(c10::DeviceType::CUDA, g.local_rank()));
-  return o;
+  if (capabilities_of(g).cpu_tensors) return o;
+  const int device = g.bound_device_id().value_or(g.local_rank());
+  return o.device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
 }
 
 int64_t broadcast_i64(ProcessGroup& g, int64_t value) {

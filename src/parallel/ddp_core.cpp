@@ -23,14 +23,28 @@ NoSyncGuard::~NoSyncGuard() { core_.set_require_sync(previous_); }
 
 DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                                                          DDPOptions options)
-    : core_(std::make_unique<detail::DdpCore>(std::move(module), std::move(options))) {}
+    : input_device_(options.device_ids.empty()
+                        ? std::nullopt
+                        : std::optional<c10::Device>(
+                              c10::Device(c10::kCUDA,
+                                          static_cast<c10::DeviceIndex>(options.device_ids[0])))) {
+  core_ = std::make_unique<detail::DdpCore>(std::move(module), std::move(options));
+}
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 DistributedDataParallelBase::DistributedDataParallelBase(DistributedDataParallelBase&&) noexcept =
     default;
 DistributedDataParallelBase& DistributedDataParallelBase::operator=(
     DistributedDataParallelBase&&) noexcept = default;
 
-void DistributedDataParallelBase::before_forward() { core_->before_forward(); }
+void DistributedDataParallelBase::before_forward() {
+  moved_inputs_.clear();
+  core_->before_forward();
+}
+
+at::Tensor* DistributedDataParallelBase::to_input_device(const at::Tensor& t) {
+  if (!input_device_ || !t.defined() || t.device() == *input_device_) return nullptr;
+  return &moved_inputs_.emplace_back(t.to(*input_device_, /*non_blocking=*/true));
+}
 NoSyncGuard DistributedDataParallelBase::no_sync(bool enabled) { return {*core_, enabled}; }
 void DistributedDataParallelBase::register_comm_hook(CommHook hook) {
   core_->register_comm_hook(std::move(hook));
@@ -89,6 +103,34 @@ struct DdpCore::State {
   std::vector<int> last_active;  // ranks training in the last round where any was
 };
 
+namespace {
+
+// DDPOptions::device_ids, as PyTorch checks it: one device, and the module already on it.
+void check_device_ids(const std::vector<int>& ids, int rank, const std::vector<at::Tensor>& params,
+                      const std::vector<std::string>& param_names,
+                      const std::vector<at::Tensor>& buffers,
+                      const std::vector<std::string>& buffer_names) {
+  if (ids.empty()) return;
+  DDP_CHECK(ids.size() == 1, ConfigError,
+            "[rank {}] DistributedDataParallel: device_ids has {} entries; give the one device "
+            "of this rank's module ({{LOCAL_RANK}}): one process per device",
+            rank, ids.size());
+  const c10::Device want(c10::kCUDA, static_cast<c10::DeviceIndex>(ids[0]));
+  auto check = [&](const std::vector<at::Tensor>& ts, const std::vector<std::string>& names,
+                   const char* what) {
+    for (size_t i = 0; i < ts.size(); ++i) {
+      DDP_CHECK(ts[i].device() == want, ConfigError,
+                "[rank {}] DistributedDataParallel: device_ids {{{}}}, but {} '{}' is on {}; "
+                "move the module first (module->to(torch::Device(\"{}\")))",
+                rank, ids[0], what, names[i], ts[i].device().str(), want.str());
+    }
+  };
+  check(params, param_names, "parameter");
+  check(buffers, buffer_names, "buffer");
+}
+
+}  // namespace
+
 DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, DDPOptions options)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
@@ -101,6 +143,8 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, DDPOptions options)
   s.options = std::move(options);
   collect(s.module->named_parameters(/*recurse=*/true), true, s.params, s.param_names);
   collect(s.module->named_buffers(/*recurse=*/true), false, s.buffers, s.buffer_names);
+  check_device_ids(s.options.device_ids, s.group->rank(), s.params, s.param_names, s.buffers,
+                   s.buffer_names);
 
   if (s.options.init_sync) {
     verify_same_parameters(*s.group, s.params, s.param_names);

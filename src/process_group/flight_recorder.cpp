@@ -55,7 +55,10 @@ std::string standing(const std::vector<Record>& records) {
   if (issued == nullptr) return "it has issued no collective yet";
   std::string out;
   if (issued->state != State::kCompleted) {
-    out = fmt::format("it {} {}{}; ", issued->state == State::kFailed ? "failed in" : "waits in",
+    out = fmt::format("it {} {}{}; ",
+                      issued->state == State::kFailed     ? "failed in"
+                      : issued->state == State::kEnqueued ? "has on its GPU stream, not finished,"
+                                                          : "waits in",
                       issued->describe(),
                       issued->step >= 0 ? fmt::format(" at step {}", issued->step) : "");
   }
@@ -77,6 +80,7 @@ auto named_or_throw(Parse parse, const std::string& text, const char* field) {
 const char* to_string(State s) {
   switch (s) {
     case State::kIssued: return "issued";
+    case State::kEnqueued: return "enqueued";
     case State::kCompleted: return "completed";
     case State::kFailed: return "failed";
   }
@@ -105,8 +109,7 @@ int64_t now_us() {
   return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
 }
 
-Ring::Ring(size_t capacity)
-    : capacity_(std::max<size_t>(capacity, 1)), slots_(capacity_) {}
+Ring::Ring(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)), slots_(capacity_) {}
 
 void Ring::issue(const CollectiveDesc& call, const Note* note) {
   const int64_t step = current_step();
@@ -116,6 +119,7 @@ void Ring::issue(const CollectiveDesc& call, const Note* note) {
   r.call = call;
   r.state = State::kIssued;
   r.issued_us = now;
+  r.enqueued_us = 0;
   r.completed_us = 0;
   r.step = step;
   r.bucket = note != nullptr ? note->bucket : -1;
@@ -126,11 +130,20 @@ void Ring::issue(const CollectiveDesc& call, const Note* note) {
   }
 }
 
-void Ring::finish(uint64_t seq, bool ok) {
+void Ring::enqueue(uint64_t seq) {
   const int64_t now = now_us();
   MutexLock lock(&mu_);
   Record& r = slots_[seq % slots_.size()];
   if (r.call.seq != seq || r.state != State::kIssued) return;
+  r.state = State::kEnqueued;
+  r.enqueued_us = now;
+}
+
+void Ring::finish(uint64_t seq, bool ok) {
+  const int64_t now = now_us();
+  MutexLock lock(&mu_);
+  Record& r = slots_[seq % slots_.size()];
+  if (r.call.seq != seq || (r.state != State::kIssued && r.state != State::kEnqueued)) return;
   r.state = ok ? State::kCompleted : State::kFailed;
   r.completed_us = now;
 }
@@ -157,6 +170,7 @@ nlohmann::json to_json(const Record& r) {
                       {"root", r.call.root},
                       {"state", to_string(r.state)},
                       {"issued_us", r.issued_us},
+                      {"enqueued_us", r.enqueued_us},
                       {"completed_us", r.completed_us},
                       {"step", r.step}};
   if (r.bucket >= 0) {
@@ -184,10 +198,12 @@ std::vector<Record> records_from_json(const nlohmann::json& j) {
         named_or_throw(reduce_op_named, e.value("reduce", std::string("sum")), "reduce");
     r.call.root = e.value("root", 0);
     const std::string state = e.at("state").get<std::string>();
-    r.state = state == "completed" ? State::kCompleted
-              : state == "failed"  ? State::kFailed
-                                   : State::kIssued;
+    r.state = state == "completed"  ? State::kCompleted
+              : state == "failed"   ? State::kFailed
+              : state == "enqueued" ? State::kEnqueued
+                                    : State::kIssued;
     r.issued_us = e.at("issued_us").get<int64_t>();
+    r.enqueued_us = e.value("enqueued_us", int64_t{0});
     r.completed_us = e.at("completed_us").get<int64_t>();
     r.step = e.at("step").get<int64_t>();
     r.bucket = e.value("bucket", -1);
@@ -265,6 +281,37 @@ std::string table(int my_rank, const std::vector<Record>& mine,
                      : fmt::format("  rank {}: no records ({})\n", p.rank, p.silence);
   }
   return out;
+}
+
+void InFlight::add(Work work) {
+  MutexLock lock(&mu_);
+  works_.push_back(std::move(work));
+}
+
+std::optional<CollectiveDesc> InFlight::sweep(Ring* ring, std::chrono::milliseconds timeout,
+                                              std::chrono::steady_clock::time_point now) {
+  std::vector<uint64_t> finished;
+  std::optional<CollectiveDesc> overdue;
+  {
+    MutexLock lock(&mu_);
+    std::erase_if(works_, [&](const Work& w) {
+      if (w.done()) {
+        finished.push_back(w.call.seq);
+        return true;
+      }
+      if (!overdue && now - w.enqueued > timeout) overdue = w.call;
+      return false;
+    });
+  }
+  if (ring != nullptr) {
+    for (uint64_t seq : finished) ring->finish(seq, true);
+  }
+  return overdue;
+}
+
+size_t InFlight::size() const {
+  MutexLock lock(&mu_);
+  return works_.size();
 }
 
 }  // namespace ddp::flight

@@ -5,7 +5,11 @@
 // Each process group keeps a ring of its last N collectives (N = DDP_FLIGHT_RECORDER, default
 // kDefaultEntries; 0 turns it off): sequence number, op, dtype, element count, state (issued,
 // completed, failed), wall-clock times, the training step (set_training_step) and, for DDP's
-// buckets, the bucket index and its first parameter names. Writing a record is a short critical
+// buckets, the bucket index and its first parameter names. A collective on a GPU stream (NCCL)
+// has two moments, as in c10d: its wait() returns once the work is enqueued on the stream
+// (state enqueued, enqueued_us) and it completes when its CUDA event has fired (completed_us),
+// found by the group's next look at its in-flight works; a hang report reads "enqueued" as
+// "the GPU has not finished it". Writing a record is a short critical
 // section on a preallocated slot (no allocation once the slots' strings have grown), so a healthy
 // job pays a few hundred nanoseconds per collective.
 // When a collective fails (a timeout, a peer failure), the ranks' rings are compared
@@ -17,7 +21,9 @@
 // Torch-free and free of I/O except process_state(): tested alone (tests/unit).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -33,14 +39,15 @@ namespace ddp::flight {
 // Slots per group when DDP_FLIGHT_RECORDER is unset: a few training steps of DDP's buckets.
 inline constexpr size_t kDefaultEntries = 256;
 
-enum class State : uint8_t { kIssued, kCompleted, kFailed };
+enum class State : uint8_t { kIssued, kEnqueued, kCompleted, kFailed };
 const char* to_string(State s);
 
 struct Record {
   CollectiveDesc call;  // what was issued; call.seq == 0: an empty slot
   State state = State::kIssued;
   int64_t issued_us = 0;     // wall clock, unix microseconds
-  int64_t completed_us = 0;  // when it completed or failed; 0 while issued
+  int64_t enqueued_us = 0;   // GPU collectives: when wait() returned (enqueued on the stream)
+  int64_t completed_us = 0;  // when it completed or failed; 0 until then
   int64_t step = -1;         // training step when it was issued; -1: none set
   int bucket = -1;           // DDP bucket index; -1: not a bucket
   std::string params;        // the bucket's first parameter names, "fc.weight, fc.bias, ..."
@@ -74,7 +81,9 @@ class Ring {
   // Records `call` as issued (sequence numbers of one group are consecutive), with the current
   // step and `note` (may be null).
   void issue(const CollectiveDesc& call, const Note* note);
-  // Marks `seq` completed or failed (no-op when it was overwritten meanwhile).
+  // Marks `seq` enqueued on its GPU stream (no-op unless it is issued).
+  void enqueue(uint64_t seq);
+  // Marks `seq` completed or failed (no-op when it was overwritten or already finished).
   void finish(uint64_t seq, bool ok);
   // The records held, oldest first.
   std::vector<Record> snapshot() const;
@@ -121,5 +130,33 @@ std::string verdict(int my_rank, const Record& failed, const std::vector<PeerVie
 
 // One line per rank for the body of the error: last issued and last completed collective.
 std::string table(int my_rank, const std::vector<Record>& mine, const std::vector<PeerView>& peers);
+
+// Note [GPU completion]
+// A collective on a GPU stream is "done" for its wait() once enqueued; its real end is its CUDA
+// event, which nobody waits for on the CPU. The group keeps such works here and looks at them
+// before each new collective (a cudaEventQuery each, through `done`): those finished are marked
+// completed in the ring; the oldest one past the group's timeout is returned, so the group can
+// abort its communicator and fail with a TimeoutError instead of piling more work behind a
+// stuck one (c10d's watchdog does the same on its own thread, and kills the process; ours
+// names the collective and the ranks first). Thread-safe.
+class InFlight {
+ public:
+  struct Work {
+    CollectiveDesc call;
+    std::chrono::steady_clock::time_point enqueued;
+    std::function<bool()> done;  // has the collective's event fired?
+  };
+  void add(Work work);
+  // Marks finished works completed in `ring` (may be null) and forgets them; returns the oldest
+  // work still running after `timeout` since it was enqueued, if any (it stays held).
+  std::optional<CollectiveDesc> sweep(
+      Ring* ring, std::chrono::milliseconds timeout,
+      std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
+  size_t size() const;
+
+ private:
+  mutable Mutex mu_;
+  std::vector<Work> works_ GUARDED_BY(mu_);  // enqueue order
+};
 
 }  // namespace ddp::flight

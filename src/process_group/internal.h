@@ -29,6 +29,7 @@ struct detail::ProcessGroupImpl {
   c10::intrusive_ptr<::c10d::Store> store;
   // What moves the data (Note [Transports]); its capabilities name the backend.
   std::unique_ptr<Transport> transport;
+  std::optional<int> cuda_device;  // Note [Device binding]; nullopt: none bound
   ShmPeers shm_peers;  // the ranks sharing transport->shared_memory() (comm_buffer's exchange)
 
   // Diagnostics (Notes [Flight recorder], [Hang reports]): null when DDP_FLIGHT_RECORDER=0;
@@ -52,6 +53,12 @@ struct detail::ProcessGroupImpl {
   std::atomic<uint64_t> seq{0};
   std::atomic<uint64_t> comm_buffers{0};        // comm_buffer() calls so far (shm buffer ids)
   std::atomic<uint64_t> monitored_barriers{0};  // monitored_barrier() calls so far (store keys)
+  // Collectives enqueued on a GPU stream whose CUDA event has not fired yet (Note [GPU
+  // completion]); shared with their WorkStates, which add to it.
+  std::shared_ptr<flight::InFlight> inflight = std::make_shared<flight::InFlight>();
+  // Set when a collective ran past the timeout on the GPU and the transport was aborted: every
+  // later collective fails at once with this text.
+  std::string aborted GUARDED_BY(issue_mu);
 };
 
 // Note [Work completion]
@@ -67,8 +74,9 @@ struct detail::WorkState {
   std::chrono::steady_clock::time_point issued;
   std::shared_ptr<Pending> pending;  // the transport's transfer; null: nothing to wait for
   std::function<void()> then;        // local completion step; may be empty; run by `done` only
-  std::shared_ptr<flight::Ring> recorder;  // the group's (may be null)
-  std::shared_ptr<HangReporter> reporter;  // the group's (may be null)
+  std::shared_ptr<flight::Ring> recorder;      // the group's (may be null)
+  std::shared_ptr<HangReporter> reporter;      // the group's (may be null)
+  std::shared_ptr<flight::InFlight> inflight;  // the group's: where a work on a stream goes
 
   Completion done;
 };

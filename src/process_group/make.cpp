@@ -15,6 +15,7 @@
 
 #include "base/check.h"
 #include "base/log.h"
+#include "process_group/cuda_device.h"
 #include "process_group/internal.h"
 #include "process_group/shm_setup.h"
 #include "process_group/store_exchange.h"
@@ -260,7 +261,7 @@ std::unique_ptr<Transport> c10d_transport(detail::ProcessGroupImpl& impl, const 
     if (backend == "nccl") {
       return make_c10d_transport(backend,
                                  c10d_compat::make_nccl(store, env.rank, env.world_size,
-                                                        impl.timeout),
+                                                        impl.timeout, impl.cuda_device.value()),
                                  env.world_size);
     }
 #endif
@@ -369,6 +370,12 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   const std::string choice = choose_backend(requested);
   const Timeouts timeouts = resolve_timeouts(o, env);
   impl->timeout = timeouts.collective;
+  // Note [Device binding]: before the backend (NCCL) or anything else touches CUDA.
+  if (o.device_id || choice == "nccl") {
+    impl->cuda_device = choose_cuda_device(o.device_id, env.local_rank, visible_cuda_devices(),
+                                           choice == "nccl", env.rank);
+    if (impl->cuda_device) bind_cuda_device(*impl->cuda_device);
+  }
   if (env.world_size > 1) ignore_default_sigpipe();  // Note [SIGPIPE]
 
   const rendezvous::Config rc = rendezvous_config(o, env, timeouts.rendezvous);

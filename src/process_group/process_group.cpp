@@ -34,7 +34,8 @@ void check_supported(const detail::ProcessGroupImpl& pg, const CollectiveDesc& c
                      const at::Tensor& t) {
   const Capabilities& caps = pg.caps();
   const bool cuda = t.device().is_cuda();
-  DDP_CHECK(cuda ? caps.cuda_tensors : caps.cpu_tensors, Error,
+  // CUDA tensors on a CPU transport are staged (Note [Staging CUDA tensors]).
+  DDP_CHECK(cuda ? caps.cuda_tensors || caps.cpu_tensors : caps.cpu_tensors, Error,
             "[rank {}] {} #{}: the {} backend moves {} tensors, this one is on {}; use backend "
             "'{}' (or 'auto') for {} tensors",
             pg.env.rank, name(call.op), pg.seq + 1, caps.name, caps.cpu_tensors ? "CPU" : "CUDA",
@@ -44,6 +45,41 @@ void check_supported(const detail::ProcessGroupImpl& pg, const CollectiveDesc& c
             "[rank {}] {} #{}: the {} backend cannot reduce {} tensors", pg.env.rank, name(call.op),
             pg.seq + 1, caps.name, c10::toString(t.scalar_type()));
 }
+
+// Note [Staging CUDA tensors]
+// The CPU transports (shm, shm+gloo) move CUDA tensors through pinned host memory, as c10d's
+// Gloo does: each CUDA tensor is copied into a pinned host tensor before the collective starts
+// (a copy that waits for the tensor's stream, so the data is final), the transport works on the
+// host copies, and its local completion step copies the results back to the device,
+// non_blocking on the current stream (the caching host allocator keeps the pinned block until
+// that copy is done). Transports that take CUDA tensors themselves (NCCL, a CUDA LibTorch's
+// Gloo) get them as they are.
+class Staging {
+ public:
+  explicit Staging(const detail::ProcessGroupImpl& pg) : on_(!pg.caps().cuda_tensors) {}
+  // `t` itself, or its pinned host copy (`copy_in`: with its values; else uninitialised) whose
+  // result goes back to `t` (`copy_back`) when the collective completes.
+  at::Tensor host(const at::Tensor& t, bool copy_in, bool copy_back) {
+    if (!on_ || !t.device().is_cuda()) return t;
+    at::Tensor h = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    if (copy_in) h.copy_(t);
+    if (copy_back) back_.emplace_back(t, h);
+    return h;
+  }
+  // `started` with the copies back appended to its completion step.
+  Started finish(Started started) {
+    if (back_.empty()) return started;
+    started.then = [then = std::move(started.then), back = std::move(back_)]() mutable {
+      if (then) then();
+      for (auto& [device, host] : back) device.copy_(host, /*non_blocking=*/true);
+    };
+    return started;
+  }
+
+ private:
+  const bool on_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> back_;  // (CUDA tensor, its host copy)
+};
 
 // DDP_DEBUG=detail: every rank shares the CollectiveDesc of the collective it is about to issue
 // (through the transport, outside the numbering), so that ranks issuing different collectives
@@ -76,6 +112,25 @@ void compare_calls(detail::ProcessGroupImpl& pg, detail::WorkState& s) {
   }
 }
 
+// Note [GPU completion]: marks the group's collectives whose CUDA events fired completed; when
+// one has run past the timeout on the GPU, aborts the transport (NCCL's communicator abort) and
+// fails this and every later collective, naming the stuck one, instead of queueing behind it.
+void check_in_flight(detail::ProcessGroupImpl& pg) REQUIRES(pg.issue_mu) {
+  if (pg.aborted.empty() && pg.inflight->size() > 0) {
+    if (std::optional<CollectiveDesc> stuck = pg.inflight->sweep(pg.recorder.get(), pg.timeout)) {
+      if (pg.recorder) pg.recorder->finish(stuck->seq, false);
+      pg.transport->abort();
+      pg.aborted = fmt::format(
+          "{} did not complete on the GPU within the timeout ({:.1f} s) and the {} "
+          "communicator was aborted: a peer rank has not reached it (stuck, dead, or issuing "
+          "collectives in a different order). Every later collective of this group fails; form "
+          "a new group (or restart the job: ddp-train resumes from its last checkpoint).",
+          stuck->describe(), std::chrono::duration<double>(pg.timeout).count(), pg.caps().name);
+    }
+  }
+  DDP_CHECK(pg.aborted.empty(), TimeoutError, "[rank {}] {}", pg.env.rank, pg.aborted);
+}
+
 // Issues one collective: numbers it, records it (Note [Flight recorder]), compares it across
 // ranks under DDP_DEBUG=detail, starts it through `start` (the transport), and keeps how to
 // finish it. User errors found before anything is sent are thrown here, naming the call.
@@ -88,9 +143,11 @@ std::shared_ptr<detail::WorkState> issue(detail::ProcessGroupImpl& pg, Collectiv
   state->issued = std::chrono::steady_clock::now();
   state->recorder = pg.recorder;
   state->reporter = pg.reporter;
+  state->inflight = pg.inflight;
   // Numbering and starting are one step, so that threads sharing the group hand collectives to
   // the transport in the order of their sequence numbers.
   MutexLock lock(&pg.issue_mu);
+  check_in_flight(pg);
   call.seq = ++pg.seq;
   state->call = call;
   if (pg.recorder) pg.recorder->issue(call, flight::take_note(&pg));
@@ -115,6 +172,7 @@ std::shared_ptr<detail::WorkState> issue(detail::ProcessGroupImpl& pg, Collectiv
 ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
     : impl_(std::move(impl)) {}
 detail::ProcessGroupImpl& detail::impl_of(ProcessGroup& pg) { return *pg.impl_; }
+const Capabilities& capabilities_of(ProcessGroup& pg) { return detail::impl_of(pg).caps(); }
 
 // A rank whose group goes away while its peers may still be in a collective (its program
 // returned early) says so first, before the transport's connections close: over Gloo the peers
@@ -140,6 +198,7 @@ const std::string& ProcessGroup::backend() const { return impl_->caps().name; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
 const DistEnv& ProcessGroup::env() const { return impl_->env; }
 uint64_t ProcessGroup::last_sequence_number() const { return impl_->seq.load(); }
+std::optional<int> ProcessGroup::bound_device_id() const { return impl_->cuda_device; }
 
 Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   detail::ProcessGroupImpl& pg = *impl_;
@@ -151,8 +210,11 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
             "[rank {}] all_reduce #{} (avg): averaging needs a floating-point tensor, got {}",
             pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
   check_supported(pg, call, tensor);
-  return Work(issue(pg, call,
-                    [&](const CollectiveDesc& c) { return pg.transport->all_reduce(c, tensor); }));
+  Staging staging(pg);
+  at::Tensor t = staging.host(tensor, true, true);
+  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
+    return staging.finish(pg.transport->all_reduce(c, t));
+  }));
 }
 
 Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
@@ -165,8 +227,11 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   CollectiveDesc call = describe(Collective::kBroadcast, tensor);
   call.root = root;
   check_supported(pg, call, tensor);
-  return Work(
-      issue(pg, call, [&](const CollectiveDesc& c) { return pg.transport->broadcast(c, tensor); }));
+  Staging staging(pg);
+  at::Tensor t = staging.host(tensor, true, true);
+  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
+    return staging.finish(pg.transport->broadcast(c, t));
+  }));
 }
 
 Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
@@ -186,8 +251,12 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
   const CollectiveDesc call = describe(Collective::kAllGather, input);
   check_supported(pg, call, input);
   for (const at::Tensor& o : outputs) check_supported(pg, call, o);
+  Staging staging(pg);
+  const at::Tensor in = staging.host(input, true, false);
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& o : outputs) out.push_back(staging.host(o, false, true));
   return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return pg.transport->all_gather(c, outputs, input);
+    return staging.finish(pg.transport->all_gather(c, out, in));
   }));
 }
 
@@ -213,8 +282,12 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   call.reduce = op;
   check_supported(pg, call, output);
   for (const at::Tensor& t : inputs) check_supported(pg, call, t);
+  Staging staging(pg);
+  at::Tensor out = staging.host(output, false, true);
+  std::vector<at::Tensor> in;
+  for (const at::Tensor& t : inputs) in.push_back(staging.host(t, true, false));
   return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return pg.transport->reduce_scatter(c, output, inputs);
+    return staging.finish(pg.transport->reduce_scatter(c, out, in));
   }));
 }
 

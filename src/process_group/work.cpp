@@ -5,15 +5,10 @@
 #include "ddp/error.h"
 #include "process_group/internal.h"
 
+#include <torch/version.h>
+
 namespace ddp {
 namespace {
-
-bool looks_like_timeout(const std::string& what) {
-  for (const char* needle : {"Timed out", "timed out", "Timeout", "timeout"}) {
-    if (what.find(needle) != std::string::npos) return true;
-  }
-  return false;
-}
 
 // `error` (a ddp::Error) with `head` as its first line and `tail` after it, same type.
 std::exception_ptr reworded(std::exception_ptr error, const std::string& head,
@@ -35,11 +30,19 @@ std::exception_ptr reworded(std::exception_ptr error, const std::string& head,
   }
 }
 
+// Note [Failure classes]
+// A failed wait is a timeout when our own clock says the group's limit has passed since the
+// collective was issued (every backend's deadline is that limit, started no earlier), never by
+// reading the backend's message (whose words differ between Gloo, NCCL and versions). Anything
+// else is a CollectiveError: a peer failed or left. c10d's exception types (2.x:
+// c10::DistNetworkError for a broken connection, DistBackendError for a backend's own failure)
+// say which, in the text.
 std::exception_ptr classify(const detail::WorkState& s, const std::string& cause) {
   using namespace std::chrono;
-  const double elapsed = duration<double>(steady_clock::now() - s.issued).count();
+  const auto elapsed_ms = duration_cast<milliseconds>(steady_clock::now() - s.issued);
+  const double elapsed = duration<double>(elapsed_ms).count();
   const double limit = duration<double>(s.timeout).count();
-  if (looks_like_timeout(cause) || elapsed >= limit) {
+  if (elapsed_ms >= s.timeout) {
     return std::make_exception_ptr(TimeoutError(fmt::format(
         "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s): {}. A peer rank has not "
         "reached this collective: it may be stuck, dead, or issuing collectives in a different "
@@ -92,7 +95,14 @@ void Work::wait() {
           auto then = std::move(s.then);
           then();
         }
-        if (s.recorder) s.recorder->finish(s.call.seq, true);
+        if (s.pending && s.pending->on_stream()) {
+          // Enqueued; the group completes it when its event fires (Note [GPU completion]).
+          if (s.recorder) s.recorder->enqueue(s.call.seq);
+          s.inflight->add({s.call, std::chrono::steady_clock::now(),
+                           [p = s.pending] { return p->is_completed(); }});
+        } else if (s.recorder) {
+          s.recorder->finish(s.call.seq, true);
+        }
       },
       [&s](std::exception_ptr e) {
         std::exception_ptr error;
@@ -100,6 +110,13 @@ void Work::wait() {
           std::rethrow_exception(e);
         } catch (const Error&) {
           error = e;  // already names rank, op and cause
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+        } catch (const c10::DistNetworkError& x) {
+          error = classify(s, fmt::format("the connection to a peer failed ({})",
+                                          x.what_without_backtrace()));
+        } catch (const c10::DistBackendError& x) {
+          error = classify(s, fmt::format("the backend failed ({})", x.what_without_backtrace()));
+#endif
         } catch (const c10::Error& x) {
           error = classify(s, x.what_without_backtrace());  // c10d's backtrace helps nobody
         } catch (const std::exception& x) {

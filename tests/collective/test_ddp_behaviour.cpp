@@ -374,6 +374,23 @@ TEST_F(Behaviour, WorldSizeOnePassesGradientsThroughWithoutBuckets) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].grad(), b[i].grad()));
 }
 
+// PyTorch's device_ids: one device, and the module already on it.
+TEST_F(Behaviour, DeviceIdsMustNameTheModulesOneDevice) {
+  auto pg = one_rank_group();
+  auto net = Mlp();
+  try {
+    DistributedDataParallel model(net.ptr(), {.process_group = pg, .device_ids = {0}});
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("[rank 0] DistributedDataParallel: device_ids {0}, but "
+                                         "parameter 'fc1.weight' is on cpu; move the module first"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(DistributedDataParallel(net.ptr(), {.process_group = pg, .device_ids = {0, 1}}),
+               ConfigError);
+}
+
 TEST_F(Behaviour, UsesTheDefaultGroupAndNeedsOne) {
   auto net = Mlp();
   EXPECT_THROW(DistributedDataParallel(net.ptr()), Error);  // no init_process_group yet

@@ -10,6 +10,7 @@
 
 #include "ddp/distributed.h"
 #include "ddp/error.h"
+#include "process_group/cuda_device.h"
 #include "support/ranks.h"
 
 namespace ddp {
@@ -231,6 +232,37 @@ TEST(CollectiveErrors, BadArgumentsAreNamedBeforeAnythingIsSent) {
     auto out = torch::empty({3});
     EXPECT_THROW(auto w = pg.reduce_scatter(out, wrong_shape), Error);
   });
+}
+
+// Note [Device binding]: a device that does not exist is named with what is visible; the CPU
+// backends bind none unless asked; nccl without NCCL compiled in says so.
+TEST(DeviceBinding, ChoosesLocalRankOrTheRequestedDeviceAndNamesAMissingOne) {
+  EXPECT_EQ(choose_cuda_device(std::nullopt, 1, 2, /*needs_cuda=*/true, 5), 1);
+  EXPECT_EQ(choose_cuda_device(0, 1, 2, true, 5), 0);
+  EXPECT_EQ(choose_cuda_device(std::nullopt, 1, 2, /*needs_cuda=*/false, 5), std::nullopt);
+  EXPECT_EQ(choose_cuda_device(1, 3, 2, false, 5), 1);
+  try {
+    choose_cuda_device(std::nullopt, 2, 2, true, 5);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("[rank 5] the nccl backend needs one GPU per rank, but "
+                                         "LOCAL_RANK 2 has none: 2 CUDA devices are visible"),
+              std::string::npos)
+        << e.what();
+  }
+  if (torch::cuda::is_available()) return;
+  InitOptions o = testing::one_rank_options();
+  o.device_id = 0;
+  try {
+    make_process_group(o);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("[rank 0] InitOptions::device_id 0 does not exist: 0 "
+                                         "CUDA devices are visible"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(testing::one_rank_group()->bound_device_id(), std::nullopt);
 }
 
 TEST(DefaultGroup, FreeFunctionsWithoutAndWithAGroup) {

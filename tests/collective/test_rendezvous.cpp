@@ -2,7 +2,9 @@
 // every rank, in bounded time, with a message that names what was wrong.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
+#include "ddp/config.h"  // DDP_WITH_NCCL
 #include "ddp/error.h"
 #include "ddp/process_group.h"
 #include "support/ranks.h"
@@ -152,6 +154,18 @@ TEST(Rendezvous, OptionErrors) {
     FAIL();
   } catch (const ConfigError& e) {
     expect_contains(e.what(), {"nccl", "CPU-only", "gloo"});
+  }
+#else
+  if (!torch::cuda::is_available()) {  // a CUDA build without a GPU: the rank has no device
+    o.backend = "nccl";
+    try {
+      make_process_group(o);
+      FAIL();
+    } catch (const ConfigError& e) {
+      expect_contains(e.what(), {"[rank 0] the nccl backend needs a GPU, but 0 CUDA devices "
+                                 "are visible",
+                                 "gloo"});
+    }
   }
 #endif
   o.backend = "gloo";

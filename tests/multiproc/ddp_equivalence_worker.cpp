@@ -2,7 +2,8 @@
 // rank 0's parameters. Every step's global batch has --chunks x 4 rows (seeded by the step, the
 // same on every rank); rank r of W trains on chunks [r*C/W, (r+1)*C/W). Run under ddprun with
 // W = C it is DDP across processes; run alone (W = 1) it is the one-process reference on the
-// whole batch. The test compares the two.
+// whole batch. The test compares the two. DDP_TEST_DEVICE=cuda trains on cuda:0 (every rank:
+// the gpu tests share one GPU between two processes over Gloo or shm) with device_ids {0}.
 //
 //   ddp_equivalence_worker mlp|cnn|branchy|many OUT.pt --chunks C [--steps 20]
 //     mlp      3-layer MLP
@@ -10,6 +11,7 @@
 //     branchy  a branch some chunks skip (find_unused_parameters) and a layer never used
 //     many     26 small layers in buckets of ~300 bytes (many buckets)
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -36,6 +38,13 @@ void train(Net net, ddp::DDPOptions options, int64_t total_chunks, int steps,
            std::vector<int64_t> sample_shape, const Forward& forward, const std::string& out) {
   const int rank = ddp::get_rank(), world = ddp::get_world_size();
   const int64_t mine = total_chunks / world, first = rank * mine;
+  const char* device_name = std::getenv("DDP_TEST_DEVICE");
+  const bool cuda = device_name != nullptr && std::string(device_name) == "cuda";
+  const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  if (cuda) {
+    net->to(device);
+    options.device_ids = {0};
+  }
   ddp::DistributedDataParallel model(net, options);
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   for (int s = 0; s < steps; ++s) {
@@ -45,14 +54,16 @@ void train(Net net, ddp::DDPOptions options, int64_t total_chunks, int steps,
     auto x = at::randn(shape, gen).narrow(0, first * kRowsPerChunk, mine * kRowsPerChunk);
     auto y = at::randint(0, 10, {total_chunks * kRowsPerChunk}, gen)
                  .narrow(0, first * kRowsPerChunk, mine * kRowsPerChunk);
+    x = x.to(device);
+    y = y.to(device);
     opt.zero_grad();
     torch::cross_entropy_loss(forward(model, x, s, first, mine), y).backward();
     opt.step();
   }
   if (rank == 0) {
     c10::Dict<std::string, at::Tensor> state;
-    for (const auto& item : net->named_parameters()) state.insert(item.key(), item.value());
-    for (const auto& item : net->named_buffers()) state.insert(item.key(), item.value());
+    for (const auto& item : net->named_parameters()) state.insert(item.key(), item.value().cpu());
+    for (const auto& item : net->named_buffers()) state.insert(item.key(), item.value().cpu());
     auto bytes = torch::pickle_save(c10::IValue(state));
     std::ofstream(out, std::ios::binary)
         .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

@@ -50,7 +50,9 @@ TEST_F(TrainTest, ShortRunLearnsAndWritesItsFilesAndPythonAgrees) {
   EXPECT_GE(correct, 700) << "accuracy below 70%";
   // Only rank 0 reports, and says which transport carried the gradients (one host: shm).
   EXPECT_EQ(r.out.find("[rank 1]: done"), std::string::npos);
-  EXPECT_NE(r.out.find("2 ranks x 1 threads over shm"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 ranks x 1 threads on the CPU (--device auto: no CUDA device) over shm"),
+            std::string::npos)
+      << r.out;
 
   // Debian's python3-torch loads the weights and gets the same count on the same images.
   Result py = run_command({.argv = {"/usr/bin/python3", kEvalScript, "mlp",
@@ -83,11 +85,26 @@ TEST_F(TrainTest, HelpAndBadFlags) {
   Result bad = run_command({.argv = {kTrain, "--model", "vgg"}, .timeout_s = 30});
   EXPECT_EQ(bad.exit_code, 2) << bad.describe();
   EXPECT_NE(bad.err.find("--model"), std::string::npos) << bad.err;
-  Result fp16 =
-      run_command({.argv = {kTrain, "--precision", "fp16", "--output-dir", (dir_ / "x").string()},
-                   .timeout_s = 60});
-  EXPECT_EQ(fp16.exit_code, 2) << fp16.describe();
-  EXPECT_NE(fp16.err.find("needs CUDA"), std::string::npos) << fp16.err;
+  if (!torch::cuda::is_available()) {
+    Result fp16 =
+        run_command({.argv = {kTrain, "--precision", "fp16", "--output-dir", (dir_ / "x").string()},
+                     .timeout_s = 60});
+    EXPECT_EQ(fp16.exit_code, 2) << fp16.describe();
+    EXPECT_NE(fp16.err.find("needs CUDA"), std::string::npos) << fp16.err;
+    // --device cuda without a GPU: one line, before any rendezvous (a 2-rank job ends at once).
+    Result cuda = run_command({.argv = {kDdprun, "--standalone", "--nproc-per-node", "2", kTrain,
+                                        "--device", "cuda", "--output-dir", (dir_ / "y").string()},
+                               .timeout_s = 60});
+    EXPECT_NE(cuda.exit_code, 0) << cuda.describe();
+    EXPECT_NE((cuda.out + cuda.err).find("--device cuda: no CUDA device is available"),
+              std::string::npos)
+        << cuda.describe();
+    Result alone =
+        run_command({.argv = {kTrain, "--device", "cuda", "--output-dir", (dir_ / "z").string()},
+                     .timeout_s = 60});
+    EXPECT_EQ(alone.exit_code, 2) << alone.describe();
+    EXPECT_EQ(std::count(alone.err.begin(), alone.err.end(), '\n'), 1) << alone.err;
+  }
   // Numbers: one short line naming the flag, not CLI11's range of doubles.
   Result epochs = run_command({.argv = {kTrain, "--epochs", "-1"}, .timeout_s = 30});
   EXPECT_EQ(epochs.exit_code, 2) << epochs.describe();

@@ -794,7 +794,7 @@ TEST_F(DdprunTest, PythonWorkersOfSeveralNodesGetTheirOwnStorePort) {
     std::ofstream(script) << "import os\n"
                              "print(os.environ['MASTER_PORT'], os.environ['TORCHELASTIC_USE_AGENT_STORE'])\n";
   }
-  const int port = ddp::net::pick_free_port();
+  int port = ddp::net::pick_free_port();
   auto node = [&](int k) {
     Command cmd = command({}, {});
     cmd.argv = {ddprun_, "--nnodes", "2", "--node-rank", std::to_string(k), "--master-port",
@@ -819,6 +819,7 @@ TEST_F(DdprunTest, PythonWorkersOfSeveralNodesGetTheirOwnStorePort) {
                              "print('sum', int(t.item()))\n"
                              "dist.destroy_process_group()\n";
   }
+  port = ddp::net::pick_free_port();  // fresh ports: the first job's sockets may linger
   auto torch_node = [&](int k) {
     Command cmd = node(k);
     cmd.env["PATH"] = "/usr/bin:/bin";  // Debian's python3, which has python3-torch
@@ -829,7 +830,7 @@ TEST_F(DdprunTest, PythonWorkersOfSeveralNodesGetTheirOwnStorePort) {
   };
   Subprocess torch0 = Subprocess::start(torch_node(0));
   Result t1 = ddp::testing::run_command(torch_node(1));
-  ASSERT_TRUE(t1.exited(0)) << t1.describe();
+  ASSERT_TRUE(t1.exited(0)) << t1.describe() << "\nnode 0: " << torch0.wait().describe();
   ASSERT_TRUE(torch0.wait().exited(0)) << torch0.wait().describe();
   EXPECT_TRUE(contains(t1.out, "[rank 1]: sum 3\n")) << t1.out;
 }

@@ -138,13 +138,33 @@ TEST(DdprunArgs, PetEnvironmentFallbackAndCommandLinePrecedence) {
   EXPECT_USAGE_ERROR(({"prog"}, {{"PET_NPROC_PER_NODE", "many"}}), "PET_NPROC_PER_NODE", "many");
 }
 
+// --nproc-per-node gpu counts what the workers will see, as torch.cuda.device_count() does.
+TEST(DdprunArgs, VisibleGpusFollowCudaVisibleDevices) {
+  EXPECT_EQ(visible_gpus(4, std::nullopt), 4);
+  EXPECT_EQ(visible_gpus(4, ""), 0);
+  EXPECT_EQ(visible_gpus(4, "-1"), 0);
+  EXPECT_EQ(visible_gpus(4, "2"), 1);
+  EXPECT_EQ(visible_gpus(4, "0,3"), 2);
+  EXPECT_EQ(visible_gpus(4, " 1 , 2 "), 2);
+  EXPECT_EQ(visible_gpus(4, "0,7,1"), 1);  // CUDA stops at the first invalid entry
+  EXPECT_EQ(visible_gpus(4, "1,1"), 1);    // a duplicate is invalid
+  EXPECT_EQ(visible_gpus(2, "GPU-5b7a0c1e,MIG-1f2e"), 2);
+  EXPECT_EQ(visible_gpus(0, "0"), 0);
+  EXPECT_EQ(visible_gpus(4, "99999999999"), 0);
+  // Whatever GPUs this host has: a count, from a child process, with no crash.
+  const HostInfo here = probe_host({});
+  EXPECT_GE(here.cpus, 1);
+  EXPECT_GE(here.visible_gpus(), 0);
+}
+
 TEST(DdprunArgs, NprocPerNodeForms) {
   EXPECT_EQ(parse({"--nproc-per-node", "5", "p"}).nproc_per_node, 5);
   EXPECT_EQ(parse({"--nproc-per-node", "cpu", "p"}).nproc_per_node, 8);
   EXPECT_EQ(parse({"--nproc-per-node", "auto", "p"}).nproc_per_node, 8);  // no GPU: CPUs
   EXPECT_EQ(parse({"--nproc-per-node", "auto", "p"}, {}, kGpuHost).nproc_per_node, 4);
   EXPECT_EQ(parse({"--nproc-per-node", "gpu", "p"}, {}, kGpuHost).nproc_per_node, 4);
-  EXPECT_USAGE_ERROR(({"--nproc-per-node", "gpu", "p"}), "--nproc-per-node", "no NVIDIA GPU");
+  EXPECT_USAGE_ERROR(({"--nproc-per-node", "gpu", "p"}), "--nproc-per-node",
+                     "no CUDA device is visible");
   EXPECT_USAGE_ERROR(({"--nproc-per-node", "0", "p"}), "--nproc-per-node", "'0'");
   EXPECT_USAGE_ERROR(({"--nproc-per-node", "two", "p"}), "--nproc-per-node", "auto, cpu or gpu");
 }

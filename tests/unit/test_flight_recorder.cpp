@@ -107,6 +107,73 @@ TEST(FlightRecorder, RecordsIssueCompletionStepAndBucketNotes) {
   EXPECT_EQ(got[2].bucket, -1) << "the note was meant for one collective";
 }
 
+// A GPU collective: wait() returned (enqueued on the stream), its CUDA event fired later.
+TEST(FlightRecorder, RecordsEnqueueAndCompletionSeparately) {
+  Ring ring(4);
+  ring.issue(call(1, "all_reduce", "Float", 8), nullptr);
+  ring.enqueue(1);
+  std::vector<Record> got = ring.snapshot();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].state, State::kEnqueued);
+  EXPECT_GE(got[0].enqueued_us, got[0].issued_us);
+  EXPECT_EQ(got[0].completed_us, 0);
+  ring.enqueue(1);  // once only
+  ring.finish(1, true);
+  got = ring.snapshot();
+  EXPECT_EQ(got[0].state, State::kCompleted);
+  EXPECT_GE(got[0].completed_us, got[0].enqueued_us);
+  ring.finish(1, false);  // a finished record stays as it is
+  EXPECT_EQ(ring.snapshot()[0].state, State::kCompleted);
+  // A rank whose GPU never finished an earlier collective: the verdict says so.
+  PeerView behind;
+  behind.rank = 1;
+  Record stuck = make(1, "all_reduce", "Float", 8, State::kEnqueued);
+  behind.records = std::vector<Record>{stuck};
+  EXPECT_EQ(verdict(0, make(2, "all_reduce", "Float", 8, State::kIssued), {behind}),
+            "rank 1 never issued all_reduce #2; it has on its GPU stream, not finished, "
+            "all_reduce #1 (sum, 8 x Float); it has completed no collective yet");
+  // JSON keeps the state and both times.
+  stuck.enqueued_us = 77;
+  const std::vector<Record> back = records_from_json(nlohmann::json::parse(
+      nlohmann::json{{"records", to_json(std::vector<Record>{stuck})}}.dump()));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].state, State::kEnqueued);
+  EXPECT_EQ(back[0].enqueued_us, 77);
+}
+
+// Note [GPU completion]: works enqueued on a stream are completed when their event fires, and
+// one running past the timeout is reported (oldest first) and kept.
+TEST(FlightRecorder, InFlightWorksCompleteByEventAndTheOverdueOneIsNamed) {
+  using std::chrono::milliseconds;
+  Ring ring(8);
+  InFlight inflight;
+  bool first_done = false;
+  bool second_done = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t seq : {1, 2}) {
+    ring.issue(call(seq, "all_reduce", "Float", 4), nullptr);
+    ring.enqueue(seq);
+  }
+  inflight.add({call(1, "all_reduce", "Float", 4), t0, [&] { return first_done; }});
+  inflight.add(
+      {call(2, "all_reduce", "Float", 4), t0 + milliseconds(10), [&] { return second_done; }});
+  EXPECT_FALSE(inflight.sweep(&ring, milliseconds(100), t0 + milliseconds(50)));
+  EXPECT_EQ(ring.snapshot()[0].state, State::kEnqueued);
+  first_done = true;
+  EXPECT_FALSE(inflight.sweep(&ring, milliseconds(100), t0 + milliseconds(60)));
+  EXPECT_EQ(ring.snapshot()[0].state, State::kCompleted);
+  EXPECT_EQ(ring.snapshot()[1].state, State::kEnqueued);
+  EXPECT_EQ(inflight.size(), 1u);
+  const auto overdue = inflight.sweep(&ring, milliseconds(100), t0 + milliseconds(200));
+  ASSERT_TRUE(overdue);
+  EXPECT_EQ(overdue->seq, 2u);
+  EXPECT_EQ(inflight.size(), 1u) << "an overdue work stays held";
+  second_done = true;
+  EXPECT_FALSE(inflight.sweep(&ring, milliseconds(100), t0 + milliseconds(300)));
+  EXPECT_EQ(inflight.size(), 0u);
+  EXPECT_EQ(ring.snapshot()[1].state, State::kCompleted);
+}
+
 TEST(FlightRecorder, KeepsTheLastCapacityRecordsInOrder) {
   Ring ring(4);
   for (uint64_t s = 1; s <= 10; ++s) {

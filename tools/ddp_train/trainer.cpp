@@ -194,6 +194,9 @@ class Run {
  public:
   explicit Run(const TrainConfig& config);
   int execute();
+  // The header's "what each rank computes on": "1 threads on the CPU" or "1 GPU (cuda:0 on rank
+  // 0)"; --device auto says which it chose and why.
+  std::string device_text() const;
 
  private:
   void resume();
@@ -257,14 +260,32 @@ class Run {
 };
 
 Run::Run(const TrainConfig& c) : c_(c) {
-  pg_ = init_process_group();
-  torch::set_num_threads(choose_threads(c_, *pg_));
+  // The device first, before the group forms (no rendezvous wait for a job that cannot run) and
+  // before anything touches CUDA: a CUDA rank binds cuda:LOCAL_RANK whatever the backend
+  // (Note [Device binding]).
   const bool cuda_available = torch::cuda::is_available();
   if (c_.device == Device::kCuda && !cuda_available) {
-    throw ConfigError("--device cuda: no CUDA device is available to this process");
+    throw ConfigError(
+        "--device cuda: no CUDA device is available to this process (a CPU-only LibTorch, no "
+        "GPU, or CUDA_VISIBLE_DEVICES hides them); use --device cpu or --device auto");
   }
   cuda_ = c_.device == Device::kCuda || (c_.device == Device::kAuto && cuda_available);
-  device_ = cuda_ ? c10::Device(c10::kCUDA, pg_->local_rank()) : c10::Device(c10::kCPU);
+  InitOptions init;
+  if (cuda_) {
+    const int local_rank = parse_dist_env(current_environment()).local_rank;
+    const int visible = static_cast<int>(torch::cuda::device_count());
+    if (local_rank >= visible) {
+      throw ConfigError(fmt::format(
+          "--device {}: LOCAL_RANK {} has no GPU ({} visible); start at most {} ranks per node "
+          "(ddprun --nproc-per-node gpu)",
+          to_string(c_.device), local_rank, visible, visible));
+    }
+    init.device_id = local_rank;
+  }
+  pg_ = init_process_group(init);
+  torch::set_num_threads(choose_threads(c_, *pg_));
+  device_ = cuda_ ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(*pg_->bound_device_id()))
+                  : c10::Device(c10::kCPU);
   if (c_.precision == Precision::kFp16 && !cuda_) {
     throw ConfigError(
         "--precision fp16 needs CUDA (fp16 autocast with a gradient scaler); on "
@@ -587,16 +608,25 @@ void Run::finish() {
   destroy_process_group();
 }
 
+std::string Run::device_text() const {
+  if (cuda_) {
+    return fmt::format("1 GPU ({} on rank {}{})", device_.str(), pg_->rank(),
+                       c_.device == Device::kAuto ? ", --device auto: CUDA is available" : "");
+  }
+  return fmt::format("{} threads on the CPU{}", torch::get_num_threads(),
+                     c_.device == Device::kAuto ? " (--device auto: no CUDA device)" : "");
+}
+
 int Run::execute() {
   resume();
   if (finished()) return report_finished();
   progress_->line(fmt::format(
-      "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} ranks x {} threads over "
+      "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} ranks x {} over "
       "{}, batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; "
       "run folder {}",
-      c_.model, train_set_->size(), test_set_->size(), pg_->size(), torch::get_num_threads(),
-      pg_->backend(), c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs,
-      to_string(c_.optimizer), schedule_.peak, to_string(c_.precision), dir_.string()));
+      c_.model, train_set_->size(), test_set_->size(), pg_->size(), device_text(), pg_->backend(),
+      c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs, to_string(c_.optimizer),
+      schedule_.peak, to_string(c_.precision), dir_.string()));
   progress_->line(inspect_blas().summary());
   preemption_.emplace();
   bool stopped = false;

@@ -1,10 +1,16 @@
 // ddprun's command line: from raw flags (flags.h) to a LaunchConfig (see args.h).
 #include "args.h"
 
-#include <unistd.h>  // sysconf
+#include <dlfcn.h>     // dlopen: the driver's device count
+#include <fcntl.h>     // O_CLOEXEC
+#include <poll.h>      // poll
+#include <signal.h>    // kill
+#include <sys/wait.h>  // waitpid
+#include <unistd.h>    // sysconf, fork, pipe2
 
 #include <algorithm>  // std::ranges::any_of
 #include <filesystem>
+#include <sstream>
 #include <system_error>
 
 #include <CLI/CLI.hpp>  // option spellings, --help, stopping at PROGRAM
@@ -207,15 +213,89 @@ bool LaunchConfig::writes_to_file(int local_rank, Std stream) const {
          has(redirects.for_local_rank(local_rank), stream);
 }
 
-HostInfo probe_host() {
+int visible_gpus(int physical, const std::optional<std::string>& cuda_visible_devices) {
+  if (!cuda_visible_devices) return physical;
+  std::set<std::string> seen;
+  int visible = 0;
+  std::stringstream in(*cuda_visible_devices);
+  for (std::string item; std::getline(in, item, ',');) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    bool valid = item.starts_with("GPU-") || item.starts_with("MIG-");
+    if (!valid && !item.empty() && item.find_first_not_of("0123456789") == std::string::npos) {
+      valid = item.size() < 6 && std::stoi(item) < physical;
+    }
+    if (!valid || !seen.insert(item).second) break;  // CUDA ignores the rest
+    ++visible;
+  }
+  return visible;
+}
+
+namespace {
+
+// In the child: the driver's count (it applies CUDA_VISIBLE_DEVICES itself), or -1 without a
+// usable libcuda.so.1 (no NVIDIA driver on this host).
+int driver_device_count_here() {
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return -1;
+  using InitFn = int (*)(unsigned);
+  using CountFn = int (*)(int*);
+  auto init = reinterpret_cast<InitFn>(::dlsym(lib, "cuInit"));
+  auto count = reinterpret_cast<CountFn>(::dlsym(lib, "cuDeviceGetCount"));
+  if (init == nullptr || count == nullptr) return -1;
+  const int rc = init(0);
+  if (rc == 100) return 0;  // CUDA_ERROR_NO_DEVICE: a driver, no (visible) GPU
+  int n = 0;
+  return rc == 0 && count(&n) == 0 ? n : -1;
+}
+
+// driver_device_count_here() asked in a child process (fork, answer through a pipe, _exit),
+// bounded: a driver that does not answer within kDriverWait counts as none.
+std::optional<int> driver_device_count() {
+  constexpr int kDriverWaitMs = 20000;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return std::nullopt;
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return std::nullopt;
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    const int n = driver_device_count_here();
+    [[maybe_unused]] const ssize_t w = ::write(fds[1], &n, sizeof(n));
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  int n = -1;
+  pollfd p{.fd = fds[0], .events = POLLIN, .revents = 0};
+  if (::poll(&p, 1, kDriverWaitMs) == 1 && ::read(fds[0], &n, sizeof(n)) != sizeof(n)) n = -1;
+  ::close(fds[0]);
+  ::kill(pid, SIGKILL);  // done already, or stuck in the driver
+  ::waitpid(pid, nullptr, 0);
+  return n < 0 ? std::nullopt : std::optional<int>(n);
+}
+
+}  // namespace
+
+HostInfo probe_host(const EnvMap& env) {
   HostInfo host;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   host.cpus = cpus > 0 ? static_cast<int>(cpus) : 1;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
-    (void)entry;
-    ++host.gpus;
-  }
+  const auto it = env.find("CUDA_VISIBLE_DEVICES");
+  const std::optional<std::string> visible =
+      it == env.end() ? std::nullopt : std::optional<std::string>(it->second);
+  host.count_gpus = [visible] {
+    if (std::optional<int> n = driver_device_count()) return *n;
+    int physical = 0;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+      (void)entry;
+      ++physical;
+    }
+    return visible_gpus(physical, visible);
+  };
   return host;
 }
 

@@ -13,6 +13,7 @@
 #include <chrono>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -66,9 +67,22 @@ struct StdSpec {
 // What the host offers, for --nproc-per-node auto|cpu|gpu.
 struct HostInfo {
   int cpus = 1;  // online CPUs
-  int gpus = 0;  // NVIDIA GPUs (entries of /proc/driver/nvidia/gpus)
+  int gpus = 0;  // CUDA devices visible to the workers (CUDA_VISIBLE_DEVICES applied)
+  // When set, counts them instead of `gpus`, only if --nproc-per-node asks (gpu, auto).
+  std::function<int()> count_gpus;
+  int visible_gpus() const { return count_gpus ? count_gpus() : gpus; }
 };
-HostInfo probe_host();
+// Online CPUs now, and how to count the CUDA devices the workers will see, as torchrun counts
+// them (torch.cuda.device_count()) but without CUDA in the launcher: the driver's own count
+// (libcuda.so.1's cuInit + cuDeviceGetCount, which apply CUDA_VISIBLE_DEVICES), asked in a
+// short-lived child process so that no driver thread or state stays in ddprun (a driver thread
+// would take the SIGTERM ddprun forwards to its workers); without a driver, the NVIDIA devices
+// of /proc/driver/nvidia/gpus filtered by CUDA_VISIBLE_DEVICES.
+HostInfo probe_host(const EnvMap& env);
+// How many of `physical` devices CUDA_VISIBLE_DEVICES (unset: all) leaves visible: its entries
+// up to the first invalid one (CUDA's rule), an index being valid when below `physical`,
+// "GPU-..."/"MIG-..." UUIDs counted as valid, duplicates invalid.
+int visible_gpus(int physical, const std::optional<std::string>& cuda_visible_devices);
 
 // Everything ddprun needs to launch and supervise one node's worker group.
 struct LaunchConfig {

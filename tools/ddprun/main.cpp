@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   namespace dl = ddp::launcher;
   const std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    dl::CommandLine cl = dl::parse_command_line(args, ddp::current_environment(), dl::probe_host());
+    dl::CommandLine cl = dl::parse_command_line(args, ddp::current_environment(),
+                                                dl::probe_host(ddp::current_environment()));
     if (cl.help) {
       fmt::print("{}", cl.help_text);
       return 0;

@@ -55,14 +55,18 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // --nproc-per-node: N, or what the host has.
 int parse_nproc(const std::string& source, const std::string& value, const HostInfo& host) {
   if (value == "cpu") return host.cpus;
-  if (value == "auto") return host.gpus > 0 ? host.gpus : host.cpus;
+  if (value == "auto") {
+    const int gpus = host.visible_gpus();
+    return gpus > 0 ? gpus : host.cpus;
+  }
   if (value == "gpu") {
-    if (host.gpus == 0) {
+    const int gpus = host.visible_gpus();
+    if (gpus == 0) {
       bad_value(source, value,
-                "no NVIDIA GPU found (/proc/driver/nvidia/gpus is empty or missing); give a "
-                "number of processes or 'cpu'");
+                "no CUDA device is visible (no NVIDIA driver or GPU, or CUDA_VISIBLE_DEVICES "
+                "hides them all); give a number of processes or 'cpu'");
     }
-    return host.gpus;
+    return gpus;
   }
   if (value == "xpu") {
     bad_value(source, value, "XPU devices are not supported; use N, auto, cpu or gpu");

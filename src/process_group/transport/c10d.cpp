@@ -14,12 +14,20 @@ constexpr std::chrono::seconds kPeerCheckInterval{1};
 
 class C10dPending final : public Pending {
  public:
-  explicit C10dPending(c10::intrusive_ptr<::c10d::Work> work) : work_(std::move(work)) {}
+  C10dPending(c10::intrusive_ptr<::c10d::Work> work, bool on_stream)
+      : work_(std::move(work)), on_stream_(on_stream) {}
 
-  // Bounded by the group's timeout (Gloo enforces it itself; the bound covers backends that do
-  // not). With a hang reporter, in slices, looking at this host's peers in between: a stopped
-  // or vanished peer fails the wait at once.
+  // NCCL (on_stream): c10d's wait without a timeout makes the caller's current CUDA stream wait
+  // for the collective's and returns (the CPU does not block; DDP keeps computing); the group
+  // completes it when its event fires, and bounds it by the timeout (Note [GPU completion]).
+  // Gloo: bounded by the group's timeout (Gloo enforces it itself; the bound covers backends
+  // that do not). With a hang reporter, in slices, looking at this host's peers in between: a
+  // stopped or vanished peer fails the wait at once.
   void wait(const detail::WorkState& s) override {
+    if (on_stream_) {
+      work_->wait();
+      return;
+    }
     if (!s.reporter) {
       work_->wait(s.timeout);
       return;
@@ -47,12 +55,12 @@ class C10dPending final : public Pending {
   }
 
   bool is_completed() const override { return work_->isCompleted(); }
+  bool on_stream() const override { return on_stream_; }
 
  private:
   const c10::intrusive_ptr<::c10d::Work> work_;
+  const bool on_stream_;
 };
-
-using c10d_ops::pending;
 
 class C10dTransport final : public Transport {
  public:
@@ -75,6 +83,10 @@ class C10dTransport final : public Transport {
   }
 
   const Capabilities& capabilities() const override { return caps_; }
+
+  void abort() override {
+    if (caps_.can_abort) c10d_compat::abort(*backend_);
+  }
 
   Started all_reduce(const CollectiveDesc& call, at::Tensor& tensor) override {
     const bool avg_here = call.reduce == ReduceOp::kAvg && !caps_.native_avg;
@@ -117,21 +129,21 @@ class C10dTransport final : public Transport {
 
   std::optional<std::vector<CollectiveDesc>> gather_calls(
       const CollectiveDesc& mine, std::chrono::milliseconds timeout) override {
-    if (caps_.cuda_tensors) return std::nullopt;  // NCCL would need CUDA tensors
+    if (!caps_.cpu_tensors) return std::nullopt;  // NCCL would need CUDA tensors
     return c10d_ops::gather_calls(*backend_, mine, size_, timeout);
   }
 
  private:
+  std::shared_ptr<Pending> pending(c10::intrusive_ptr<::c10d::Work> work) const {
+    return std::make_shared<C10dPending>(std::move(work), caps_.cuda_tensors && !caps_.cpu_tensors);
+  }
+
   const c10::intrusive_ptr<c10d_compat::Backend> backend_;
   const int size_;
   Capabilities caps_;
 };
 
 }  // namespace
-
-std::shared_ptr<Pending> c10d_ops::pending(c10::intrusive_ptr<::c10d::Work> work) {
-  return std::make_shared<C10dPending>(std::move(work));
-}
 
 std::unique_ptr<Transport> make_c10d_transport(std::string name,
                                                c10::intrusive_ptr<c10d_compat::Backend> backend,

@@ -32,7 +32,4 @@ at::Tensor reduce_rows(const at::Tensor& chunks, ReduceOp op);
 std::vector<CollectiveDesc> gather_calls(c10d_compat::Backend& b, const CollectiveDesc& mine,
                                          int size, std::chrono::milliseconds timeout);
 
-// A c10d work as a transport's Pending (c10d.cpp).
-std::shared_ptr<Pending> pending(c10::intrusive_ptr<::c10d::Work> work);
-
 }  // namespace ddp::c10d_ops

@@ -30,6 +30,7 @@
 #include "process_group/collective.h"
 
 namespace ddp {
+class ProcessGroup;
 namespace detail {
 struct WorkState;
 }
@@ -64,6 +65,10 @@ class Pending {
   // or the library's exception for work.cpp to classify).
   virtual void wait(const detail::WorkState& s) = 0;
   virtual bool is_completed() const = 0;
+  // True when wait() returns once the work is enqueued on the caller's GPU stream (NCCL, as in
+  // c10d: the stream, not the CPU, waits for the result); is_completed() then says whether its
+  // CUDA event has fired (Note [GPU completion]).
+  virtual bool on_stream() const { return false; }
 };
 
 struct Started {
@@ -93,9 +98,17 @@ class Transport {
   virtual std::optional<std::vector<CollectiveDesc>> gather_calls(
       const CollectiveDesc& mine, std::chrono::milliseconds timeout);
 
+  // Ends every collective in flight and every later one at once (capabilities().can_abort):
+  // NCCL's communicator abort, after a collective ran past the timeout on the GPU.
+  virtual void abort() {}
+
   // The shared-memory group whose memory comm_buffer() hands out (shm; the hierarchy's host
   // group), or null.
   virtual shm::Group* shared_memory() const { return nullptr; }
 };
+
+// What `pg`'s transport does (for the library's other components: checkpoints, hooks), without
+// the group's internals (process_group/internal.h).
+const Capabilities& capabilities_of(ProcessGroup& pg);
 
 }  // namespace ddp

@@ -1,0 +1,240 @@
+// CUDA behaviour (label `gpu`): NCCL at world 1 binding its device and completing through CUDA
+// events, Gloo and shm moving CUDA tensors between two thread-ranks on one device, DDP on CUDA
+// equal to single-process training, fp16 autocast with the gradient scaler. Every test skips,
+// saying why, where no GPU is visible (ctest then reports it skipped): they run on a GPU machine
+// (scripts/gpu-check) and compile, at least, in every CUDA build (scripts/test-cuda.sh).
+#include <chrono>
+#include <filesystem>
+#include <limits>
+#include <thread>
+
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "ddp/config.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/process_group.h"
+#include "grad_scaler.h"
+#include "process_group/internal.h"
+#include "support/ranks.h"
+#include "support/saved_state.h"
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+
+namespace ddp {
+namespace {
+
+using testing::free_port;
+using testing::one_rank_options;
+using testing::run_threads;
+using testing::thread_rank;
+
+#define SKIP_WITHOUT_GPU()                                                                      \
+  do {                                                                                          \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible to this process"; \
+  } while (0)
+
+const c10::Device kCuda0(c10::kCUDA, 0);
+
+// Waits (bounded) until the group's in-flight GPU works are all marked completed.
+bool all_completed(ProcessGroup& pg) {
+  detail::ProcessGroupImpl& impl = detail::impl_of(pg);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    impl.inflight->sweep(impl.recorder.get(), impl.timeout);
+    if (impl.inflight->size() == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+TEST(Gpu, NcclAtWorldOneBindsItsDeviceAndCompletesThroughEvents) {
+  SKIP_WITHOUT_GPU();
+  if (!DDP_WITH_NCCL) GTEST_SKIP() << "this build has no NCCL backend";
+  InitOptions o = one_rank_options();
+  o.backend = "nccl";
+  auto pg = make_process_group(o);
+  EXPECT_EQ(pg->backend(), "nccl");
+  ASSERT_TRUE(pg->bound_device_id().has_value());
+  EXPECT_EQ(*pg->bound_device_id(), 0);  // LOCAL_RANK 0
+  at::Tensor t = torch::arange(8, torch::dtype(torch::kFloat).device(kCuda0));
+  pg->all_reduce(t, ReduceOp::kSum).wait();
+  pg->broadcast(t, 0).wait();
+  std::vector<at::Tensor> out{torch::empty_like(t)};
+  pg->all_gather(out, t).wait();
+  torch::cuda::synchronize();
+  EXPECT_TRUE(torch::equal(out[0].cpu(), torch::arange(8, torch::kFloat)));
+  // Each collective was enqueued (its wait returned), then completed by its CUDA event.
+  ASSERT_TRUE(all_completed(*pg));
+  for (const flight::Record& r : detail::impl_of(*pg).recorder->snapshot()) {
+    EXPECT_EQ(r.state, flight::State::kCompleted) << r.describe();
+    EXPECT_GT(r.enqueued_us, 0) << r.describe();
+    EXPECT_GE(r.completed_us, r.enqueued_us) << r.describe();
+  }
+}
+
+// Two thread-ranks on cuda:0; `backend` moves CUDA tensors itself (Gloo in a CUDA LibTorch) or
+// stages them through pinned host memory (shm: Note [Staging CUDA tensors]).
+void collectives_on_cuda(const std::string& backend) {
+  const int port = free_port();
+  auto errors = run_threads(2, [&](int r) {
+    InitOptions o = thread_rank(r, 2, port);
+    o.backend = backend;
+    o.host_id.reset();
+    o.device_id = 0;
+    auto pg = make_process_group(o);
+    EXPECT_EQ(*pg->bound_device_id(), 0);
+    const auto cuda = torch::dtype(torch::kFloat).device(kCuda0);
+    at::Tensor t = torch::full({1000}, static_cast<float>(r + 1), cuda);
+    pg->all_reduce(t, ReduceOp::kSum).wait();
+    EXPECT_TRUE(torch::equal(t.cpu(), torch::full({1000}, 3.0f))) << backend;
+    at::Tensor b = torch::full({5}, static_cast<float>(10 * r + 7), cuda);
+    pg->broadcast(b, 1).wait();
+    EXPECT_TRUE(torch::equal(b.cpu(), torch::full({5}, 17.0f))) << backend;
+    std::vector<at::Tensor> out{torch::empty({3}, cuda), torch::empty({3}, cuda)};
+    pg->all_gather(out, torch::full({3}, static_cast<float>(r), cuda)).wait();
+    EXPECT_TRUE(torch::equal(out[1].cpu(), torch::full({3}, 1.0f))) << backend;
+    EXPECT_TRUE(out[0].is_cuda());
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < 2; ++r) {
+    if (errors[r])
+      ADD_FAILURE() << backend << " rank " << r << ": " << testing::message_of(errors[r]);
+  }
+}
+
+TEST(Gpu, GlooMovesCudaTensorsAtWorldTwoOnOneDevice) {
+  SKIP_WITHOUT_GPU();
+  collectives_on_cuda("gloo");
+}
+
+TEST(Gpu, ShmStagesCudaTensorsAtWorldTwoOnOneDevice) {
+  SKIP_WITHOUT_GPU();
+  collectives_on_cuda("shm");
+}
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    a = register_module("a", torch::nn::Linear(8, 32));
+    b = register_module("b", torch::nn::Linear(32, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) { return b(torch::relu(a(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(Net);
+
+// DDP on CUDA (NCCL where built, else Gloo; world 1, so no buckets: the wrapper's CUDA
+// handling, device_ids and the initial broadcast) takes the same steps as the plain module; two
+// processes below exercise the buckets.
+TEST(Gpu, DdpOnCudaMatchesSingleProcessTraining) {
+  SKIP_WITHOUT_GPU();
+  InitOptions o = one_rank_options();
+  o.backend = DDP_WITH_NCCL ? "nccl" : "gloo";
+  o.device_id = 0;
+  auto pg = make_process_group(o);
+  torch::manual_seed(3);
+  Net plain;
+  Net wrapped;
+  plain->to(kCuda0);
+  wrapped->to(kCuda0);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < plain->parameters().size(); ++i)
+      wrapped->parameters()[i].copy_(plain->parameters()[i]);
+  }
+  DistributedDataParallel<NetImpl> model(wrapped.ptr(), {.process_group = pg, .device_ids = {0}});
+  torch::optim::SGD opt_plain(plain->parameters(), 0.1);
+  torch::optim::SGD opt_ddp(model.parameters(), 0.1);
+  for (int step = 0; step < 5; ++step) {
+    const at::Tensor x = torch::randn({16, 8}).to(kCuda0);
+    const at::Tensor y = torch::randn({16, 4}).to(kCuda0);
+    opt_plain.zero_grad();
+    torch::mse_loss(plain->forward(x), y).backward();
+    opt_plain.step();
+    opt_ddp.zero_grad();
+    torch::mse_loss(model(x.cpu()), y).backward();  // device_ids: DDP moves the input
+    opt_ddp.step();
+  }
+  for (size_t i = 0; i < plain->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::allclose(plain->parameters()[i], model.parameters()[i], 1e-6, 1e-6))
+        << "parameter " << i;
+    EXPECT_TRUE(model.parameters()[i].is_cuda());
+  }
+}
+
+// DDP across two real processes sharing cuda:0 (device_ids {0}), over Gloo (CUDA tensors
+// natively) and shm (staged): after 20 steps, the parameters one process gets on the whole batch.
+TEST(Gpu, DdpAcrossTwoProcessesOnOneGpuEqualsOneProcess) {
+  SKIP_WITHOUT_GPU();
+  const std::string worker = testing::env_or_die("EQUIVALENCE_WORKER");
+  const std::string ddprun = testing::env_or_die("DDPRUN");
+  const std::filesystem::path dir = testing::make_temp_dir("ddp_gpu_processes");
+  const auto one = dir / "one.pt";
+  testing::Result ref =
+      testing::run_command({.argv = {worker, "mlp", one.string(), "--chunks", "2"},
+                            .env = {{"DDP_TEST_DEVICE", "cuda"}},
+                            .timeout_s = 120});
+  ASSERT_TRUE(ref.exited(0)) << ref.describe();
+  for (const std::string backend : {"gloo", "shm"}) {
+    SCOPED_TRACE(backend);
+    const auto many = dir / (backend + ".pt");
+    testing::Result r =
+        testing::run_command({.argv = {ddprun, "--standalone", "--nproc-per-node", "2", worker,
+                                       "mlp", many.string(), "--chunks", "2"},
+                              .env = {{"DDP_TEST_DEVICE", "cuda"}, {"DDP_BACKEND", backend}},
+                              .timeout_s = 180});
+    ASSERT_TRUE(r.exited(0)) << r.describe();
+    auto a = testing::load_state(one), b = testing::load_state(many);
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, tensor] : a) {
+      ASSERT_EQ(b.count(name), 1u) << name;
+      EXPECT_LE((tensor.to(torch::kDouble) - b[name].to(torch::kDouble)).abs().max().item<double>(),
+                1e-5)
+          << name;
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// fp16 autocast with the trainer's gradient scaler: a finite step matches fp32 closely; an
+// overflow is caught, the step skipped and the scale backed off.
+TEST(Gpu, AmpFp16WithTheGradScaler) {
+  SKIP_WITHOUT_GPU();
+  auto pg = make_process_group(one_rank_options());
+  torch::manual_seed(5);
+  Net net;
+  net->to(kCuda0);
+  const at::Tensor x = torch::randn({64, 8}).to(kCuda0);
+  const at::Tensor y = torch::randn({64, 4}).to(kCuda0);
+  train::GradScaler scaler;
+  std::vector<at::Tensor> params = net->parameters();
+
+  net->zero_grad();
+  torch::mse_loss(net->forward(x), y).backward();
+  std::vector<at::Tensor> fp32;
+  for (const at::Tensor& p : params) fp32.push_back(p.grad().clone());
+
+  net->zero_grad();
+  at::autocast::set_enabled(true);
+  const at::Tensor out = net->forward(x);
+  at::autocast::set_enabled(false);
+  at::autocast::clear_cache();
+  EXPECT_EQ(out.scalar_type(), at::kHalf);
+  scaler.scale(torch::mse_loss(out.to(at::kFloat), y)).backward();
+  ASSERT_TRUE(scaler.unscale_and_check(params, *pg));
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(params[i].grad(), fp32[i], 1e-2, 1e-2)) << "gradient " << i;
+  }
+  scaler.update(true);
+
+  params[0].mutable_grad().fill_(std::numeric_limits<float>::infinity());
+  const double before = scaler.current();
+  EXPECT_FALSE(scaler.unscale_and_check(params, *pg));
+  scaler.update(false);
+  EXPECT_EQ(scaler.current(), before * 0.5);
+}
+
+}  // namespace
+}  // namespace ddp
