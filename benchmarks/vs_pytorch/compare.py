@@ -11,6 +11,9 @@ thread per rank (OMP_NUM_THREADS=1), the same number of warm-up and timed steps.
   theirs: /usr/bin/python3 torch_ddp.py --nproc 2 ...  (python3-torch, DDP over Gloo)
   ceiling: ddprun ... ddp-bench train --no-ddp  (the same 2 ranks, each training alone on its
            shard, no gradient exchange: what any data-parallel training could reach here)
+--device cuda runs both sides (and the ceiling) on the GPU, cuda:LOCAL_RANK, PyTorch over NCCL;
+with --nproc 1 --backends auto it is DDP at world size 1 against PyTorch's, and the ceiling is
+training without DDP (so each side's share of it is 1 / its DDP overhead).
 Runs alternate (ours with each backend, then theirs, then the ceiling, for each model, --pairs
 times), each in fresh processes, so drift on a shared machine hits every side alike. Reported
 per model: the median samples/s of each side, the ratio of medians ours/PyTorch, the median of
@@ -74,6 +77,10 @@ def main():
     p.add_argument("--build-dir", default=os.environ.get("DDP_BUILD_DIR",
                                                          os.path.join(ROOT, "build")))
     p.add_argument("--python", default="/usr/bin/python3", help="the python with torch")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where both sides train (cuda: PyTorch over NCCL, ours on its auto "
+                   "or named backend)")
+    p.add_argument("--data-dir", default="", help="Fashion-MNIST folder (default: Debian's)")
     p.add_argument("--csv", default="vs_pytorch.csv", help="every run, one row each")
     p.add_argument("--summary-csv", default="", help="medians and ratios (default: "
                    "<csv>_summary.csv)")
@@ -86,7 +93,9 @@ def main():
     ddprun = find_tool(a.build_dir, "tools/ddprun/ddprun", "ddprun")
     bench = find_tool(a.build_dir, "tools/ddp_bench/ddp-bench", "ddp-bench")
     common = ["--batch-size", str(a.batch_size), "--steps", str(a.steps),
-              "--warmup", str(a.warmup)]
+              "--warmup", str(a.warmup), "--device", a.device]
+    if a.data_dir:
+        common += ["--data-dir", a.data_dir]
     ours_cmd = lambda model, backend: [
         ddprun, "--standalone", "--nproc-per-node", str(a.nproc), bench, "train",
         "--model", model, "--threads", "1", "--backend", backend, "--label", f"ours-{backend}"
@@ -99,7 +108,7 @@ def main():
         "--threads", "1", "--label", "pytorch"] + common
 
     print(f"# vs_pytorch: {', '.join(models)}; global batch {a.batch_size} over {a.nproc} "
-          f"ranks x 1 thread; {a.steps} steps after {a.warmup} warm-up; {a.pairs} alternating "
+          f"ranks x 1 thread on {a.device}; {a.steps} steps after {a.warmup} warm-up; {a.pairs} alternating "
           f"pair(s); ours on {', '.join(backends)}", flush=True)
     runs = []  # dicts: pair, model, side, samples_per_s (None when failed)
     errors = {}

@@ -12,6 +12,10 @@ then timed steps; samples/s = steps x global batch / the slowest rank's wall tim
 appended to --csv has ddp-bench's columns; comm_ms is empty (PyTorch does not expose when its
 reducer finished, so backward_ms includes the exposed communication).
 
+--device cuda trains on cuda:LOCAL_RANK with DDP over NCCL (as `ddp-bench train --device cuda`):
+batches pinned and copied non_blocking, each phase ended by torch.cuda.synchronize() so that it
+is charged its own kernels.
+
 With --nproc N (and no RANK in the environment) it starts N copies of itself with torchrun's
 variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and OMP_NUM_THREADS; it also
 runs as a worker under `python3 -m torch.distributed.run` (Debian's 1.13 needs
@@ -102,23 +106,38 @@ class Batches:
         whole = len(indices) // self.batch
         return iter(indices[: whole * self.batch].split(self.batch))
 
-    def next(self):
+    def next(self, device):
         idx = next(self.batches, None)
         if idx is None:
             self.batches = self._pass()
             idx = next(self.batches)
-        return self.data.index_select(0, idx), self.labels.index_select(0, idx)
+        x, y = self.data.index_select(0, idx), self.labels.index_select(0, idx)
+        if device.type == "cuda":  # what ddp::DataLoader does for a CUDA device
+            x = x.pin_memory().to(device, non_blocking=True)
+            y = y.pin_memory().to(device, non_blocking=True)
+        return x, y
 
 
 def worker(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("torch_ddp.py: --device cuda: no CUDA device is available")
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    dist.init_process_group(backend, rank=rank, world_size=world)
     if args.batch_size % world:
         sys.exit(f"--batch-size {args.batch_size} must be a multiple of the world size {world}")
     data, labels = load_train(args.data_dir)
     torch.manual_seed(args.seed)
-    model = nn.parallel.DistributedDataParallel(MODELS[args.model]())
+    net = MODELS[args.model]().to(device)
+    model = nn.parallel.DistributedDataParallel(
+        net, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     batches = Batches(data, labels, args.batch_size // world, rank, world, args.seed)
 
@@ -126,30 +145,36 @@ def worker(args):
     timed_start = 0.0
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
+            sync()
             dist.barrier()
             timed_start = time.perf_counter()
         t0 = time.perf_counter()
-        x, y = batches.next()
+        x, y = batches.next(device)
+        sync()
         t1 = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
+        sync()
         t2 = time.perf_counter()
         loss.backward()
+        sync()
         t3 = time.perf_counter()
         opt.step()
         opt.zero_grad()
+        sync()
         t4 = time.perf_counter()
         if step >= args.warmup:
             for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 sums[i] += dt
-    wall = torch.tensor([time.perf_counter() - timed_start], dtype=torch.float64)
+    # On the training device: NCCL reduces CUDA tensors only.
+    wall = torch.tensor([time.perf_counter() - timed_start], dtype=torch.float64, device=device)
     dist.all_reduce(wall, op=dist.ReduceOp.MAX)
-    means = torch.tensor(sums, dtype=torch.float64)
+    means = torch.tensor(sums, dtype=torch.float64, device=device)
     dist.all_reduce(means)
     ms = (means / world / args.steps * 1e3).tolist()
     w = wall.item()
     if rank == 0:
         row = dict(samples_per_s=args.steps * args.batch_size / w, step_ms=w / args.steps * 1e3)
-        print(f"# pytorch {torch.__version__} DDP (gloo): {args.model}, global batch "
+        print(f"# pytorch {torch.__version__} DDP ({backend}) on {device}: {args.model}, global batch "
               f"{args.batch_size}, {world} ranks x {args.threads} thread(s): "
               f"{row['samples_per_s']:.1f} samples/s, {row['step_ms']:.2f} ms/step "
               f"(data {ms[0]:.2f}, forward {ms[1]:.2f}, backward+comm {ms[2]:.2f}, "
@@ -159,7 +184,7 @@ def worker(args):
             with open(args.csv, "a") as f:
                 if fresh:
                     f.write(CSV_HEADER)
-                f.write(f"{args.label},{args.model},gloo,{world},{args.threads},"
+                f.write(f"{args.label},{args.model},{backend},{world},{args.threads},"
                         f"{args.batch_size},{args.steps},{row['samples_per_s']:.2f},"
                         f"{row['step_ms']:.4f},{ms[0]:.4f},{ms[1]:.4f},{ms[2]:.4f},,"
                         f"{ms[3]:.4f}\n")
@@ -201,6 +226,8 @@ def main():
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=DATA_DIR)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu (DDP over Gloo) or cuda (cuda:LOCAL_RANK, DDP over NCCL)")
     p.add_argument("--label", default="pytorch")
     p.add_argument("--csv", default="", help="append the result row (rank 0)")
     args = p.parse_args()

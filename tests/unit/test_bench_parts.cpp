@@ -135,11 +135,12 @@ TEST(BenchCli, TrainDefaultsAndValues) {
   EXPECT_EQ(d.train.global_batch, 128);
   EXPECT_DOUBLE_EQ(d.train.momentum, 0.9);
   EXPECT_TRUE(d.train.backend.empty());
+  EXPECT_EQ(d.train.device, "auto");
   EXPECT_FALSE(d.train.compare);
 
   CommandLine t = parse({"train", "--model", "mlp-1024", "--batch-size", "64", "--steps", "5",
                          "--warmup", "1", "--backend", "gloo", "--threads", "2", "--compare",
-                         "--repeats", "3", "--csv", "t.csv"});
+                         "--repeats", "3", "--csv", "t.csv", "--device", "cpu"});
   EXPECT_EQ(t.train.model, "mlp-1024");
   EXPECT_EQ(t.train.global_batch, 64);
   EXPECT_EQ(t.train.steps, 5);
@@ -149,6 +150,7 @@ TEST(BenchCli, TrainDefaultsAndValues) {
   EXPECT_TRUE(t.train.compare);
   EXPECT_EQ(t.train.repeats, 3);
   EXPECT_EQ(t.train.csv, "t.csv");
+  EXPECT_EQ(t.train.device, "cpu");
 }
 
 TEST(BenchCli, HelpAndErrors) {
@@ -164,6 +166,7 @@ TEST(BenchCli, HelpAndErrors) {
   EXPECT_THROW(parse({"collectives", "--backend", ","}), ConfigError);
   EXPECT_THROW(parse({"train", "--model", "vgg"}), ConfigError);
   EXPECT_THROW(parse({"train", "--steps", "0"}), ConfigError);
+  EXPECT_THROW(parse({"train", "--device", "tpu"}), ConfigError);
   EXPECT_THROW(parse({"bogus"}), ConfigError);
 }
 

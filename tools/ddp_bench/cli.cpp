@@ -63,6 +63,11 @@ void add_train(CLI::App& app, TrainOptions& t) {
   sub->add_option("--backend", t.backend,
                   "process group backend: gloo | shm | nccl | auto (default: DDP_BACKEND, "
                   "else auto)");
+  sub->add_option("--device", t.device,
+                  "auto (cuda:LOCAL_RANK when CUDA is available, as ddp-train) | cpu | cuda; "
+                  "on a GPU machine the auto backend is NCCL, so CPU training there needs "
+                  "--backend shm or gloo")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_option("--threads", t.threads,
                   "intra-op threads per rank (0: OMP_NUM_THREADS, else cores / local ranks)")
       ->check(CLI::NonNegativeNumber);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <torch/cuda.h>  // is_available, synchronize
 #include <torch/torch.h>
 
 #include "ddp/ddp.h"
@@ -47,18 +48,33 @@ int default_threads(const TrainOptions& o, const ProcessGroup& pg) {
   return std::max(1, cores / std::max(1, pg.local_size()));
 }
 
-// Batches forever: a new epoch (reshuffled) whenever the loader's pass ends.
+// --device: auto is cuda:LOCAL_RANK when CUDA is available (as ddp-train chooses), else the CPU.
+c10::Device choose_device(const TrainOptions& o, const ProcessGroup& pg) {
+  const bool available = torch::cuda::is_available();
+  if (o.device == "cuda" && !available) {
+    throw ConfigError("--device cuda: no CUDA device is available to this process");
+  }
+  const bool cuda = o.device == "cuda" || (o.device == "auto" && available);
+  return cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(pg.local_rank()))
+              : c10::Device(c10::kCPU);
+}
+
+// Batches forever: a new epoch (reshuffled) whenever the loader's pass ends. On a CUDA device
+// the loader pins each batch and copies it there (non_blocking).
 class BatchStream {
  public:
   BatchStream(std::shared_ptr<const Dataset> data, const ProcessGroup& pg, int64_t batch,
-              const TrainOptions& o)
+              const TrainOptions& o, c10::Device device)
       : sampler_(data->size(), {.num_replicas = pg.size(),
                                 .rank = pg.rank(),
                                 .shuffle = true,
                                 .seed = o.seed,
                                 .drop_last = true}),
         loader_(data, sampler_,
-                {.batch_size = batch, .drop_last = true, .num_workers = o.workers}) {}
+                {.batch_size = batch,
+                 .drop_last = true,
+                 .num_workers = o.workers,
+                 .device = device.is_cuda() ? std::optional<c10::Device>(device) : std::nullopt}) {}
 
   Batch& next() {
     if (it_) {
@@ -83,38 +99,50 @@ class BatchStream {
 // rank and returns the timed steps' row. Collective over `pg`. `local`: every rank trains its
 // own replica on its shard without DDP (no gradient communication at all): the ceiling any
 // data-parallel implementation can reach on this machine, cores and memory shared as they are.
+// On a CUDA device every phase ends with a device synchronize, so that each phase is charged
+// its own kernels (benchmarks/vs_pytorch/torch_ddp.py --device cuda does the same).
 TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const TrainOptions& o,
-                 int threads, const std::string& label, bool local = false) {
+                 int threads, const std::string& label, c10::Device device,
+                 bool local = false) {
   set_threads(threads);
   const int n = pg.size();
   const int64_t per_rank = o.global_batch / n;
   torch::manual_seed(o.seed);
   auto net = tools::make_model(o.model);
+  net->to(device);
+  auto sync = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
   // pg is ours to keep alive; DDP needs a shared_ptr, so wrap it without ownership.
   std::shared_ptr<ProcessGroup> group(std::shared_ptr<ProcessGroup>{}, &pg);
   std::optional<DistributedDataParallel<ModelImpl>> ddp;
   if (!local) ddp.emplace(net, DDPOptions{.process_group = group});
   auto model = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : net->forward(x); };
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
-  BatchStream batches(std::move(data), pg, per_rank, o);
+  BatchStream batches(std::move(data), pg, per_rank, o, device);
 
   // Sums over the timed steps, on this rank.
   double data_s = 0, forward_s = 0, backward_s = 0, comm_s = 0, optimizer_s = 0;
   Clock::time_point timed_start;
   for (int step = 0; step < o.warmup + o.steps; ++step) {
     if (step == o.warmup) {
+      sync();
       pg.barrier().wait();  // the ranks start the timed steps together
       timed_start = Clock::now();
     }
     const auto t0 = Clock::now();
     Batch& batch = batches.next();
+    sync();
     const auto t1 = Clock::now();
     auto loss = torch::cross_entropy_loss(model(batch.data), batch.target);
+    sync();
     const auto t2 = Clock::now();
     loss.backward();
+    sync();
     const auto t3 = Clock::now();
     opt.step();
     opt.zero_grad();
+    sync();
     const auto t4 = Clock::now();
     if (step < o.warmup) continue;
     double comm = 0;
@@ -130,11 +158,14 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   }
   const double wall_s = seconds(timed_start, Clock::now());
 
-  // Means over ranks of the breakdown; the slowest rank's wall time for the throughput.
-  at::Tensor sums = at::tensor({data_s, forward_s, backward_s, comm_s, optimizer_s}, at::kDouble);
+  // Means over ranks of the breakdown; the slowest rank's wall time for the throughput. On the
+  // training device: an NCCL group reduces CUDA tensors only.
+  at::Tensor sums =
+      at::tensor({data_s, forward_s, backward_s, comm_s, optimizer_s}, at::kDouble).to(device);
   pg.all_reduce(sums, ReduceOp::kSum).wait();
-  at::Tensor wall = at::full({1}, wall_s, at::kDouble);
+  at::Tensor wall = at::full({1}, wall_s, at::kDouble).to(device);
   pg.all_reduce(wall, ReduceOp::kMax).wait();
+  sums = sums.cpu();
   const double w = wall.item<double>();
   auto ms = [&](int i) { return sums[i].item<double>() / n / o.steps * 1e3; };
   return {.label = label,
@@ -189,6 +220,12 @@ int run_train(const TrainOptions& o) {
                     o.global_batch, n));
   }
   if (o.compare && o.no_ddp) throw ConfigError("--compare and --no-ddp exclude each other");
+  const c10::Device device = choose_device(o, *pg);
+  if (o.compare && device.is_cuda()) {
+    throw ConfigError(
+        "--compare measures CPU configurations (1 process x N threads); use --device cpu with "
+        "it, or compare CUDA runs with and without --no-ddp");
+  }
   if (o.compare && n == 1) {
     throw ConfigError(
         "--compare measures N ranks against 1 process: run it under "
@@ -204,10 +241,11 @@ int run_train(const TrainOptions& o) {
   };
   say(
       fmt::format("# ddp-bench train: {} on Fashion-MNIST, global batch {} ({} per rank), {} "
-                  "rank{} x {} thread{}, backend {}, SGD lr {} momentum {}, {} steps after {} "
-                  "warm-up{}",
+                  "rank{} x {} thread{} on {}, backend {}, SGD lr {} momentum {}, {} steps after "
+                  "{} warm-up{}",
                   o.model, o.global_batch, o.global_batch / n, n, n > 1 ? "s" : "", threads,
-                  threads > 1 ? "s" : "", pg->backend(), o.lr, o.momentum, o.steps, o.warmup,
+                  threads > 1 ? "s" : "", device.str(), pg->backend(), o.lr, o.momentum, o.steps,
+                  o.warmup,
                   o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : ""));
   say("# ms per step: data, forward, backward compute, exposed communication (DDP's wait after "
       "backward), optimizer");
@@ -228,20 +266,21 @@ int run_train(const TrainOptions& o) {
   for (int r = 0; r < o.repeats; ++r) {
     if (o.no_ddp) {
       rounds[0].push_back(measure(*pg, data, o, threads, config_label(n, threads, kNoCommunication),
-                                  /*local=*/true));
+                                  device, /*local=*/true));
       rounds[0].back().backend = kNoCommunication;
     } else {
-      rounds[0].push_back(measure(*pg, data, o, threads, config_label(n, threads, pg->backend())));
+      rounds[0].push_back(
+          measure(*pg, data, o, threads, config_label(n, threads, pg->backend()), device));
     }
     if (o.repeats > 1) say(train_table_line(rounds[0].back()) + fmt::format("  (round {})", r + 1));
     if (!o.compare) continue;
     rounds[3].push_back(measure(*pg, data, o, threads, config_label(n, threads, kNoCommunication),
-                                /*local=*/true));
+                                device, /*local=*/true));
     rounds[3].back().backend = kNoCommunication;
     if (o.repeats > 1) say(train_table_line(rounds[3].back()) + fmt::format("  (round {})", r + 1));
     if (main) {  // the others wait in the barrier below, blocked, not spinning
-      rounds[1].push_back(measure(*alone, data, o, 1, config_label(1, 1, "")));
-      rounds[2].push_back(measure(*alone, data, o, n, config_label(1, n, "")));
+      rounds[1].push_back(measure(*alone, data, o, 1, config_label(1, 1, ""), device));
+      rounds[2].push_back(measure(*alone, data, o, n, config_label(1, n, ""), device));
       if (o.repeats > 1) {
         say(train_table_line(rounds[1].back()) + fmt::format("  (round {})", r + 1));
         say(train_table_line(rounds[2].back()) + fmt::format("  (round {})", r + 1));

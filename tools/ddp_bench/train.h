@@ -20,6 +20,8 @@
 // in the same run, after the N-rank measurement, while the other ranks wait in a barrier;
 // --repeats R alternates the three R times and reports medians. benchmarks/scaling.sh does the
 // same with separate processes.
+// --device cuda (or auto with a GPU: cuda:LOCAL_RANK) trains on the GPU, batches pinned and
+// copied by the loader, each phase ended by a device synchronize; --compare stays CPU-only.
 #pragma once
 
 #include "options.h"
