@@ -140,7 +140,7 @@ TEST(BenchCli, TrainDefaultsAndValues) {
 
   CommandLine t = parse({"train", "--model", "mlp-1024", "--batch-size", "64", "--steps", "5",
                          "--warmup", "1", "--backend", "gloo", "--threads", "2", "--compare",
-                         "--repeats", "3", "--csv", "t.csv", "--device", "cpu"});
+                         "--repeats", "3", "--csv", "t.csv"});
   EXPECT_EQ(t.train.model, "mlp-1024");
   EXPECT_EQ(t.train.global_batch, 64);
   EXPECT_EQ(t.train.steps, 5);
@@ -150,7 +150,7 @@ TEST(BenchCli, TrainDefaultsAndValues) {
   EXPECT_TRUE(t.train.compare);
   EXPECT_EQ(t.train.repeats, 3);
   EXPECT_EQ(t.train.csv, "t.csv");
-  EXPECT_EQ(t.train.device, "cpu");
+  EXPECT_EQ(parse({"train", "--device", "cpu"}).train.device, "cpu");
 }
 
 TEST(BenchCli, HelpAndErrors) {

@@ -40,11 +40,11 @@ struct TrainOptions {
   int64_t global_batch = kDefaultGlobalBatch;  // over all ranks; per rank = global / world
   int steps = kDefaultTrainSteps;              // timed
   int warmup = kDefaultTrainWarmup;            // untimed, before them
-  std::string backend;   // empty: InitOptions' default (DDP_BACKEND, else auto)
+  std::string backend;          // empty: InitOptions' default (DDP_BACKEND, else auto)
   std::string device = "auto";  // auto (cuda:LOCAL_RANK when CUDA is available) | cpu | cuda
-  int threads = 0;       // per rank; 0: OMP_NUM_THREADS, else cores / local ranks
-  int workers = 0;       // loader threads per rank; 0: batches built in the training thread
-  std::string data_dir;  // empty: Debian's dataset-fashion-mnist
+  int threads = 0;              // per rank; 0: OMP_NUM_THREADS, else cores / local ranks
+  int workers = 0;              // loader threads per rank; 0: batches built in the training thread
+  std::string data_dir;         // empty: Debian's dataset-fashion-mnist
   uint64_t seed = 0;
   double lr = 0.01;
   double momentum = 0.9;

@@ -102,8 +102,7 @@ class BatchStream {
 // On a CUDA device every phase ends with a device synchronize, so that each phase is charged
 // its own kernels (benchmarks/vs_pytorch/torch_ddp.py --device cuda does the same).
 TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const TrainOptions& o,
-                 int threads, const std::string& label, c10::Device device,
-                 bool local = false) {
+                 int threads, const std::string& label, c10::Device device, bool local = false) {
   set_threads(threads);
   const int n = pg.size();
   const int64_t per_rank = o.global_batch / n;
@@ -245,8 +244,7 @@ int run_train(const TrainOptions& o) {
                   "{} warm-up{}",
                   o.model, o.global_batch, o.global_batch / n, n, n > 1 ? "s" : "", threads,
                   threads > 1 ? "s" : "", device.str(), pg->backend(), o.lr, o.momentum, o.steps,
-                  o.warmup,
-                  o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : ""));
+                  o.warmup, o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : ""));
   say("# ms per step: data, forward, backward compute, exposed communication (DDP's wait after "
       "backward), optimizer");
   say(train_table_header());
