@@ -61,6 +61,7 @@ unmount_below "$ROOT"
 
 # --- the root -----------------------------------------------------------------------------------
 if [[ ! -f $ROOT/.ddp-debootstrap-done ]]; then
+  [[ ! -e $ROOT ]] || die "$ROOT exists but is not a finished root: remove it (rm -rf --one-file-system)"
   command -v debootstrap >/dev/null || { apt-get update -q && apt-get install -y -q debootstrap; }
   rm -rf --one-file-system "$ROOT.new"
   log "debootstrap bookworm into $ROOT (a few minutes)"
