@@ -121,7 +121,7 @@ run_in_root() {  # REPORT_NAME [VAR=value...]
   shift
   local start=$SECONDS rc=0
   in_root "$@" DDP_TORCH_PREFIX=/usr GPU_CHECK_QUICK=1 GPU_CHECK_JOBS=2 GPU_CHECK_BUDGET_S=5400 \
-    nice -n 10 bash -c "cd $TREE_IN && exec scripts/gpu-check/run.sh /reports/$name" || rc=$?
+    nice -n 10 bash -c "cd $TREE_IN && exec scripts/gpu-check/run.sh /reports/$name" </dev/null || rc=$?
   log "$name: exit $rc after $((SECONDS - start)) s"
 }
 rm -rf "$ROOT/reports"

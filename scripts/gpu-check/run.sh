@@ -431,7 +431,9 @@ run_step() {
   else
     log "$name (at most $cap s)"
     t0=$(secs)
-    GC_STEP_CAP=$cap timeout -k 20 "$cap" bash "$SELF" --step "$name" >"$R/$name.log" 2>&1
+    # stdin from /dev/null: timeout runs the step in a background process group, where a
+    # program that touches an inherited terminal would stop (SIGTTIN) until the timeout.
+    GC_STEP_CAP=$cap timeout -k 20 "$cap" bash "$SELF" --step "$name" </dev/null >"$R/$name.log" 2>&1
     rc=$?
     wall=$(($(secs) - t0))
     case $rc in
