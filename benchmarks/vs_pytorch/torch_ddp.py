@@ -29,7 +29,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -77,16 +76,17 @@ MODELS = {"classic-cnn": ClassicCnn, "mlp-1024": Mlp1024}
 
 def read_idx(path, header_bytes):
     with gzip.open(path, "rb") as f:
-        return np.frombuffer(f.read(), dtype=np.uint8, offset=header_bytes)
+        # torch alone (a pip PyTorch may come without numpy); bytearray: a writable buffer.
+        return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8, offset=header_bytes)
 
 
 def load_train(data_dir):
     """float32 images [60000, 1, 28, 28] normalised as ddp::FashionMnist does; int64 labels."""
     images = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"), 16)
     labels = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"), 8)
-    x = torch.from_numpy(images.astype(np.float32)).view(-1, 1, 28, 28).div_(255.0)
+    x = images.to(torch.float32).view(-1, 1, 28, 28).div_(255.0)
     x = x.sub_(MEAN).div_(STD)
-    return x, torch.from_numpy(labels.astype(np.int64))
+    return x, labels.to(torch.int64)
 
 
 class Batches:
