@@ -248,7 +248,7 @@ step_vs_pytorch() {
   [[ $GC_QUICK == 1 ]] && pairs=1 steps=20 warmup=3
   py "$ROOT/benchmarks/vs_pytorch/compare.py" --device "$dev" --nproc 1 --backends auto \
     --models classic-cnn,mlp-1024 --pairs $pairs --steps $steps --warmup $warmup \
-    --python "$PYTHON" --build-dir "$GC_BUILD" --data-dir "$GC_DATA" --timeout 90 \
+    --python "$PYTHON" --build-dir "$GC_BUILD" --data-dir "$GC_DATA" --timeout 40 \
     --csv "$R/vs_pytorch.csv" --summary-csv "$R/vs_pytorch_summary.csv"
   local rc=$?
   [[ -f $R/vs_pytorch_summary.csv ]] || return 1
