@@ -42,13 +42,41 @@ SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}
 HERE=$(dirname "$SELF")
 ROOT=$(cd "$HERE/../.." && pwd)
 
-# Step caps in seconds, after the build (sum 460 s: under 8 minutes).
-declare -A CAP=([env]=20 [gpu-tests]=75 [vs-pytorch]=120 [train-cuda]=45 [train-cpu]=75
-                [collectives]=50 [scaling]=75)
+# Step caps in seconds, after the build (sum 470 s: under 8 minutes).
+declare -A CAP=([env]=15 [gpu-tests]=60 [vs-pytorch]=110 [train-cuda]=45 [train-cpu]=60
+                [collectives]=80 [scaling]=100)
 ALL_STEPS=(env build gpu-tests vs-pytorch train-cuda train-cpu collectives scaling)
 
 log() { echo "gpu-check: $*" >&2; }
 secs() { date +%s; }
+
+# Kills, by pid, every process whose environment holds MARK (NAME=VALUE), and says how many.
+kill_marked() {
+  local mark=$1 p pids=()
+  for p in /proc/[0-9]*; do
+    [[ ${p#/proc/} == "$BASHPID" ]] && continue
+    { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qxF "$mark" && pids+=("${p#/proc/}")
+  done
+  ((${#pids[@]} == 0)) || kill -KILL "${pids[@]}" 2>/dev/null
+  echo "${#pids[@]}"
+}
+
+# bounded VAR SECONDS COMMAND...: COMMAND under timeout, and afterwards none of its processes
+# left. timeout signals only its own process group, but ddprun's workers run in groups of their
+# own, and ddp-train, on SIGTERM, first finishes its step and writes a checkpoint: such leftovers
+# would run into the next command (or step) and compete with what it measures. Every process of
+# COMMAND carries VAR=<unique> in its environment, which finds them. VAR: one name per nesting
+# level (a step, a command inside a step), so that an outer sweep finds an inner one's too.
+bounded() {
+  local var=$1 cap=$2 mark rc left
+  shift 2
+  mark="$var=$$.$BASHPID.$RANDOM"
+  env "$mark" timeout -k 12 "$cap" "$@"
+  rc=$?
+  left=$(kill_marked "$mark")
+  ((left == 0)) || echo "gpu-check: killed $left process(es) left by: $*" >&2
+  return $rc
+}
 
 # --- the steps (each runs as `run.sh --step NAME`, in its own process, under timeout) ----------
 # A step writes REPORT/NAME.md (its results, markdown) and may exit 3 after writing its reason to
@@ -185,26 +213,33 @@ step_build() {
     echo "== GoogleTest =="
     cmake -S "$GC_VENDOR/googletest" -B "$gtest/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_INSTALL_PREFIX="$gtest/install" -DCMAKE_INSTALL_LIBDIR=lib \
-      -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_CXX_FLAGS="$CXXFLAGS_GC" >/dev/null &&
+      -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_CXX_FLAGS="$CXXFLAGS_GC" \
+      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >/dev/null &&
       cmake --build "$gtest/build" -j"$GC_JOBS" >/dev/null &&
       cmake --install "$gtest/build" >/dev/null || { md "GoogleTest build failed"; return 1; }
   fi
   t_gtest=$(($(secs) - t0))
   t0=$(secs)
   [[ -z $NCCL_GC || $NCCL_GC == on* ]] || extra+=(-DDDP_WITH_NCCL=OFF)
-  echo "== configure =="
-  cmake -S "$ROOT" -B "$GC_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$GC_TORCH_PREFIX" \
-    -DDDP_GPU_CHECK_VENDOR="$GC_VENDOR" \
-    -Dfmt_DIR="$HERE/cmake/fmt" -DCLI11_DIR="$HERE/cmake/CLI11" \
-    -Dnlohmann_json_DIR="$HERE/cmake/nlohmann_json" \
-    -DGTest_DIR="$gtest/install/lib/cmake/GTest" \
-    -DZLIB_INCLUDE_DIR="$GC_VENDOR/include" -DZLIB_LIBRARY="$ZLIB_GC" \
-    -DOPENSSL_INCLUDE_DIR="$GC_VENDOR/include" -DOPENSSL_CRYPTO_LIBRARY="$CRYPTO_GC" \
-    ${SSL_GC:+-DOPENSSL_SSL_LIBRARY="$SSL_GC"} \
-    -DCMAKE_CXX_FLAGS="$CXXFLAGS_GC" \
-    -DCMAKE_EXE_LINKER_FLAGS=-Wl,--no-as-needed -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--no-as-needed \
-    "${extra[@]}" || { md "configure failed (build.log)"; return 1; }
+  # Configured once per build folder (a rerun on the warm machine goes straight to the build,
+  # which reconfigures by itself when a CMakeLists.txt changed); GPU_CHECK_RECONFIGURE=1 forces it.
+  if [[ -f $GC_BUILD/CMakeCache.txt && -z ${GPU_CHECK_RECONFIGURE:-} ]]; then
+    echo "== configure: kept ($GC_BUILD/CMakeCache.txt) =="
+  else
+    echo "== configure =="
+    cmake -S "$ROOT" -B "$GC_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$GC_TORCH_PREFIX" \
+      -DDDP_GPU_CHECK_VENDOR="$GC_VENDOR" \
+      -Dfmt_DIR="$HERE/cmake/fmt" -DCLI11_DIR="$HERE/cmake/CLI11" \
+      -Dnlohmann_json_DIR="$HERE/cmake/nlohmann_json" \
+      -DGTest_DIR="$gtest/install/lib/cmake/GTest" \
+      -DZLIB_INCLUDE_DIR="$GC_VENDOR/include" -DZLIB_LIBRARY="$ZLIB_GC" \
+      -DOPENSSL_INCLUDE_DIR="$GC_VENDOR/include" -DOPENSSL_CRYPTO_LIBRARY="$CRYPTO_GC" \
+      ${SSL_GC:+-DOPENSSL_SSL_LIBRARY="$SSL_GC"} \
+      -DCMAKE_CXX_FLAGS="$CXXFLAGS_GC" \
+      -DCMAKE_EXE_LINKER_FLAGS=-Wl,--no-as-needed -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--no-as-needed \
+      "${extra[@]}" || { md "configure failed (build.log)"; return 1; }
+  fi
   t_conf=$(($(secs) - t0))
   # Only what the steps run: the tools and the gpu-labelled tests (their add_dependencies come
   # along: ddprun, workers).
@@ -243,11 +278,11 @@ step_gpu_tests() {
 }
 
 step_vs_pytorch() {
-  local dev pairs=2 steps=300 warmup=30
+  local dev pairs=2 steps=300 warmup=30 models=classic-cnn,mlp-1024
   dev=$(gpu_step_device) || exit $?
-  [[ $GC_QUICK == 1 ]] && pairs=1 steps=20 warmup=3
+  [[ $GC_QUICK == 1 ]] && pairs=1 steps=20 warmup=3 models=mlp-1024
   py "$ROOT/benchmarks/vs_pytorch/compare.py" --device "$dev" --nproc 1 --backends auto \
-    --models classic-cnn,mlp-1024 --pairs $pairs --steps $steps --warmup $warmup \
+    --models $models --pairs $pairs --steps $steps --warmup $warmup \
     --python "$PYTHON" --build-dir "$GC_BUILD" --data-dir "$GC_DATA" --timeout 40 \
     --csv "$R/vs_pytorch.csv" --summary-csv "$R/vs_pytorch_summary.csv"
   local rc=$?
@@ -272,8 +307,8 @@ EOF
 
 # ddp-train, world size 1, one epoch on DEVICE; writes train-DEVICE.tsv (accuracy, samples/s, s).
 train_on() {
-  local dev=$1 out=$GC_BUILD/gpu-check-runs/train-$1 args=()
-  [[ $GC_QUICK == 1 ]] && args+=(--train-subset 4096 --test-subset 2048)
+  local dev=$1 out=$GC_BUILD/gpu-check-runs/$STEP args=()
+  [[ $GC_QUICK == 1 ]] && args+=(--train-subset 2048 --test-subset 1024)
   rm -rf "$out"
   local env=()
   [[ $dev == cpu ]] && env=(DDP_BACKEND=shm)
@@ -307,18 +342,27 @@ step_train_cpu() { train_on cpu; }
 worlds() { if [[ $GC_QUICK == 1 ]]; then echo 2 4; else echo 2 4 8 16; fi; }
 
 step_collectives() {
-  local w rc=0 each args=(--backend gloo,shm,shm-inplace --ops all_reduce --min-bytes 1K
-                          --max-bytes 16M --iters 10 --warmup 3)
+  local w rc=0 args=(--backend gloo,shm,shm-inplace --ops all_reduce --min-bytes 1K
+                     --max-bytes 16M --iters 10 --warmup 3)
   [[ $GC_QUICK == 1 ]] && args=(--backend gloo,shm,shm-inplace --ops all_reduce --min-bytes 1K
                                 --max-bytes 1M --iters 5 --warmup 2 --ring-bytes 4M)
-  each=$((GC_STEP_CAP / $(worlds | wc -w) - 2))
+  local deadline=$(($(secs) + GC_STEP_CAP - 15)) left
   for w in $(worlds); do
+    left=$((deadline - $(secs)))
+    ((left >= 5)) || { echo "== $w ranks: no time left in the step =="; rc=1; break; }
     echo "== $w ranks =="
-    timeout -k 10 "$each" "$GC_BUILD/tools/ddprun/ddprun" --standalone --nproc-per-node "$w" \
+    bounded GC_CMD_MARK "$left" "$GC_BUILD/tools/ddprun/ddprun" --standalone --nproc-per-node "$w" \
       "$GC_BUILD/tools/ddp_bench/ddp-bench" collectives "${args[@]}" \
       --csv "$R/collectives_w$w.csv" || { echo "== $w ranks: exit $? =="; rc=1; }
+    collectives_summary "${args[*]}"
   done
-  md "all_reduce, float32, CPU, ranks on one host: median time (us) per size; shm-inplace is how DDP's buckets are reduced. Speedup = gloo / shm-inplace. \`ddp-bench collectives ${args[*]}\`"
+  return $rc
+}
+
+# REPORT/collectives.md from the CSVs so far (rewritten after each world size).
+collectives_summary() {
+  : >"$R/$STEP.md"
+  md "all_reduce, float32, CPU, ranks on one host: median time (us) per size; shm-inplace is how DDP's buckets are reduced. Speedup = gloo / shm-inplace. \`ddp-bench collectives $1\`"
   md ""
   # shellcheck disable=SC2046  # the world sizes, one argument each
   py - "$R" $(worlds) >>"$R/$STEP.md" <<'EOF'
@@ -342,22 +386,30 @@ for w in worlds:
         print(f"| {w} | {label} | {cell('gloo')} | {cell('shm')} | {cell('shm-inplace')} | "
               + (f"{sp:.1f}x" if sp else "-") + f" | {wrong} |")
 EOF
-  return $rc
 }
 
 step_scaling() {
-  local w rc=0 each args=(--device cpu --backend shm --model classic-cnn --compare --steps 40
-                          --warmup 5)
-  [[ $GC_QUICK == 1 ]] && args=(--device cpu --backend shm --model classic-cnn --compare
+  local w rc=0 args=(--device cpu --backend shm --model classic-cnn --compare --steps 40
+                     --warmup 5)
+  [[ $GC_QUICK == 1 ]] && args=(--device cpu --backend shm --model mlp-1024 --compare
                                 --steps 6 --warmup 2)
-  each=$((GC_STEP_CAP / $(worlds | wc -w) - 2))
+  local deadline=$(($(secs) + GC_STEP_CAP - 15)) left
   for w in $(worlds); do
+    left=$((deadline - $(secs)))
+    ((left >= 5)) || { echo "== $w ranks: no time left in the step =="; rc=1; break; }
     echo "== $w ranks =="
-    timeout -k 10 "$each" "$GC_BUILD/tools/ddprun/ddprun" --standalone --nproc-per-node "$w" \
+    bounded GC_CMD_MARK "$left" "$GC_BUILD/tools/ddprun/ddprun" --standalone --nproc-per-node "$w" \
       "$GC_BUILD/tools/ddp_bench/ddp-bench" train "${args[@]}" --data-dir "$GC_DATA" \
       --csv "$R/scaling.csv" --label "w$w" || { echo "== $w ranks: exit $? =="; rc=1; }
+    scaling_summary "${args[*]}"
   done
-  md "CPU, N ranks x 1 thread over shm, global batch 128. Efficiency = N-rank throughput / (N x 1 process x 1 thread); vs threads = N ranks / 1 process x N threads; ceiling = N ranks training without any gradient exchange. \`ddp-bench train ${args[*]}\`"
+  return $rc
+}
+
+# REPORT/scaling.md from the log so far (rewritten after each world size).
+scaling_summary() {
+  : >"$R/$STEP.md"
+  md "CPU, N ranks x 1 thread over shm, global batch 128, $(sed -nE 's/.*--model ([^ ]+).*/\1/p' <<<"$1"). Efficiency = N-rank throughput / (N x 1 process x 1 thread); vs threads = N ranks / 1 process x N threads; ceiling = N ranks training without any gradient exchange. \`ddp-bench train $1\`"
   md ""
   py - "$R/scaling.log" >>"$R/$STEP.md" <<'EOF'
 import re, sys
@@ -375,7 +427,6 @@ for w, body in zip(parts[1::2], parts[2::2]):
     print(f"| {w} | {eff.group(2)} | {eff.group(1)} | {thr.group(1) + 'x' if thr else '-'} | "
           f"{ceil.group(1) + '%' if ceil else '-'} |")
 EOF
-  return $rc
 }
 
 # --- the driver ---------------------------------------------------------------------------------
@@ -408,7 +459,7 @@ write_report() {
         END {if (sps[1] > 0 && sps[2] > 0) printf "\nsamples/s first / second: %.1fx\n", sps[1] / sps[2]}'
       echo
     fi
-    echo "Raw logs and CSVs: $(cd "$R" && find . -maxdepth 1 -type f ! -name report.md -printf '%f ' | sort)"
+    echo "Raw logs and CSVs: $(cd "$R" && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.csv' \) -printf '%f\n' | sort | tr '\n' ' ')"
   } >"$f.tmp" && mv "$f.tmp" "$f"
 }
 
@@ -433,7 +484,8 @@ run_step() {
     t0=$(secs)
     # stdin from /dev/null: timeout runs the step in a background process group, where a
     # program that touches an inherited terminal would stop (SIGTTIN) until the timeout.
-    GC_STEP_CAP=$cap timeout -k 20 "$cap" bash "$SELF" --step "$name" </dev/null >"$R/$name.log" 2>&1
+    GC_STEP_CAP=$cap bounded GC_STEP_MARK "$cap" bash "$SELF" --step "$name" </dev/null \
+      >"$R/$name.log" 2>&1
     rc=$?
     wall=$(($(secs) - t0))
     case $rc in
@@ -460,7 +512,7 @@ main() {
   GC_STEPS=${GPU_CHECK_STEPS:-$(IFS=,; echo "${ALL_STEPS[*]}")}
   GC_QUICK=${GPU_CHECK_QUICK:-0}
   GC_DEVICE=${GPU_CHECK_DEVICE:-cuda}
-  GC_BUILD=${GPU_CHECK_BUILD_DIR:-$ROOT/build-gpu}
+  GC_BUILD=$(realpath -m "${GPU_CHECK_BUILD_DIR:-$ROOT/build-gpu}")
   GC_VENDOR=${DDP_VENDOR_DIR:-$HERE/vendor}
   GC_DATA=$GC_VENDOR/data/fashion-mnist
   GC_JOBS=${GPU_CHECK_JOBS:-$(nproc)}
