@@ -6,12 +6,14 @@
 # nlohmann-json, GoogleTest/GMock, Gloo, zlib or OpenSSL headers, nor the dataset: whatever the
 # build needs beyond that must come from the bundle.
 #
-#   scripts/gpu-check/rehearse.sh [REPORT_DIR]      # as root; REPORT_DIR default below
+#   scripts/gpu-check/rehearse.sh [--keep-build] [REPORT_DIR]   # as root; REPORT_DIR default below
 #
 # Runs run.sh there twice: (1) all steps as on the device (GPU steps skipped: no GPU here), then
 # (2) the GPU steps again with GPU_CHECK_DEVICE=cpu, so their plumbing (compare.py --device,
 # torch_ddp.py, ddp-train) runs too; both with GPU_CHECK_QUICK=1 (small sizes; 2 shared cores)
 # and -j2. The build is from scratch (no ccache in the root): its time is the figure to scale.
+# --keep-build keeps the root's build-gpu/ from the last rehearsal (the tree is copied afresh
+# around it): the second run on a warm device, which only rebuilds what changed.
 #
 # The root: /var/cache/ddp-cpp/gpucheck-root (DDP_GPUCHECK_ROOT), made once with debootstrap
 # --variant=minbase, outside the source tree. libtorch-dev pulls zlib1g-dev (through
@@ -23,6 +25,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
 CACHE=/var/cache/ddp-cpp
 ROOT=${DDP_GPUCHECK_ROOT:-$CACHE/gpucheck-root}
+KEEP_BUILD=0
+[[ ${1:-} == --keep-build ]] && KEEP_BUILD=1 && shift
 REPORTS=${1:-$CACHE/gpucheck-reports/$(date -u +%Y%m%dT%H%M)}
 MIRROR=http://deb.debian.org/debian
 # What the GPU image has, in Debian's terms: a toolchain, Python and a PyTorch (with its LibTorch
@@ -109,11 +113,15 @@ git clone -q --branch "$branch" "$SRC" "$work/clone"
 [[ -z $(git -C "$SRC" status --porcelain --untracked-files=no) ]] ||
   log "note: $SRC has uncommitted changes; the rehearsal uses the committed $branch ($(git -C "$work/clone" rev-parse --short HEAD))"
 "$work/clone/scripts/gpu-check/bundle.sh"
-rm -rf "$ROOT$TREE_IN"
+if ((KEEP_BUILD)); then
+  find "$ROOT$TREE_IN" -mindepth 1 -maxdepth 1 ! -name build-gpu -exec rm -rf {} + 2>/dev/null || true
+else
+  rm -rf "$ROOT$TREE_IN"
+fi
 mkdir -p "$ROOT$TREE_IN"
 (cd "$work/clone" && git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$ROOT$TREE_IN")
-travel=$(du -sk "$ROOT$TREE_IN" | awk '{printf "%.1f MiB", $1 / 1024}')
-log "tree copied into the root: $travel, $(find "$ROOT$TREE_IN" -type f | wc -l) files, no .git"
+travel=$(du -sk --exclude=build-gpu "$ROOT$TREE_IN" | awk '{printf "%.1f MiB", $1 / 1024}')
+log "tree copied into the root: $travel, $(find "$ROOT$TREE_IN" -path "$ROOT$TREE_IN/build-gpu" -prune -o -type f -print | wc -l) files, no .git$( ((KEEP_BUILD)) && echo "; build-gpu/ kept")"
 
 # --- the runs --------------------------------------------------------------------------------
 run_in_root() {  # REPORT_NAME [VAR=value...]
@@ -131,4 +139,6 @@ leftover=$(pgrep -f "$TREE_IN/build-gpu" || true)
 [[ -z $leftover ]] || log "WARNING: processes left running: $leftover"
 mkdir -p "$REPORTS"
 cp -r "$ROOT/reports/." "$REPORTS/"
+# What the root holds beyond debootstrap's minbase: what the packages above pulled in.
+in_root dpkg-query -W -f='${Package} ${Version}\n' >"$REPORTS/root-packages.txt"
 log "reports in $REPORTS (device-as-is/report.md, gpu-steps-on-cpu/report.md)"
