@@ -34,6 +34,8 @@
 #   GPU_CHECK_QUICK=1    small sizes (the rehearsal on 2 cores): subsets, fewer steps, 2-4 ranks
 #   GPU_CHECK_DEVICE=cpu run the GPU steps on the CPU (rehearsing them where there is no GPU)
 #   GPU_CHECK_BUILD_DIR  (build-gpu)                  DDP_VENDOR_DIR   (scripts/gpu-check/vendor)
+#   GPU_CHECK_FMT=torch  compile against the fmt inside torch/include instead of the vendored
+#                        fmt 9 (if LibTorch's headers need theirs); GPU_CHECK_RECONFIGURE=1 too
 #   DDP_TORCH_PREFIX     the folder holding Torch/TorchConfig.cmake's parent (default: PyTorch's
 #                        torch.utils.cmake_prefix_path; Debian's points nowhere: pass /usr there)
 set -uo pipefail
@@ -203,7 +205,14 @@ step_build() {
     md "| C++ flags | \`$CXXFLAGS_GC\` |"
     md "| Gloo headers | $GLOO_GC |"
     [[ -n $NCCL_GC ]] && md "| NCCL backend | $NCCL_GC |"
-    md "| fmt | vendored fmt 9, header-only$([[ -f $TORCH_INC_GC/fmt/core.h ]] && echo "; torch/include also has fmt $(awk '/define FMT_VERSION/ {print $3; exit}' "$TORCH_INC_GC/fmt/core.h"), shadowed by ours (-I)") |"
+    local torch_fmt=""
+    [[ -f $TORCH_INC_GC/fmt/core.h ]] &&
+      torch_fmt="torch/include has fmt $(awk '/define FMT_VERSION/ {print $3; exit}' "$TORCH_INC_GC/fmt/core.h")"
+    if [[ ${GPU_CHECK_FMT:-} == torch ]]; then
+      md "| fmt | GPU_CHECK_FMT=torch: ${torch_fmt:-none in torch/include!}, header-only |"
+    else
+      md "| fmt | vendored fmt 9, header-only${torch_fmt:+; $torch_fmt, shadowed by ours (-I)} |"
+    fi
     md "| zlib, libcrypto | $ZLIB_GC, $CRYPTO_GC (headers vendored) |"
   }
   t0=$(secs)
@@ -230,6 +239,7 @@ step_build() {
     cmake -S "$ROOT" -B "$GC_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$GC_TORCH_PREFIX" \
       -DDDP_GPU_CHECK_VENDOR="$GC_VENDOR" \
+      -DDDP_GPU_CHECK_FMT_INCLUDE="$([[ ${GPU_CHECK_FMT:-} == torch ]] && echo "$TORCH_INC_GC")" \
       -Dfmt_DIR="$HERE/cmake/fmt" -DCLI11_DIR="$HERE/cmake/CLI11" \
       -Dnlohmann_json_DIR="$HERE/cmake/nlohmann_json" \
       -DGTest_DIR="$gtest/install/lib/cmake/GTest" \
@@ -256,6 +266,11 @@ step_build() {
   t0=$(secs)
   cmake --build "$GC_BUILD" -j"$GC_JOBS" --target "${targets[@]}" || {
     md "| build | FAILED after $(($(secs) - t0)) s (build.log) |"
+    md ""
+    md "The first errors:"
+    md '```'
+    grep -m 8 -B 2 -A 6 -E "error:|Error [0-9]|undefined reference" "$R/build.log" | head -80 >>"$R/$STEP.md"
+    md '```'
     return 1
   }
   t_build=$(($(secs) - t0))
