@@ -188,6 +188,43 @@ EOF
   TORCH_INC_GC=$torch_inc
 }
 
+# Note [Source mtimes]: ninja rebuilds what is newer than its outputs, and a tree laid anew for
+# each command (the device tool's copy; the rehearsal's) makes every file new. So after a build
+# the build folder keeps each source's content hash and mtime, and before the next one a file
+# whose content is unchanged gets its old mtime back: a rerun rebuilds only what really changed.
+# The whole tree is covered (sources, CMake files, the vendored headers), less build folders,
+# .git and the dataset.
+source_mtimes() {  # save|restore
+  py - "$1" "$ROOT" "$GC_BUILD/.gpu-check-mtimes.json" <<'EOF'
+import hashlib, json, os, sys
+mode, root, manifest = sys.argv[1:]
+def files():
+    for d, dirs, names in os.walk(root):
+        rel = os.path.relpath(d, root)
+        if rel == ".":
+            dirs[:] = [x for x in dirs if not x.startswith("build") and x not in (".git", "runs")]
+        dirs[:] = [x for x in dirs if os.path.join(rel, x) != "scripts/gpu-check/vendor/data"]
+        for n in names:
+            yield os.path.normpath(os.path.join(rel, n))
+def digest(rel):
+    with open(os.path.join(root, rel), "rb") as f:
+        return hashlib.sha1(f.read()).hexdigest()
+if mode == "save":
+    out = {rel: [digest(rel), os.stat(os.path.join(root, rel)).st_mtime_ns] for rel in files()}
+    json.dump(out, open(manifest, "w"))
+    print(f"source mtimes: {len(out)} files recorded")
+else:
+    old = json.load(open(manifest)) if os.path.exists(manifest) else {}
+    kept = 0
+    for rel in files():
+        if rel in old and old[rel][0] == digest(rel):
+            os.utime(os.path.join(root, rel), ns=(old[rel][1], old[rel][1]))
+            kept += 1
+    print(f"source mtimes: {kept} unchanged files given their last build's mtime"
+          + ("" if old else " (no earlier build here)"))
+EOF
+}
+
 # ctest names of the gpu-labelled tests (a FAULT split's NAME.fault is the executable NAME).
 gpu_test_targets() {
   (cd "$GC_BUILD" && ctest -N -L gpu 2>/dev/null) | awk '/Test +#[0-9]+:/ {print $3}' |
@@ -215,6 +252,7 @@ step_build() {
     fi
     md "| zlib, libcrypto | $ZLIB_GC, $CRYPTO_GC (headers vendored) |"
   }
+  source_mtimes restore
   t0=$(secs)
   # GoogleTest from the vendored sources, once per build folder.
   local gtest=$GC_BUILD/_gtest
@@ -274,6 +312,7 @@ step_build() {
     return 1
   }
   t_build=$(($(secs) - t0))
+  source_mtimes save
   md "| targets | ${targets[*]} |"
   md "| time | GoogleTest ${t_gtest} s, configure ${t_conf} s, build ${t_build} s at -j$GC_JOBS |"
 }
