@@ -93,6 +93,9 @@ done
 
 {
   echo "# ddp-cpp GPU-check bundle, made by scripts/gpu-check/bundle.sh on $(date -u +%Y-%m-%dT%H:%MZ)"
+  # The device's copy of the tree has no .git: run.sh names the commit from this line.
+  echo "# tree: $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$ROOT" &&
+    [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && echo ' + uncommitted changes')"
   echo "# Debian bookworm packages (name version):"
   sed 's/^/  /' "$work/versions"
   echo "# sizes:"

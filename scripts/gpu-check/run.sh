@@ -108,7 +108,7 @@ step_env() {
   row "date (UTC)" "$(date -u +'%Y-%m-%d %H:%M')"
   row "GPU" "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
                 2>/dev/null | paste -sd ';' - || true)${GC_NO_GPU:+none usable: $GC_NO_GPU}"
-  row "CPU" "$(lscpu 2>/dev/null | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}'), nproc $(nproc)"
+  row "CPU" "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo), nproc $(nproc)"
   row "memory" "$(free -g 2>/dev/null | awk '/^Mem:/ {print $2 " GiB"}')"
   row "python" "$(py --version 2>&1) ($PYTHON)"
   row "torch" "$(py - <<'EOF' 2>&1 | tail -1
@@ -490,7 +490,8 @@ write_report() {
   {
     echo "# ddp-cpp GPU check"
     echo
-    echo "\`scripts/gpu-check/run.sh\` at $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo "(no git)"), started $(date -u -d "@$GC_START" +'%Y-%m-%d %H:%M UTC'), $(( $(secs) - GC_START )) s so far."
+    echo "\`scripts/gpu-check/run.sh\` at $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null ||
+      sed -n 's/^# tree: /bundle made at /p' "$GC_VENDOR/MANIFEST" 2>/dev/null), started $(date -u -d "@$GC_START" +'%Y-%m-%d %H:%M UTC'), $(( $(secs) - GC_START )) s so far."
     echo
     [[ -f $R/env.md ]] && cat "$R/env.md" && echo
     echo "| step | result | wall |"
@@ -509,8 +510,10 @@ write_report() {
       echo
       cat "$R/train-cuda.tsv" "$R/train-cpu.tsv" | awk -F'\t' '
         BEGIN {print "| device | test accuracy | samples/s | wall |"; print "|---|---|---|---|"}
-        {printf "| %s | %s%% | %s | %s s |\n", $1, $2, $3, $4; sps[NR] = $3}
-        END {if (sps[1] > 0 && sps[2] > 0) printf "\nsamples/s first / second: %.1fx\n", sps[1] / sps[2]}'
+        {printf "| %s | %s%% | %s | %s s |\n", $1, $2, $3, $4; sps[NR] = $3; acc[NR] = $2}
+        END {if (sps[1] > 0 && sps[2] > 0)
+               printf "\nsamples/s, train-cuda / train-cpu: %.1fx; test accuracy difference: %+.2f points\n",
+                      sps[1] / sps[2], acc[1] - acc[2]}'
       echo
     fi
     echo "Raw logs and CSVs: $(cd "$R" && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.csv' \) -printf '%f\n' | sort | tr '\n' ' ')"
