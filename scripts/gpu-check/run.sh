@@ -490,8 +490,11 @@ write_report() {
   {
     echo "# ddp-cpp GPU check"
     echo
-    echo "\`scripts/gpu-check/run.sh\` at $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null ||
-      sed -n 's/^# tree: /bundle made at /p' "$GC_VENDOR/MANIFEST" 2>/dev/null), started $(date -u -d "@$GC_START" +'%Y-%m-%d %H:%M UTC'), $(( $(secs) - GC_START )) s so far."
+    local tree
+    tree=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null ||
+      sed -n 's/^# tree: /a tree without .git, whose bundle was made at /p' "$GC_VENDOR/MANIFEST")
+    echo "\`scripts/gpu-check/run.sh\` at ${tree:-?}, started" \
+      "$(date -u -d "@$GC_START" +'%Y-%m-%d %H:%M UTC'), $(($(secs) - GC_START)) s so far."
     echo
     [[ -f $R/env.md ]] && cat "$R/env.md" && echo
     echo "| step | result | wall |"
