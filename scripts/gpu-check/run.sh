@@ -189,9 +189,11 @@ EOF
 }
 
 # Note [Source mtimes]: ninja rebuilds what is newer than its outputs, and a tree laid anew for
-# each command (the device tool's copy; the rehearsal's) makes every file new. So after a build
-# the build folder keeps each source's content hash and mtime, and before the next one a file
-# whose content is unchanged gets its old mtime back: a rerun rebuilds only what really changed.
+# each command (the device tool's copy; the rehearsal's) makes every file new. So the build
+# folder keeps each source's content hash and mtime as a build starts, and before the next build
+# a file whose content is unchanged gets that mtime back: a rerun rebuilds only what changed, or
+# what the last build did not finish (recorded before the build, so a build cut off by the
+# time limit counts too).
 # The whole tree is covered (sources, CMake files, the vendored headers), less build folders,
 # .git and the dataset.
 source_mtimes() {  # save|restore
@@ -253,6 +255,7 @@ step_build() {
     md "| zlib, libcrypto | $ZLIB_GC, $CRYPTO_GC (headers vendored) |"
   }
   source_mtimes restore
+  source_mtimes save
   t0=$(secs)
   # GoogleTest from the vendored sources, once per build folder.
   local gtest=$GC_BUILD/_gtest
@@ -312,7 +315,6 @@ step_build() {
     return 1
   }
   t_build=$(($(secs) - t0))
-  source_mtimes save
   md "| targets | ${targets[*]} |"
   md "| time | GoogleTest ${t_gtest} s, configure ${t_conf} s, build ${t_build} s at -j$GC_JOBS |"
 }
@@ -535,7 +537,7 @@ run_step() {
   fi
   rm -f "$R/$name.md" "$R/$name.skip"
   if [[ $name != env && $name != build && -n $GC_BUILD_FAILED ]]; then
-    status="skipped: the build failed"; wall=0
+    status="skipped: $GC_BUILD_FAILED"; wall=0
   elif ((cap < 15)); then
     status="skipped: no time left (GPU_CHECK_BUDGET_S=$GC_BUDGET; run again: the build is kept)"
     wall=0
@@ -554,7 +556,11 @@ run_step() {
       124 | 137) status="TIMED OUT after $cap s" ;;
       *) status="FAILED (exit $rc; $name.log)" ;;
     esac
-    [[ $name == build && $rc != 0 ]] && GC_BUILD_FAILED=1
+    if [[ $name == build && $rc != 0 ]]; then
+      GC_BUILD_FAILED="the build failed"
+      [[ $rc == 124 || $rc == 137 ]] &&
+        GC_BUILD_FAILED="the build did not finish in time (run again: it goes on where it stopped)"
+    fi
   fi
   log "$name: $status ($wall s)"
   printf '%s\t%s\t%s\n' "$name" "$status" "$wall" >>"$R/steps.tsv"
