@@ -48,15 +48,15 @@ int default_threads(const TrainOptions& o, const ProcessGroup& pg) {
   return std::max(1, cores / std::max(1, pg.local_size()));
 }
 
-// --device: auto is cuda:LOCAL_RANK when CUDA is available (as ddp-train chooses), else the CPU.
-c10::Device choose_device(const TrainOptions& o, const ProcessGroup& pg) {
+// --device: whether this rank trains on CUDA; auto: when CUDA is available (as ddp-train
+// chooses). Decided before the group forms, which then binds the rank's device (Note [Device
+// binding]: cuda:LOCAL_RANK, whatever the backend).
+bool wants_cuda(const TrainOptions& o) {
   const bool available = torch::cuda::is_available();
   if (o.device == "cuda" && !available) {
     throw ConfigError("--device cuda: no CUDA device is available to this process");
   }
-  const bool cuda = o.device == "cuda" || (o.device == "auto" && available);
-  return cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(pg.local_rank()))
-              : c10::Device(c10::kCPU);
+  return o.device == "cuda" || (o.device == "auto" && available);
 }
 
 // Batches forever: a new epoch (reshuffled) whenever the loader's pass ends. On a CUDA device
@@ -209,6 +209,8 @@ int run_train(const TrainOptions& o) {
   tools::make_model(o.model);  // an unknown name fails before any process group forms
   InitOptions init;
   if (!o.backend.empty()) init.backend = o.backend;
+  const bool cuda = wants_cuda(o);
+  if (cuda) init.device_id = parse_dist_env(current_environment()).local_rank;
   auto pg = make_process_group(init);
   const int n = pg->size();
   const bool main = pg->rank() == 0;
@@ -219,7 +221,9 @@ int run_train(const TrainOptions& o) {
                     o.global_batch, n));
   }
   if (o.compare && o.no_ddp) throw ConfigError("--compare and --no-ddp exclude each other");
-  const c10::Device device = choose_device(o, *pg);
+  const c10::Device device =
+      cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(*pg->bound_device_id()))
+           : c10::Device(c10::kCPU);
   if (o.compare && device.is_cuda()) {
     throw ConfigError(
         "--compare measures CPU configurations (1 process x N threads); use --device cpu with "
