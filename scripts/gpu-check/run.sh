@@ -275,6 +275,9 @@ step_build() {
   # which reconfigures by itself when a CMakeLists.txt changed); GPU_CHECK_RECONFIGURE=1 forces it.
   if [[ -f $GC_BUILD/CMakeCache.txt && -z ${GPU_CHECK_RECONFIGURE:-} ]]; then
     echo "== configure: kept ($GC_BUILD/CMakeCache.txt) =="
+    # Regenerated now if a CMakeLists.txt changed, so that the gpu tests listed below are this
+    # tree's (a test added since the last run would otherwise be missed and not built).
+    ninja -C "$GC_BUILD" build.ninja || { md "regenerating the build files failed (build.log)"; return 1; }
   else
     echo "== configure =="
     cmake -S "$ROOT" -B "$GC_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
