@@ -337,12 +337,12 @@ step_gpu_tests() {
 }
 
 step_vs_pytorch() {
-  local dev pairs=2 steps=300 warmup=30 models=classic-cnn,mlp-1024
+  local dev pairs=2 steps=200 warmup=20 models=classic-cnn,mlp-1024
   dev=$(gpu_step_device) || exit $?
   [[ $GC_QUICK == 1 ]] && pairs=1 steps=20 warmup=3 models=mlp-1024
   py "$ROOT/benchmarks/vs_pytorch/compare.py" --device "$dev" --nproc 1 --backends auto \
     --models $models --pairs $pairs --steps $steps --warmup $warmup \
-    --python "$PYTHON" --build-dir "$GC_BUILD" --data-dir "$GC_DATA" --timeout 40 \
+    --python "$PYTHON" --build-dir "$GC_BUILD" --data-dir "$GC_DATA" --timeout 30 \
     --csv "$R/vs_pytorch.csv" --summary-csv "$R/vs_pytorch_summary.csv"
   local rc=$?
   [[ -f $R/vs_pytorch_summary.csv ]] || return 1
