@@ -186,14 +186,7 @@ TEST(Gpu, DdpAcrossTwoProcessesOnOneGpuEqualsOneProcess) {
                               .env = {{"DDP_TEST_DEVICE", "cuda"}, {"DDP_BACKEND", backend}},
                               .timeout_s = 180});
     ASSERT_TRUE(r.exited(0)) << r.describe();
-    auto a = testing::load_state(one), b = testing::load_state(many);
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [name, tensor] : a) {
-      ASSERT_EQ(b.count(name), 1u) << name;
-      EXPECT_LE((tensor.to(torch::kDouble) - b[name].to(torch::kDouble)).abs().max().item<double>(),
-                1e-5)
-          << name;
-    }
+    testing::expect_same_state(one, many, 1e-5);
   }
   std::filesystem::remove_all(dir);
 }

@@ -40,14 +40,7 @@ TEST_P(Processes, EqualOneProcessOnTheWholeBatch) {
                                        kind, many.string(), "--chunks", chunks},
                               .timeout_s = 120});
     ASSERT_TRUE(ddp.exited(0)) << ddp.describe();
-    auto a = testing::load_state(one), b = testing::load_state(many);
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [name, tensor] : a) {
-      ASSERT_EQ(b.count(name), 1u) << name;
-      EXPECT_LE((tensor.to(torch::kDouble) - b[name].to(torch::kDouble)).abs().max().item<double>(),
-                1e-5)
-          << name;
-    }
+    testing::expect_same_state(one, many, 1e-5);
   }
   fs::remove_all(dir);
 }
@@ -81,12 +74,7 @@ TEST(TwoHosts, HierarchicalTransportEqualsOneProcess) {
   ASSERT_TRUE(r0.exited(0)) << r0.describe();
   ASSERT_TRUE(r1.exited(0)) << r1.describe();
   EXPECT_NE((r0.out + r0.err).find("of 4 ranks over shm+gloo"), std::string::npos) << r0.describe();
-  auto a = testing::load_state(one), b = testing::load_state(many);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, tensor] : a) {
-    ASSERT_EQ(b.count(name), 1u) << name;
-    EXPECT_LE((tensor - b[name]).abs().max().item<double>(), 1e-5) << name;
-  }
+  testing::expect_same_state(one, many, 1e-5);
   fs::remove_all(dir);
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 namespace ddp::testing {
@@ -21,6 +22,19 @@ inline std::map<std::string, at::Tensor> load_state(const std::filesystem::path&
     out[item.key().toStringRef()] = item.value().toTensor();
   }
   return out;
+}
+
+// Both files hold the same tensors by name, each within `tolerance` (max abs difference).
+inline void expect_same_state(const std::filesystem::path& a_path,
+                              const std::filesystem::path& b_path, double tolerance) {
+  auto a = load_state(a_path), b = load_state(b_path);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) {
+    ASSERT_EQ(b.count(name), 1u) << name;
+    EXPECT_LE((tensor.to(at::kDouble) - b[name].to(at::kDouble)).abs().max().item<double>(),
+              tolerance)
+        << name;
+  }
 }
 
 }  // namespace ddp::testing
