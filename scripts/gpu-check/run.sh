@@ -4,7 +4,8 @@
 # command that fits the device tool's 10 minutes, writing a report as it goes.
 #
 #   scripts/gpu-check/bundle.sh                 # first, on the Debian machine (fills vendor/)
-#   scripts/gpu-check/run.sh "$OUT/report"      # on the GPU machine, from the repository root
+#   GPU_CHECK_PACK="$OUT/gpu-check.tgz" scripts/gpu-check/run.sh /tmp/gpu-check
+#                                               # on the GPU machine, from the repository root
 #
 # Steps, in order; each under its own `timeout`, each failure recorded without stopping the others:
 #   env          the header: GPU (nvidia-smi), driver, torch, CUDA, NCCL, CPU, nproc, compilers
@@ -29,6 +30,9 @@
 # machine: a second run rebuilds nothing and has the whole budget for the steps.
 #
 # Knobs (environment):
+#   GPU_CHECK_PACK       a .tgz the report folder is packed into after every step, report.md
+#                        copied beside it: give REPORT_DIR outside $OUT and GPU_CHECK_PACK
+#                        inside (the device tool returns 8 files; a report has ~25)
 #   GPU_CHECK_STEPS      comma-separated subset of the steps above (default: all)
 #   GPU_CHECK_BUDGET_S   total seconds (570)          GPU_CHECK_JOBS   build jobs (nproc)
 #   GPU_CHECK_QUICK=1    small sizes (the rehearsal on 2 cores): subsets, fewer steps, 2-4 ranks
@@ -230,7 +234,7 @@ EOF
 # ctest names of the gpu-labelled tests (a FAULT split's NAME.fault is the executable NAME).
 gpu_test_targets() {
   (cd "$GC_BUILD" && ctest -N -L gpu 2>/dev/null) | awk '/Test +#[0-9]+:/ {print $3}' |
-    sed 's/\.fault$//' | sort -u
+    sed 's/\..*$//' | sort -u  # test_x.fault, test_gpu.<Case>: the target test_x
 }
 
 step_build() {
@@ -298,9 +302,13 @@ step_build() {
   # Only what the steps run: the tools and the gpu-labelled tests (their add_dependencies come
   # along: ddprun, workers).
   targets=(ddp ddprun ddp-train ddp-bench)
+  # The list into a variable first: `ninja ... | grep -q` under pipefail fails when grep stops
+  # reading before ninja has written a list longer than the pipe holds (the GPU machine's did).
+  local known
+  known=$(ninja -C "$GC_BUILD" -t targets all 2>/dev/null)
   while read -r name; do
     [[ -n $name ]] || continue
-    if ninja -C "$GC_BUILD" -t targets all 2>/dev/null | grep -q "^$name:"; then
+    if grep -q "^$name:" <<<"$known"; then
       targets+=("$name")
     else
       md "gpu test $name is not a build target (a script?): not built here"
@@ -568,6 +576,17 @@ run_step() {
   log "$name: $status ($wall s)"
   printf '%s\t%s\t%s\n' "$name" "$status" "$wall" >>"$R/steps.tsv"
   write_report
+  pack_report
+}
+
+# GPU_CHECK_PACK=FILE.tgz: the whole report folder packed into FILE after every step, and
+# report.md copied beside it (the device tool returns at most 8 files: `$OUT/gpu-check.tgz`).
+pack_report() {
+  local p=${GPU_CHECK_PACK:-}
+  [[ -n $p ]] || return 0
+  mkdir -p "$(dirname "$p")" &&
+    tar czf "$p.part" -C "$(dirname "$R")" "$(basename "$R")" && mv "$p.part" "$p" &&
+    cp "$R/report.md" "$(dirname "$p")/report.md"
 }
 
 main() {

@@ -1,4 +1,7 @@
 // The default process group and the free functions over it (see include/ddp/distributed.h).
+#include <cstdlib>
+#include <mutex>
+
 #include "base/check.h"
 #include "base/thread_annotations.h"
 #include "ddp/distributed.h"
@@ -10,6 +13,16 @@ namespace {
 // The one piece of global state, for convenience only; components take groups explicitly.
 Mutex g_mu;
 std::shared_ptr<ProcessGroup> g_default GUARDED_BY(g_mu);
+
+// Note [Groups at exit]
+// A default group never destroyed is released at exit. One bound to a CUDA device (NCCL) must
+// go before the CUDA runtime's exit handlers: afterwards its communicator's teardown fails
+// ("driver shutting down") and c10d terminates the process, turning a program's exit status
+// (a clean 0, or the 1 of an error already reported) into an abort with pages of backtrace.
+// Exit handlers run in reverse order of registration and the runtime registered its own when
+// the device was bound, before this one, so releasing the group here comes first. A group the
+// program holds itself (a shared_ptr of its own) is the program's to release.
+void release_at_exit() { destroy_process_group(); }
 
 }  // namespace
 
@@ -23,6 +36,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   MutexLock lock(&g_mu);
   DDP_CHECK(!g_default, Error, "init_process_group() raced with another call");
   g_default = pg;
+  if (pg->bound_device_id()) {
+    static std::once_flag once;
+    std::call_once(once, [] { std::atexit(release_at_exit); });
+  }
   return pg;
 }
 

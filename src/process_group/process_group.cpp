@@ -1,6 +1,9 @@
 // ProcessGroup: what every collective shares whatever transport carries it (Note [Transports]):
 // argument checks, numbering, the CollectiveDesc, flight records, DDP_DEBUG=detail's call
 // comparison; the transport moves the data.
+#include <algorithm>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
@@ -34,8 +37,10 @@ void check_supported(const detail::ProcessGroupImpl& pg, const CollectiveDesc& c
                      const at::Tensor& t) {
   const Capabilities& caps = pg.caps();
   const bool cuda = t.device().is_cuda();
-  // CUDA tensors on a CPU transport are staged (Note [Staging CUDA tensors]).
-  DDP_CHECK(cuda ? caps.cuda_tensors || caps.cpu_tensors : caps.cpu_tensors, Error,
+  // Tensors of the other device are staged (Note [Staging tensors]).
+  DDP_CHECK(cuda ? caps.cuda_tensors || caps.cpu_tensors
+                 : caps.cpu_tensors || pg.cuda_device.has_value(),
+            Error,
             "[rank {}] {} #{}: the {} backend moves {} tensors, this one is on {}; use backend "
             "'{}' (or 'auto') for {} tensors",
             pg.env.rank, name(call.op), pg.seq + 1, caps.name, caps.cpu_tensors ? "CPU" : "CUDA",
@@ -46,39 +51,83 @@ void check_supported(const detail::ProcessGroupImpl& pg, const CollectiveDesc& c
             pg.seq + 1, caps.name, c10::toString(t.scalar_type()));
 }
 
-// Note [Staging CUDA tensors]
-// The CPU transports (shm, shm+gloo) move CUDA tensors through pinned host memory, as c10d's
-// Gloo does: each CUDA tensor is copied into a pinned host tensor before the collective starts
-// (a copy that waits for the tensor's stream, so the data is final), the transport works on the
-// host copies, and its local completion step copies the results back to the device,
-// non_blocking on the current stream (the caching host allocator keeps the pinned block until
-// that copy is done). Transports that take CUDA tensors themselves (NCCL, a CUDA LibTorch's
-// Gloo) get them as they are.
+// Note [Staging tensors]
+// A transport moves the tensors of the devices its capabilities name; a tensor of the other
+// device is staged, so that one group takes both, as PyTorch 2.x's default group does (it pairs
+// cpu:gloo with cuda:nccl):
+// - CUDA tensors on the CPU transports (shm, shm+gloo) go through pinned host memory, as c10d's
+//   Gloo does: copied into a pinned host tensor before the collective starts (a copy that waits
+//   for the tensor's stream, so the data is final); the transport's local completion step copies
+//   the results back to the device, non_blocking on the current stream (the caching host
+//   allocator keeps the pinned block until that copy is done).
+// - CPU tensors on a CUDA-only transport (NCCL): the small host values that DDP (shape checks,
+//   bucket order, unused-parameter bitmaps, join), checkpoints, metrics and users reduce are
+//   copied to the rank's bound device (Note [Device binding]) and back in wait(). A host tensor's
+//   value is needed on the host, so that wait() blocks the CPU until the GPU has completed the
+//   collective: it polls the collective's CUDA event, bounded by the group's timeout (a blocking
+//   device-to-host copy behind a stuck collective would wait forever). Past it, wait() fails;
+//   the collective stays in flight, and the group's next collective aborts the communicator
+//   (Note [GPU completion]).
+// Transports that take both (a CUDA LibTorch's Gloo) get tensors as they are.
 class Staging {
  public:
-  explicit Staging(const detail::ProcessGroupImpl& pg) : on_(!pg.caps().cuda_tensors) {}
-  // `t` itself, or its pinned host copy (`copy_in`: with its values; else uninitialised) whose
-  // result goes back to `t` (`copy_back`) when the collective completes.
-  at::Tensor host(const at::Tensor& t, bool copy_in, bool copy_back) {
-    if (!on_ || !t.device().is_cuda()) return t;
-    at::Tensor h = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-    if (copy_in) h.copy_(t);
-    if (copy_back) back_.emplace_back(t, h);
-    return h;
+  explicit Staging(const detail::ProcessGroupImpl& pg)
+      : to_host_(!pg.caps().cuda_tensors),
+        to_device_(!pg.caps().cpu_tensors && pg.cuda_device.has_value()),
+        device_(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(pg.cuda_device.value_or(0))),
+        rank_(pg.env.rank),
+        timeout_(pg.timeout) {}
+  // `t` itself, or its staged copy (`copy_in`: with its values; else uninitialised) whose result
+  // goes back to `t` (`copy_back`) when the collective completes.
+  at::Tensor stage(const at::Tensor& t, bool copy_in, bool copy_back) {
+    at::Tensor s;
+    if (to_host_ && t.device().is_cuda()) {
+      s = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    } else if (to_device_ && t.device().is_cpu()) {
+      s = at::empty(t.sizes(), t.options().device(device_));
+    } else {
+      return t;
+    }
+    if (copy_in) s.copy_(t);
+    if (copy_back) back_.emplace_back(t, s);
+    return s;
   }
   // `started` with the copies back appended to its completion step.
-  Started finish(Started started) {
+  Started finish(const CollectiveDesc& call, Started started) {
     if (back_.empty()) return started;
-    started.then = [then = std::move(started.then), back = std::move(back_)]() mutable {
+    started.then = [then = std::move(started.then), back = std::move(back_),
+                    pending = started.pending, to_host = to_host_, rank = rank_, call,
+                    timeout = timeout_]() mutable {
       if (then) then();
-      for (auto& [device, host] : back) device.copy_(host, /*non_blocking=*/true);
+      if (!to_host && pending) wait_on_host(*pending, rank, call, timeout);
+      for (auto& [mine, staged] : back) mine.copy_(staged, /*non_blocking=*/to_host);
     };
     return started;
   }
 
  private:
-  const bool on_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> back_;  // (CUDA tensor, its host copy)
+  // Until the GPU has completed `pending`, polling its event; throws past `timeout`.
+  static void wait_on_host(const Pending& pending, int rank, const CollectiveDesc& call,
+                           std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::microseconds(20);
+    while (!pending.is_completed()) {
+      DDP_CHECK(std::chrono::steady_clock::now() < deadline, TimeoutError,
+                "[rank {}] {} did not complete on the GPU within the timeout ({:.1f} s), so its "
+                "result could not be copied back to the CPU tensor: a peer rank has not reached "
+                "it (stuck, dead, or issuing collectives in a different order)",
+                rank, call.describe(), std::chrono::duration<double>(timeout).count());
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  const bool to_host_;    // CUDA tensors go to pinned host memory (a CPU transport)
+  const bool to_device_;  // CPU tensors go to device_ (a CUDA-only transport)
+  const c10::Device device_;
+  const int rank_;
+  const std::chrono::milliseconds timeout_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> back_;  // (the caller's tensor, its staged copy)
 };
 
 // DDP_DEBUG=detail: every rank shares the CollectiveDesc of the collective it is about to issue
@@ -211,9 +260,9 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
             pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
   check_supported(pg, call, tensor);
   Staging staging(pg);
-  at::Tensor t = staging.host(tensor, true, true);
+  at::Tensor t = staging.stage(tensor, true, true);
   return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(pg.transport->all_reduce(c, t));
+    return staging.finish(c, pg.transport->all_reduce(c, t));
   }));
 }
 
@@ -228,9 +277,9 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   call.root = root;
   check_supported(pg, call, tensor);
   Staging staging(pg);
-  at::Tensor t = staging.host(tensor, true, true);
+  at::Tensor t = staging.stage(tensor, true, true);
   return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(pg.transport->broadcast(c, t));
+    return staging.finish(c, pg.transport->broadcast(c, t));
   }));
 }
 
@@ -252,11 +301,11 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
   check_supported(pg, call, input);
   for (const at::Tensor& o : outputs) check_supported(pg, call, o);
   Staging staging(pg);
-  const at::Tensor in = staging.host(input, true, false);
+  const at::Tensor in = staging.stage(input, true, false);
   std::vector<at::Tensor> out;
-  for (const at::Tensor& o : outputs) out.push_back(staging.host(o, false, true));
+  for (const at::Tensor& o : outputs) out.push_back(staging.stage(o, false, true));
   return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(pg.transport->all_gather(c, out, in));
+    return staging.finish(c, pg.transport->all_gather(c, out, in));
   }));
 }
 
@@ -283,11 +332,11 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   check_supported(pg, call, output);
   for (const at::Tensor& t : inputs) check_supported(pg, call, t);
   Staging staging(pg);
-  at::Tensor out = staging.host(output, false, true);
+  at::Tensor out = staging.stage(output, false, true);
   std::vector<at::Tensor> in;
-  for (const at::Tensor& t : inputs) in.push_back(staging.host(t, true, false));
+  for (const at::Tensor& t : inputs) in.push_back(staging.stage(t, true, false));
   return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(pg.transport->reduce_scatter(c, out, in));
+    return staging.finish(c, pg.transport->reduce_scatter(c, out, in));
   }));
 }
 

@@ -91,18 +91,20 @@ void Work::wait() {
   s.done.run(
       [&s] {
         if (s.pending) s.pending->wait(s);  // bounded by s.timeout
+        const bool on_stream = s.pending && s.pending->on_stream();
+        if (on_stream) {
+          // Enqueued; the group completes it when its event fires (Note [GPU completion]), and
+          // aborts it past the timeout even when the step below fails waiting for it (Note
+          // [Staging tensors]).
+          if (s.recorder) s.recorder->enqueue(s.call.seq);
+          s.inflight->add({s.call, std::chrono::steady_clock::now(),
+                           [p = s.pending] { return p->is_completed(); }});
+        }
         if (s.then) {
           auto then = std::move(s.then);
           then();
         }
-        if (s.pending && s.pending->on_stream()) {
-          // Enqueued; the group completes it when its event fires (Note [GPU completion]).
-          if (s.recorder) s.recorder->enqueue(s.call.seq);
-          s.inflight->add({s.call, std::chrono::steady_clock::now(),
-                           [p = s.pending] { return p->is_completed(); }});
-        } else if (s.recorder) {
-          s.recorder->finish(s.call.seq, true);
-        }
+        if (!on_stream && s.recorder) s.recorder->finish(s.call.seq, true);
       },
       [&s](std::exception_ptr e) {
         std::exception_ptr error;

@@ -3,7 +3,12 @@
 // equal to single-process training, fp16 autocast with the gradient scaler. Every test skips,
 // saying why, where no GPU is visible (ctest then reports it skipped): they run on a GPU machine
 // (scripts/gpu-check) and compile, at least, in every CUDA build (scripts/test-cuda.sh).
+#include <execinfo.h>  // backtrace
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <limits>
 #include <thread>
@@ -37,6 +42,24 @@ using testing::thread_rank;
   } while (0)
 
 const c10::Device kCuda0(c10::kCUDA, 0);
+
+// A crash prints its stack and thread before dying: on a GPU machine lent for minutes the log is
+// all there is to read afterwards (a first run died of SIGSEGV in a case with no output at all).
+void die_with_backtrace(int sig) {
+  char head[96];
+  const int len = std::snprintf(head, sizeof head, "test_gpu: signal %d in thread %ld; stack:\n",
+                                sig, static_cast<long>(::syscall(SYS_gettid)));
+  (void)!::write(STDERR_FILENO, head, static_cast<size_t>(len));
+  void* frames[64];
+  ::backtrace_symbols_fd(frames, ::backtrace(frames, 64), STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+const bool kCrashesPrintTheirStack = [] {
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) std::signal(sig, die_with_backtrace);
+  return true;
+}();
 
 // Waits (bounded) until the group's in-flight GPU works are all marked completed.
 bool all_completed(ProcessGroup& pg) {
@@ -75,8 +98,43 @@ TEST(Gpu, NcclAtWorldOneBindsItsDeviceAndCompletesThroughEvents) {
   }
 }
 
+// CPU tensors over NCCL (metrics, flags, DDP's and the checkpoint's small collectives) are staged
+// through the bound device and their results are on the CPU when wait() returns (Note [Staging
+// tensors]); ddp-train's first run on a GPU failed on exactly this.
+TEST(Gpu, NcclTakesCpuTensorsThroughTheBoundDevice) {
+  SKIP_WITHOUT_GPU();
+  if (!DDP_WITH_NCCL) GTEST_SKIP() << "this build has no NCCL backend";
+  InitOptions o = one_rank_options();
+  o.backend = "nccl";
+  auto pg = make_process_group(o);
+  at::Tensor sum = torch::arange(5, torch::kDouble);
+  pg->all_reduce(sum, ReduceOp::kAvg).wait();
+  EXPECT_TRUE(sum.device().is_cpu());
+  EXPECT_TRUE(torch::equal(sum, torch::arange(5, torch::kDouble)));
+  at::Tensor flag = torch::full({1}, 7, torch::kInt);
+  pg->all_reduce(flag, ReduceOp::kMax).wait();
+  EXPECT_EQ(flag.item<int>(), 7);
+  at::Tensor words = torch::arange(3, torch::kLong);
+  pg->broadcast(words, 0).wait();
+  EXPECT_TRUE(torch::equal(words, torch::arange(3, torch::kLong)));
+  // Outputs start uninitialised: only the copy back gives them the input's values.
+  std::vector<at::Tensor> out{torch::empty({3}, torch::kLong)};
+  pg->all_gather(out, words).wait();
+  EXPECT_TRUE(out[0].device().is_cpu());
+  EXPECT_TRUE(torch::equal(out[0], words));
+  // Mixed with CUDA tensors in one group, in any order.
+  at::Tensor g = torch::ones({4}, torch::dtype(torch::kFloat).device(kCuda0));
+  Work w = pg->all_reduce(g, ReduceOp::kSum);
+  at::Tensor after = torch::full({1}, 2.5, torch::kFloat);
+  pg->all_reduce(after, ReduceOp::kSum).wait();
+  w.wait();
+  EXPECT_FLOAT_EQ(after.item<float>(), 2.5f);
+  EXPECT_TRUE(torch::equal(g.cpu(), torch::ones({4})));
+  ASSERT_TRUE(all_completed(*pg));
+}
+
 // Two thread-ranks on cuda:0; `backend` moves CUDA tensors itself (Gloo in a CUDA LibTorch) or
-// stages them through pinned host memory (shm: Note [Staging CUDA tensors]).
+// stages them through pinned host memory (shm: Note [Staging tensors]).
 void collectives_on_cuda(const std::string& backend) {
   const int port = free_port();
   auto errors = run_threads(2, [&](int r) {

@@ -82,6 +82,10 @@ class C10dTransport final : public Transport {
     }
   }
 
+  // NCCL: its communicator aborted now, while CUDA is up, rather than by c10d's destructor,
+  // which also warns that destroy_process_group() was not called (ours was).
+  ~C10dTransport() override { abort(); }
+
   const Capabilities& capabilities() const override { return caps_; }
 
   void abort() override {
