@@ -865,7 +865,7 @@ TEST_F(DdprunTest, BadFlagIsAUsageError) {
 
   r = run({"--nnodes", "1:2"}, {});
   EXPECT_TRUE(r.exited(2)) << r.describe();
-  EXPECT_TRUE(contains(r.err, "elastic ranges")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--nnodes 1:2 is an elastic range, which needs the c10d rendezvous")) << r.err;
 }
 
 TEST_F(DdprunTest, Help) {

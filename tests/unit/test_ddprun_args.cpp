@@ -172,8 +172,17 @@ TEST(DdprunArgs, NprocPerNodeForms) {
 TEST(DdprunArgs, NnodesFixedOnly) {
   EXPECT_EQ(parse({"--nnodes", "3", "p"}).nnodes, 3);
   EXPECT_EQ(parse({"--nnodes", "2:2", "p"}).nnodes, 2);
-  EXPECT_USAGE_ERROR(({"--nnodes", "1:4", "p"}), "--nnodes", "elastic ranges",
-                     "not supported yet", "--nnodes 4");
+  EXPECT_USAGE_ERROR(({"--nnodes", "1:4", "p"}), "--nnodes 1:4", "elastic range",
+                     "--rdzv-backend c10d");
+  EXPECT_USAGE_ERROR(({"--nnodes", "3:2", "p"}), "--nnodes", "MIN (3) is above MAX (2)");
+  const LaunchConfig e = parse({"--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                "h:1", "--rdzv-conf", "join_timeout=20,last_call_timeout=2", "p"});
+  EXPECT_TRUE(e.elastic);
+  EXPECT_EQ(e.min_nodes, 2);
+  EXPECT_EQ(e.nnodes, 3);
+  EXPECT_EQ(e.last_call_timeout.count(), 2.0);
+  EXPECT_EQ(e.rdzv_timeout->count(), 20.0);
+  EXPECT_EQ(parse({"--nnodes", "2", "p"}).last_call_timeout.count(), 30.0);  // torchrun's
   EXPECT_USAGE_ERROR(({"--nnodes", "0", "p"}), "--nnodes");
   EXPECT_USAGE_ERROR(({"--nnodes", "a:b", "p"}), "--nnodes", "MIN:MAX");
 }
@@ -264,13 +273,18 @@ TEST(DdprunArgs, RdzvEndpoint) {
   EXPECT_USAGE_ERROR(({"--rdzv-endpoint", "host:70000", "p"}), "--rdzv-endpoint", "70000");
   EXPECT_USAGE_ERROR(({"--rdzv-endpoint", ":80", "p"}), "--rdzv-endpoint", "missing host");
 
-  // c10d: the endpoint is the store; a multi-node job must still give node ranks.
+  // c10d: the endpoint is the store; with node ranks given, the static rounds of a fixed job.
   LaunchConfig c = parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "head", "--nnodes", "2",
                           "--node-rank", "1", "p"});
   EXPECT_EQ(c.master_addr, "head");
   EXPECT_EQ(c.master_port, 29400);
-  EXPECT_USAGE_ERROR(({"--rdzv-backend", "c10d", "--rdzv-endpoint", "head", "--nnodes", "2", "p"}),
-                     "dynamic node ranks are not supported yet", "--node-rank");
+  EXPECT_FALSE(c.elastic);
+  // Without node ranks, or with a range: elastic rounds, ranks given out at each round.
+  LaunchConfig dyn =
+      parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "head", "--nnodes", "2", "p"});
+  EXPECT_TRUE(dyn.elastic);
+  EXPECT_EQ(dyn.min_nodes, 2);
+  EXPECT_EQ(dyn.nnodes, 2);
   EXPECT_USAGE_ERROR(({"--rdzv-backend", "etcd", "p"}), "--rdzv-backend", "static or c10d");
   // Port 0 picks a free port, on one node only.
   EXPECT_TRUE(parse({"--rdzv-endpoint", "localhost:0", "p"}).pick_free_port);
@@ -336,7 +350,8 @@ TEST(DdprunArgs, HelpDocumentsEveryFlagAndDefault) {
 TEST(DdprunArgs, WorkerEnvironmentMultiNode) {
   LaunchConfig c = parse({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3",
                           "--max-restarts", "4", "--rdzv-timeout", "30", "p"});
-  GroupSpec g{.master_addr = "10.0.0.1", .master_port = 29501, .run_id = "job", .restart_count = 2};
+  GroupSpec g{.node_rank = 1, .nnodes = 2, .master_addr = "10.0.0.1", .master_port = 29501,
+              .run_id = "job", .restart_count = 2};
   EnvMap base{{"PATH", "/bin"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}};
   for (int lr = 0; lr < 3; ++lr) {
     SCOPED_TRACE("local rank " + std::to_string(lr));

@@ -120,7 +120,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"checkpoint_every", checkpoint_every},
           {"keep", keep},
           {"log_every", log_every},
-          {"plots", plots}};
+          {"plots", plots},
+          {"sample_log", sample_log}};
 }
 
 bool parse_args(int argc, char** argv, TrainConfig& c) {
@@ -193,6 +194,10 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
       ->check(integer_at_least<int64_t>(1));
   bool no_plots = false;
   app.add_flag("--no-plots", no_plots, "skip the PNG plots at the end");
+  app.add_option("--sample-log", c.sample_log,
+                 "a folder: each rank appends the dataset indices of every optimizer step it "
+                 "trains (checks that restarts and resizes use each sample once; Note [Sample "
+                 "log])");
 
   try {
     app.parse(argc, argv);

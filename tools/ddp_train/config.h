@@ -70,6 +70,7 @@ struct TrainConfig {
   int keep = 3;                  // step checkpoints kept besides last.ckpt
   int64_t log_every = 50;        // optimizer steps between progress lines (non-terminal output)
   bool plots = true;             // PNG curves at the end (gnuplot)
+  std::string sample_log;        // a folder: each rank logs the samples of each step it trains
 
   nlohmann::json to_json() const;
 };

@@ -1,6 +1,8 @@
 // ddp-train's training run (see Note [Training loop] in trainer.h).
 #include "trainer.h"
 
+#include <unistd.h>  // getpid
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -189,6 +191,33 @@ void save_final_model(ModelImpl& model, const fs::path& dir) {
 // How train_epoch() ended.
 enum class EpochEnd { kDone, kMaxSteps, kPreempted };
 
+// Note [Sample log]
+// --sample-log DIR: each rank of each attempt appends, after every optimizer step, one line
+// "<epoch> <step> <world size> <index>..." (the dataset indices of the step's micro-batches on
+// this rank, in the sampler's order) to DIR/attempt<A>.rank<R>.pid<P>.txt, A being the
+// launcher's TORCHELASTIC_RESTART_COUNT, flushed per line. The samples the final model was
+// trained on are then the lines of the last attempt that ran each step: an attempt resumed
+// from a checkpoint redoes every step after it, so its first step replaces that step and all
+// later ones of earlier attempts (tests/multinode checks each epoch's union that way).
+class SampleLog {
+ public:
+  SampleLog(const fs::path& dir, const DistEnv& env) {
+    fs::create_directories(dir);
+    const fs::path file = dir / fmt::format("attempt{}.rank{}.pid{}.txt", env.restart_count,
+                                            env.rank, static_cast<int>(::getpid()));
+    out_.open(file, std::ios::app);
+    if (!out_) throw Error(fmt::format("--sample-log: cannot write {}", file.string()));
+  }
+  void write(int64_t epoch, int64_t step, int world, const std::vector<int64_t>& indices) {
+    out_ << epoch << ' ' << step << ' ' << world;
+    for (int64_t i : indices) out_ << ' ' << i;
+    out_ << '\n' << std::flush;
+  }
+
+ private:
+  std::ofstream out_;
+};
+
 // One training run's state, by lifetime: constant after setup, then what the loop advances.
 class Run {
  public:
@@ -238,6 +267,7 @@ class Run {
   WarmupCosine schedule_;
   fs::path dir_;
   std::optional<RunLog> log_;  // rank 0 only
+  std::optional<SampleLog> sample_log_;  // --sample-log
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<Checkpointer> checkpoints_;
   CheckpointRefs refs_;
@@ -319,6 +349,7 @@ Run::Run(const TrainConfig& c) : c_(c) {
                .total_steps = c_.epochs * steps_per_epoch_};
 
   dir_ = run_dir(c_, *pg_);
+  if (!c_.sample_log.empty()) sample_log_.emplace(c_.sample_log, pg_->env());
   progress_ = std::make_unique<Progress>(pg_->rank() == 0, c_.log_every);
   if (pg_->rank() == 0) {
     log_.emplace(dir_);
@@ -518,6 +549,11 @@ EpochEnd Run::train_epoch(int64_t epoch) {
   progress_->start_epoch(epoch, c_.epochs, steps_per_epoch_, step_in_epoch);
   int64_t b = 0, micro = 0, step_samples = 0;
   double step_loss = 0;
+  // --sample-log: this rank's indices for the rest of the epoch, in the loader's order.
+  const std::vector<int64_t> plan =
+      sample_log_ ? sampler_.remaining() : std::vector<int64_t>{};
+  size_t planned = 0;
+  std::vector<int64_t> step_indices;
   comm_s_ = step_s_ = 0;
   auto step_start = Clock::now();  // the step's data loading counts as part of it
   for (auto& batch : *loader_) {
@@ -525,6 +561,13 @@ EpochEnd Run::train_epoch(int64_t epoch) {
     const bool sync = micro + 1 == in_group;
     step_loss += micro_step(batch, sync, in_group);
     step_samples += batch.data.size(0);
+    if (sample_log_) {
+      const size_t rows = static_cast<size_t>(batch.data.size(0));
+      step_indices.insert(step_indices.end(), plan.begin() + static_cast<ptrdiff_t>(planned),
+                          plan.begin() + static_cast<ptrdiff_t>(std::min(planned + rows,
+                                                                          plan.size())));
+      planned += rows;
+    }
     ++b;
     if (!sync) {
       ++micro;
@@ -532,6 +575,10 @@ EpochEnd Run::train_epoch(int64_t epoch) {
     }
     micro = 0;
     optimizer_step(epoch * steps_per_epoch_ + step_in_epoch);
+    if (sample_log_) {
+      sample_log_->write(epoch, step_, pg_->size(), step_indices);
+      step_indices.clear();
+    }
     step_s_ += seconds_since(step_start);
     interval_loss_ += step_loss;
     ++interval_steps_;

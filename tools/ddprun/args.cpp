@@ -27,10 +27,14 @@ namespace {
 
 void apply_topology(const RawFlags& raw, const HostInfo& host, LaunchConfig& c) {
   if (auto* v = raw.get("nproc_per_node")) c.nproc_per_node = parse_nproc(v->source, v->text, host);
-  if (auto* v = raw.get("nnodes")) c.nnodes = parse_nnodes(v->source, v->text);
+  if (auto* v = raw.get("nnodes")) {
+    const NodeRange range = parse_nnodes(v->source, v->text);
+    c.min_nodes = range.min;
+    c.nnodes = range.max;
+  }
   if (auto* v = raw.get("node_rank")) {
     c.node_rank = parse_int(v->source, v->text, 0, 1 << 20, "a node rank >= 0");
-    if (c.node_rank >= c.nnodes) {
+    if (c.node_rank >= c.nnodes && c.min_nodes == c.nnodes) {
       bad_value(v->source, v->text,
                 fmt::format("the node rank must be below --nnodes ({}); nodes are numbered 0 to {}",
                             c.nnodes, c.nnodes - 1));
@@ -63,6 +67,9 @@ void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
         c.rdzv_timeout = parse_seconds(v->source + " " + key, it->second, false);
       }
     }
+    if (auto it = c.rdzv_conf.find("last_call_timeout"); it != c.rdzv_conf.end()) {
+      c.last_call_timeout = parse_seconds(v->source + " last_call_timeout", it->second, true);
+    }
   }
 
   if (raw.flag("standalone")) {
@@ -89,12 +96,25 @@ void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
     c.master_addr = e.host;
     c.master_port = e.port;
   }
-  if (c.rdzv_backend == RdzvBackend::kC10d && c.nnodes > 1 && !raw.given("node_rank")) {
-    throw UsageError(fmt::format(
-        "--rdzv-backend c10d with --nnodes {}: dynamic node ranks are not supported yet; give "
-        "each node its --node-rank (0 to {})",
-        c.nnodes, c.nnodes - 1));
+  // Elastic: a range of nodes, or c10d's node ranks given out at each round (Note [Elastic
+  // rounds] in elastic.h). A fixed --nnodes N with --node-rank keeps the static rounds.
+  if (c.min_nodes != c.nnodes) {
+    if (c.rdzv_backend != RdzvBackend::kC10d) {
+      throw UsageError(fmt::format(
+          "--nnodes {}:{} is an elastic range, which needs the c10d rendezvous: add "
+          "--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID (the same on every node)",
+          c.min_nodes, c.nnodes));
+    }
+    if (raw.given("node_rank")) {
+      out.notes.push_back(fmt::format(
+          "--nnodes {}:{}: ignoring {} (node ranks are given out at each round)", c.min_nodes,
+          c.nnodes, raw.get("node_rank")->source));
+    }
+    c.elastic = true;
+  } else if (c.rdzv_backend == RdzvBackend::kC10d && c.nnodes > 1 && !raw.given("node_rank")) {
+    c.elastic = true;
   }
+  if (c.elastic) c.node_rank = 0;
   if (c.master_port == 0) {
     if (c.nnodes > 1) {
       throw UsageError(

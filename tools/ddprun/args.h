@@ -44,6 +44,8 @@ inline constexpr int kDefaultMaxRestarts = 0;
 using Seconds = std::chrono::duration<double>;
 inline constexpr Seconds kDefaultMonitorInterval{0.1};        // torchrun's since pytorch#124692
 inline constexpr Seconds kDefaultGracePeriod{10.0};           // between SIGTERM and SIGKILL
+// Elastic rounds: once MIN nodes are in, how long a round waits for more (torchrun's default).
+inline constexpr Seconds kDefaultLastCallTimeout{30.0};
 inline constexpr const char* kPythonInterpreter = "python3";  // for PROGRAM.py and -m
 
 enum class RdzvBackend { kStatic, kC10d };
@@ -88,8 +90,14 @@ int visible_gpus(int physical, const std::optional<std::string>& cuda_visible_de
 struct LaunchConfig {
   // --- the group's shape
   int nproc_per_node = kDefaultNprocPerNode;  // P: workers on this node
-  int nnodes = kDefaultNnodes;                // N: nodes in the job
+  int nnodes = kDefaultNnodes;                // N: nodes in the job (elastic: at most)
   int node_rank = 0;                          // K: this node; global rank = K * P + local rank
+  // Elastic (Note [Elastic rounds] in elastic.h): --rdzv-backend c10d with --nnodes MIN:MAX, or
+  // without --node-rank. The nodes present form each round, between min_nodes and nnodes, and
+  // node ranks are given out at each round; node_rank above is unused.
+  bool elastic = false;
+  int min_nodes = kDefaultNnodes;
+  Seconds last_call_timeout = kDefaultLastCallTimeout;  // --rdzv-conf last_call_timeout
 
   // --- where rank 0 hosts the store (MASTER_ADDR/MASTER_PORT) and the run's name
   std::string master_addr = kDefaultMasterAddr;
@@ -125,7 +133,6 @@ struct LaunchConfig {
   std::vector<std::string> worker_argv;  // what to exec: {"python3", "-u", "x.py", "--lr", "1"}
 
   int world_size() const { return nnodes * nproc_per_node; }
-  int global_rank(int local_rank) const { return node_rank * nproc_per_node + local_rank; }
   bool shows_on_console(int local_rank, Std stream) const;
   bool writes_to_file(int local_rank, Std stream) const;
   bool any_log_files() const { return redirects.any() || tee.any(); }
@@ -159,6 +166,8 @@ Endpoint parse_endpoint(const std::string& flag, const std::string& value);
 
 // What one attempt of the group shares: decided by the launcher at run time.
 struct GroupSpec {
+  int node_rank = 0;  // this node's rank in the attempt (elastic: given out at each round)
+  int nnodes = 1;     // nodes in the attempt
   std::string master_addr;
   int master_port = 0;
   std::string run_id;

@@ -32,12 +32,13 @@ constexpr FlagDef kFlags[] = {
     {"nproc_per_node", "", "N|auto|cpu|gpu", kTopology,
      "Workers on this node. cpu: one per online CPU; gpu: one per NVIDIA GPU; auto: gpu if "
      "there are GPUs, else cpu. [default: 1]"},
-    {"nnodes", "", "N", kTopology,
-     "Number of nodes. MIN:MAX is accepted only with MIN == MAX (no elastic ranges yet). "
+    {"nnodes", "", "N|MIN:MAX", kTopology,
+     "Number of nodes. MIN:MAX (with --rdzv-backend c10d): an elastic job, which runs on "
+     "whichever nodes are present, MIN to MAX, re-forming when one leaves or arrives. "
      "[default: 1]"},
     {"node_rank", "", "K", kTopology,
-     "This node's rank in [0, nnodes); worker RANK = K * nproc_per_node + LOCAL_RANK. "
-     "[default: 0]"},
+     "This node's rank in [0, nnodes); worker RANK = K * nproc_per_node + LOCAL_RANK. Not "
+     "needed with c10d (given out at each round). [default: 0]"},
     {"master_addr", "", "ADDR", kTopology,
      "Address of the node whose local rank 0 (global rank 0) hosts the store. "
      "[default: 127.0.0.1]"},
@@ -47,21 +48,24 @@ constexpr FlagDef kFlags[] = {
      "Single-node job: free port on 127.0.0.1, random run id; rdzv flags are ignored. "
      "[default: off]"},
     {"rdzv_backend", "", "static|c10d", kRendezvous,
-     "static: MASTER_ADDR/PORT and --node-rank; c10d: the store at --rdzv-endpoint (node "
-     "ranks must still be given). [default: static]"},
+     "static: MASTER_ADDR/PORT and --node-rank; c10d: the store at --rdzv-endpoint, hosted by "
+     "the ddprun on that host; node ranks given out at each round unless --node-rank is "
+     "given. [default: static]"},
     {"rdzv_endpoint", "", "HOST[:PORT]", kRendezvous,
      "Store address; wins over --master-addr/--master-port. PORT defaults to 29400; 0 picks "
      "a free one. [default: none]"},
     {"rdzv_id", "", "ID", kRendezvous,
      "Run id shared by all nodes (TORCHELASTIC_RUN_ID, log dir name). [default: none]"},
     {"rdzv_conf", "", "K=V,...", kRendezvous,
-     "Rendezvous options; join_timeout (or timeout) sets the rendezvous timeout in seconds, "
-     "other keys are accepted and ignored. [default: none]"},
+     "Rendezvous options: join_timeout (or timeout): the rendezvous timeout in seconds; "
+     "last_call_timeout: how long an elastic round waits for more nodes once MIN are in "
+     "[30]; other keys are accepted and ignored. [default: none]"},
     {"role", "", "NAME", kRendezvous, "Worker role (ROLE_NAME). [default: default]"},
     {"max_restarts", "", "N", kSupervision,
      "On a failure, stop the whole group and start it again, at most N times; "
      "TORCHELASTIC_RESTART_COUNT counts them. With several nodes every node restarts in the "
-     "same round, and a node whose ddprun is started again rejoins. [default: 0]"},
+     "same round, and a node whose ddprun is started again rejoins. Elastic jobs count "
+     "failures only, not nodes leaving or joining. [default: 0]"},
     {"monitor_interval", "", "SECONDS", kSupervision,
      "Longest wait between checks of the workers (exits are seen at once anyway). "
      "[default: 0.1]"},

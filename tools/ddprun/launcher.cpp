@@ -147,7 +147,8 @@ struct Worker {
   bool signal_group(int signal) const { return signal_process_group(pid, signal); }
 };
 
-enum class Outcome { kSucceeded, kFailed, kInterrupted };
+// kRegroup: an elastic job re-forms (a node left or waits to be admitted); not a failure.
+enum class Outcome { kSucceeded, kFailed, kInterrupted, kRegroup };
 
 // What every attempt shares; constant for the whole run.
 struct SharedState {
@@ -177,6 +178,10 @@ class WorkerGroup {
   const std::string& failure_elsewhere() const { return failure_elsewhere_; }
   // The first failure was this node's and final (Note [Final failures]): its description.
   const std::string& final_failure() const { return final_failure_; }
+  // Why the elastic job re-forms (Outcome::kRegroup; Note [Elastic rounds] in elastic.h).
+  const std::string& regroup() const { return regroup_; }
+  // This node announced that it leaves the elastic job (its ddprun got a signal).
+  bool leaving() const { return leaving_; }
   std::string one_line_failure() const;
   std::string summary(int attempt, int attempts, const std::vector<std::string>& earlier) const;
 
@@ -189,6 +194,7 @@ class WorkerGroup {
   void on_exit(Worker& w, int status);
   void advance();
   void watch_other_nodes();
+  bool regroup_now(const char* what);
   bool finished();
   void signal_all(int signal);
   void stop_all(int signal);
@@ -217,6 +223,8 @@ class WorkerGroup {
   bool warned_stuck_ = false;
   std::string failure_elsewhere_;  // another node failed first: its line from the agent store
   std::string final_failure_;      // see final_failure()
+  std::string regroup_;            // see regroup()
+  bool leaving_ = false;           // see leaving()
 
   // Set at the end of run().
   std::vector<WorkerEnd> ends_;          // one per worker, in local rank order
@@ -239,6 +247,11 @@ Outcome WorkerGroup::run() {
   collect_ends();
   if (first_failure_ != nullptr) root_cause_ = pick_root_cause(ends_);
   if (interrupt_signal_ != 0) return Outcome::kInterrupted;
+  if (!regroup_.empty() && first_failure_ == nullptr && failure_elsewhere_.empty()) {
+    // Workers that all finished meanwhile finished the job.
+    const bool done = std::ranges::all_of(workers_, [](const auto& w) { return w->succeeded(); });
+    return done ? Outcome::kSucceeded : Outcome::kRegroup;
+  }
   return first_failure_ != nullptr || !failure_elsewhere_.empty() ? Outcome::kFailed
                                                                   : Outcome::kSucceeded;
 }
@@ -247,7 +260,7 @@ void WorkerGroup::start_all() {
   const LaunchConfig& c = s_.config;
   for (int lr = 0; lr < c.nproc_per_node; ++lr) {
     std::string dir = s_.run_dir.rank_dir(group_.restart_count, lr);
-    int rank = c.global_rank(lr);
+    int rank = group_.node_rank * c.nproc_per_node + lr;
     std::string prefix = fmt::format("[rank {}]: ", rank);
     auto stream = [&](Std which, int console_fd, const char* file, std::size_t tail) {
       UniqueFd log;
@@ -306,8 +319,13 @@ void WorkerGroup::handle_signals() {
     if (sig == SIGCHLD) continue;  // reap() runs next anyway
     if (interrupt_signal_ == 0 && !stopping_) {
       interrupt_signal_ = sig;
-      note(fmt::format("received {}; forwarding it to the workers (SIGKILL in {})",
-                       signal_name(sig), format_seconds(s_.config.grace_period.count())));
+      // Elastic: the others go on without this node (a spot reclaim's notice). Written before
+      // the workers get the signal, so that no node takes their exit for a failure.
+      leaving_ = rounds_.announce_leaving(group_.restart_count,
+                                          fmt::format("its ddprun received {}", signal_name(sig)));
+      note(fmt::format("received {}; forwarding it to the workers (SIGKILL in {}){}",
+                       signal_name(sig), format_seconds(s_.config.grace_period.count()),
+                       leaving_ ? "; this node leaves the elastic job, the others go on" : ""));
       stop_all(sig);
     } else if (!killed_) {
       if (interrupt_signal_ == 0) interrupt_signal_ = sig;
@@ -343,6 +361,9 @@ void WorkerGroup::on_exit(Worker& w, int status) {
 // Decisions after each round of reaping: stop the group after a failure, stop leftovers after a
 // clean exit, SIGKILL at the end of the grace period.
 void WorkerGroup::advance() {
+  if (!stopping_ && first_failure_ != nullptr && regroup_now("a worker exited")) {
+    first_failure_ = nullptr;  // stopped for the re-forming (another node signalled first)
+  }
   if (!stopping_ && first_failure_ != nullptr) {
     Worker& w = *first_failure_;
     w.out.pump();  // its last words first, then ours
@@ -382,6 +403,10 @@ void WorkerGroup::advance() {
 void WorkerGroup::watch_other_nodes() {
   // Polled while stopping too: the poll is also this node's sign of life (Note [Restart rounds]).
   std::optional<std::string> elsewhere = rounds_.failure_elsewhere(group_.restart_count);
+  if (!stopping_ && !elsewhere) {
+    regroup_now(nullptr);
+    return;
+  }
   if (stopping_ || !elsewhere) return;
   failure_elsewhere_ = *elsewhere;
   auto running = std::ranges::count_if(workers_, [](const auto& o) { return o->running; });
@@ -390,6 +415,21 @@ void WorkerGroup::watch_other_nodes() {
                   "SIGTERM, then SIGKILL after {}",
                   failure_elsewhere_, running, format_seconds(s_.config.grace_period.count())));
   stop_all(SIGTERM);
+}
+
+// Elastic: when the job re-forms (Note [Elastic rounds] in elastic.h), stops this node's
+// workers as a preemption does (SIGTERM: ddp-train checkpoints with every rank and exits), then
+// SIGKILL after the grace period. `what`: a worker's exit made us ask now; null: the poll.
+bool WorkerGroup::regroup_now(const char* what) {
+  std::optional<std::string> why = rounds_.regroup(group_.restart_count, what != nullptr);
+  if (!why) return false;
+  regroup_ = *why;
+  auto running = std::ranges::count_if(workers_, [](const auto& o) { return o->running; });
+  note(fmt::format("the elastic job re-forms ({}); stopping this node's {} running worker(s) as "
+                   "for a preemption: SIGTERM, then SIGKILL after {}",
+                   regroup_, running, format_seconds(s_.config.grace_period.count())));
+  stop_all(SIGTERM);
+  return true;
 }
 
 // Done when every worker is reaped and its process group is empty. Processes that outlive
@@ -525,8 +565,11 @@ void print_startup_notes(const LaunchConfig& config, const EnvMap& base, const R
 }
 
 GroupSpec group_for_round(const LaunchConfig& config, const std::string& run_id,
-                          const std::string& secret, int round, bool agent_store) {
+                          const std::string& secret, const Membership& m, bool agent_store) {
+  const int round = m.round;
   GroupSpec g;
+  g.node_rank = m.node_rank;
+  g.nnodes = m.nnodes;
   g.store_secret = secret;
   g.master_addr = config.master_addr;
   g.master_port = config.pick_free_port ? net::pick_free_port() : config.master_port;
@@ -576,9 +619,12 @@ RunResult run(const LaunchConfig& config) {
   std::vector<std::string> earlier;  // each failed attempt's root cause, for the last summary
   int next = 0;
   while (true) {
-    std::optional<int> round;
+    std::optional<Membership> m;
     try {
-      round = rounds->join(next, signalled);
+      m = rounds->join(next, signalled);
+    } catch (const JobEnded& e) {  // elastic: the job ended while this node waited to join
+      note(e.what());
+      return RunResult{e.succeeded ? 0 : 1, 0};
     } catch (const Error&) {  // no next round (main() prints why): what the attempts ended with
       if (!earlier.empty()) {
         std::string lines = "ddprun: the job's attempts so far:\n";
@@ -587,45 +633,57 @@ RunResult run(const LaunchConfig& config) {
       }
       throw;
     }
-    if (!round) {
+    if (!m) {
       note(
           fmt::format("stopped by {} while waiting for the other nodes", signal_name(stop_signal)));
       return RunResult{128 + stop_signal, stop_signal};
     }
+    const int round = m->round;
+    // Restarts used (elastic: failures only); what --max-restarts allows is checked against it.
+    const int used = m->restarts;
     WorkerGroup group(shared, *rounds,
-                      group_for_round(config, run_id, secret, *round, rounds->agent_store()));
+                      group_for_round(config, run_id, secret, *m, rounds->agent_store()));
     Outcome outcome = group.run();
     if (outcome == Outcome::kSucceeded) {
-      rounds->leave(*round, false, signalled);
+      rounds->leave(round, false, signalled);
       return RunResult{0, 0};
     }
-    if (outcome == Outcome::kFailed && *round + 1 < attempts &&
-        (!group.final_failure().empty() || rounds->final_failure(*round))) {
+    if (outcome == Outcome::kRegroup) {
+      note(fmt::format("re-forming the elastic job after round {} ({}); not counted as a restart",
+                       round, group.regroup()));
+      next = round + 1;
+      continue;
+    }
+    if (outcome == Outcome::kFailed && used + 1 < attempts &&
+        (!group.final_failure().empty() || rounds->final_failure(round))) {
       note(fmt::format(
           "not restarting ({} restart(s) left): {}; exit code {} means a usage or configuration "
           "error, which a restart would repeat",
-          attempts - 1 - *round,
+          attempts - 1 - used,
           group.final_failure().empty() ? group.one_line_failure() : group.final_failure(),
           kUsageExitCode));
-    } else if (outcome == Outcome::kFailed && *round + 1 < attempts) {
+    } else if (outcome == Outcome::kFailed && used + 1 < attempts) {
       note(fmt::format(
           "worker group failed (attempt {} of {}): {}; restarting it (restart {} of {})",
-          *round + 1, attempts, group.one_line_failure(), *round + 1, config.max_restarts));
-      earlier.push_back(fmt::format("attempt {}: {}", *round + 1, group.one_line_failure()));
-      next = *round + 1;
+          used + 1, attempts, group.one_line_failure(), used + 1, config.max_restarts));
+      earlier.push_back(fmt::format("attempt {}: {}", used + 1, group.one_line_failure()));
+      next = round + 1;
       continue;
     }
-    const std::string summary = group.summary(*round + 1, attempts, earlier);
+    const std::string summary = group.summary(used + 1, attempts, earlier);
     if (outcome == Outcome::kInterrupted) {
       const int sig = group.interrupt_signal();
       if (group.has_root_cause()) write_all(STDERR_FILENO, summary);
-      rounds->report_failure(*round, fmt::format("its ddprun was stopped by {}", signal_name(sig)));
-      rounds->leave(*round, true, signalled);
-      note(fmt::format("stopped by {}", signal_name(sig)));
+      if (!group.leaving()) {
+        rounds->report_failure(round, fmt::format("its ddprun was stopped by {}", signal_name(sig)));
+      }
+      rounds->leave(round, true, signalled);
+      note(fmt::format("stopped by {}{}", signal_name(sig),
+                       group.leaving() ? "; the elastic job goes on without this node" : ""));
       return RunResult{128 + sig, sig};
     }
     write_all(STDERR_FILENO, summary);
-    rounds->leave(*round, true, signalled);
+    rounds->leave(round, true, signalled);
     return RunResult{1, 0};
   }
 }

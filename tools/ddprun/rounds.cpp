@@ -14,6 +14,7 @@
 
 #include "base/net.h"  // host_name
 #include "ddp/error.h"
+#include "elastic.h"
 #include "output.h"  // note
 #include "base/parse.h"
 #include "store/client.h"
@@ -47,7 +48,9 @@ int parse_round(const std::string& text) {
 class LocalRounds final : public Rounds {
  public:
   bool agent_store() const override { return false; }
-  std::optional<int> join(int next, const std::function<bool()>&) override { return next; }
+  std::optional<Membership> join(int next, const std::function<bool()>&) override {
+    return Membership{.round = next, .node_rank = 0, .nnodes = 1, .restarts = next};
+  }
   std::optional<std::string> failure_elsewhere(int) override { return std::nullopt; }
   std::optional<std::string> report_failure(int, const std::string&, bool) override {
     return std::nullopt;
@@ -62,7 +65,7 @@ class StoreRounds final : public Rounds {
               const std::string& secret);
 
   bool agent_store() const override { return true; }
-  std::optional<int> join(int next, const std::function<bool()>& stop) override;
+  std::optional<Membership> join(int next, const std::function<bool()>& stop) override;
   std::optional<std::string> failure_elsewhere(int round) override;
   std::optional<std::string> report_failure(int round, const std::string& what,
                                             bool final) override;
@@ -94,55 +97,13 @@ class StoreRounds final : public Rounds {
   bool poll_failure_noted_ = false;
 };
 
-// Note [Hosting the store]: the same rules as rank 0's store (DDP_STORE_BIND,
-// DDP_STORE_MAX_BYTES, the notes), read from the environment the workers get.
-std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& c, const EnvMap& base_env,
-                                                const std::string& key, const std::string& secret) {
-  auto knob = [&](const char* name) {
-    auto it = base_env.find(name);
-    return it != base_env.end() ? it->second : std::string();
-  };
-  store::HostOptions o;
-  o.master_addr = c.master_addr;
-  o.port = c.master_port;
-  o.bind = knob("DDP_STORE_BIND");
-  o.key = key;
-  o.has_secret = !secret.empty();
-  if (const std::string max = knob("DDP_STORE_MAX_BYTES"); !max.empty()) {
-    o.max_bytes = parse::byte_size(max);
-    if (!o.max_bytes) {
-      throw Error(fmt::format(
-          "DDP_STORE_MAX_BYTES='{}' is not a size in bytes (e.g. 268435456, 256M or 1G)", max));
-    }
-  }
-  o.name = "the agent store";
-  o.log = [](const std::string& line) {  // "ddp: ...": ours, not a worker's
-    note(line.rfind("ddp: ", 0) == 0 ? line.substr(5) : line);
-  };
-  try {
-    return store::host(o);
-  } catch (const store::HostError& e) {
-    if (e.port_in_use) {
-      throw Error(fmt::format(
-          "node 0 cannot host the job's agent store: port {} (--master-port) is already in use "
-          "on this host. Another job, or an earlier run still shutting down, holds it: give "
-          "every node another --master-port.",
-          c.master_port));
-    }
-    throw Error(fmt::format(
-        "node 0 cannot host the job's agent store on {}:{} (--master-addr, --master-port): {}. "
-        "Give --master-addr an address of this host, or set DDP_STORE_BIND.",
-        c.master_addr, c.master_port, e.what()));
-  }
-}
-
 StoreRounds::StoreRounds(const LaunchConfig& config, const EnvMap& base_env,
                          const std::string& run_id, const std::string& secret)
     : c_(config), prefix_(fmt::format("ddprun/{}/", run_id)), host_(net::host_name()),
       join_timeout_(std::chrono::duration_cast<milliseconds>(
           config.rdzv_timeout.value_or(Seconds(kDefaultRendezvousTimeout)))) {
   const std::string key = store::job_key(secret, run_id);
-  if (c_.node_rank == 0) server_ = host_agent_store(c_, base_env, key, secret);
+  if (c_.node_rank == 0) server_ = host_agent_store(c_, base_env, key, secret, "node 0");
   store::ClientOptions o;
   o.host = server_ ? server_->local_address() : c_.master_addr;
   o.port = server_ ? server_->port() : c_.master_port;
@@ -188,7 +149,7 @@ void StoreRounds::missing_nodes(int round, Clock::time_point deadline) {
 // Every step is a short bounded call, retried until the join timeout: the store's host may not
 // listen yet, or may be starting again (Note [Restart rounds]). Retrying is safe because a node
 // counts itself into a round once (`counted_in`).
-std::optional<int> StoreRounds::join(int next, const std::function<bool()>& stop) {
+std::optional<Membership> StoreRounds::join(int next, const std::function<bool()>& stop) {
   const auto end = Clock::now() + join_timeout_;
   const std::string shape =
       fmt::format("--nnodes {}, --nproc-per-node {}", c_.nnodes, c_.nproc_per_node);
@@ -255,7 +216,10 @@ std::optional<int> StoreRounds::join(int next, const std::function<bool()>& stop
                         where(), round - 1,
                         client_->get(key(round - 1, "final"), milliseconds(0), deadline)));
       }
-      if (client_->add(key(round, "joined"), 0, deadline) >= c_.nnodes) return round;
+      if (client_->add(key(round, "joined"), 0, deadline) >= c_.nnodes) {
+        return Membership{
+            .round = round, .node_rank = c_.node_rank, .nnodes = c_.nnodes, .restarts = round};
+      }
       // A round that failed before it began (a node came back) gives way to the next one; a
       // newer round, opened meanwhile, is found by raise_round.
       if (failed(round, deadline)) next = round + 1;
@@ -383,8 +347,53 @@ void StoreRounds::leave(int round, bool failed_round, const std::function<bool()
 
 }  // namespace
 
+// Note [Hosting the store]: the same rules as rank 0's store (DDP_STORE_BIND,
+// DDP_STORE_MAX_BYTES, the notes), read from the environment the workers get.
+std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& c, const EnvMap& base_env,
+                                                const std::string& key, const std::string& secret,
+                                                const std::string& who, bool none_if_in_use) {
+  auto knob = [&](const char* name) {
+    auto it = base_env.find(name);
+    return it != base_env.end() ? it->second : std::string();
+  };
+  store::HostOptions o;
+  o.master_addr = c.master_addr;
+  o.port = c.master_port;
+  o.bind = knob("DDP_STORE_BIND");
+  o.key = key;
+  o.has_secret = !secret.empty();
+  if (const std::string max = knob("DDP_STORE_MAX_BYTES"); !max.empty()) {
+    o.max_bytes = parse::byte_size(max);
+    if (!o.max_bytes) {
+      throw Error(fmt::format(
+          "DDP_STORE_MAX_BYTES='{}' is not a size in bytes (e.g. 268435456, 256M or 1G)", max));
+    }
+  }
+  o.name = "the agent store";
+  o.log = [](const std::string& line) {  // "ddp: ...": ours, not a worker's
+    note(line.rfind("ddp: ", 0) == 0 ? line.substr(5) : line);
+  };
+  try {
+    return store::host(o);
+  } catch (const store::HostError& e) {
+    if (e.port_in_use && none_if_in_use) return nullptr;
+    if (e.port_in_use) {
+      throw Error(fmt::format(
+          "{} cannot host the job's agent store: port {} (--master-port) is already in use "
+          "on this host. Another job, or an earlier run still shutting down, holds it: give "
+          "every node another --master-port.",
+          who, c.master_port));
+    }
+    throw Error(fmt::format(
+        "{} cannot host the job's agent store on {}:{} (--master-addr, --master-port): {}. "
+        "Give --master-addr an address of this host, or set DDP_STORE_BIND.",
+        who, c.master_addr, c.master_port, e.what()));
+  }
+}
+
 std::unique_ptr<Rounds> make_rounds(const LaunchConfig& config, const EnvMap& base_env,
                                     const std::string& run_id, const std::string& secret) {
+  if (config.elastic) return make_elastic_rounds(config, base_env, run_id, secret);
   if (config.nnodes <= 1) return std::make_unique<LocalRounds>();
   return std::make_unique<StoreRounds>(config, base_env, run_id, secret);
 }

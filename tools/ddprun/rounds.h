@@ -53,6 +53,8 @@
 #include <string>
 
 #include "args.h"  // LaunchConfig, EnvMap
+#include "ddp/error.h"
+#include "store/host.h"
 
 namespace ddp::launcher {
 
@@ -73,6 +75,21 @@ inline constexpr std::chrono::milliseconds kSuccessLinger{60'000};
 // After a failure, how long node 0 keeps the store up beyond the grace period for the others.
 inline constexpr std::chrono::milliseconds kFailureLinger{5000};
 
+// Where this node stands in a round.
+struct Membership {
+  int round = 0;      // the job's round: the workers' attempt (TORCHELASTIC_RESTART_COUNT)
+  int node_rank = 0;  // this node's rank in the round
+  int nnodes = 1;     // nodes in the round
+  int restarts = 0;   // restarts used so far against --max-restarts (elastic: failures only)
+};
+
+// An elastic job ended (finished, or failed for good) while this node waited to be admitted.
+class JobEnded : public Error {
+ public:
+  JobEnded(const std::string& what, bool succeeded_in) : Error(what), succeeded(succeeded_in) {}
+  bool succeeded;
+};
+
 class Rounds {
  public:
   virtual ~Rounds() = default;
@@ -83,8 +100,18 @@ class Rounds {
   // The round this node's next attempt runs as, once every node has joined it; `next` is the
   // lowest it may be (0, or a failed round + 1). nullopt when `stop` said so (ddprun received
   // a signal) before that. Throws ddp::Error: a node did not join in time, the store could not
-  // be reached in that time, the round is past --max-restarts.
-  virtual std::optional<int> join(int next, const std::function<bool()>& stop) = 0;
+  // be reached in that time, the round is past --max-restarts; JobEnded (elastic).
+  virtual std::optional<Membership> join(int next, const std::function<bool()>& stop) = 0;
+
+  // Elastic jobs: why `round` must end so that the job re-forms (a node leaves, or waits to be
+  // admitted), nullopt otherwise. Asks the store at most every kPollInterval unless `now` (a
+  // worker exited: was it stopped for a re-forming?).
+  virtual std::optional<std::string> regroup(int /*round*/, bool /*now*/) { return std::nullopt; }
+
+  // Elastic jobs: this node leaves the job after `round` (`why`: "its ddprun received
+  // SIGTERM"), and the others go on without it. False where the job is not elastic: the signal
+  // ends the whole job, as before.
+  virtual bool announce_leaving(int /*round*/, const std::string& /*why*/) { return false; }
 
   // Another node's failure in `round`, when one was reported (polled while the workers run; asks
   // the store at most every kPollInterval, so it may be called often).
@@ -104,7 +131,16 @@ class Rounds {
   virtual void leave(int round, bool failed, const std::function<bool()>& stop = {}) = 0;
 };
 
-// LocalRounds for a single node; store rounds (hosting the store on node 0) for several.
+// Hosts the job's agent store on this host (Note [Hosting the store] in rounds.cpp); `who`
+// names this ddprun in errors ("node 0"). Throws ddp::Error saying what to change; returns null
+// when the port is taken and `none_if_in_use` (another ddprun on this host hosts it).
+std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& config, const EnvMap& base_env,
+                                                const std::string& key, const std::string& secret,
+                                                const std::string& who,
+                                                bool none_if_in_use = false);
+
+// LocalRounds for a single node; store rounds (hosting the store on node 0) for several; elastic
+// rounds (elastic.h) for an elastic job.
 // `base_env` supplies DDP_STORE_BIND; `secret` and `run_id` make the store's key.
 std::unique_ptr<Rounds> make_rounds(const LaunchConfig& config, const EnvMap& base_env,
                                     const std::string& run_id, const std::string& secret);

@@ -74,24 +74,23 @@ int parse_nproc(const std::string& source, const std::string& value, const HostI
   return parse_int(source, value, 1, 1 << 16, "a number of processes >= 1, or auto, cpu or gpu");
 }
 
-// --nnodes: N or MIN:MAX with MIN == MAX.
-int parse_nnodes(const std::string& source, const std::string& value) {
+// --nnodes: N or MIN:MAX.
+NodeRange parse_nnodes(const std::string& source, const std::string& value) {
   auto colon = value.find(':');
   if (colon == std::string::npos) {
-    return parse_int(source, value, 1, 1 << 20, "a number of nodes >= 1");
+    const int n = parse_int(source, value, 1, 1 << 20, "a number of nodes >= 1");
+    return {n, n};
   }
   auto lo = parse::integer(value.substr(0, colon));
   auto hi = parse::integer(value.substr(colon + 1));
   if (!lo || !hi || *lo < 1 || *hi < 1 || *lo > (1 << 20) || *hi > (1 << 20)) {
     bad_value(source, value, "expected N or MIN:MAX with numbers >= 1");
   }
-  if (*lo != *hi) {
+  if (*lo > *hi) {
     bad_value(source, value,
-              fmt::format("elastic ranges (MIN:MAX) are not supported yet; use a fixed number of "
-                          "nodes, e.g. --nnodes {}",
-                          *hi));
+              fmt::format("MIN ({}) is above MAX ({}); expected MIN:MAX with MIN <= MAX", *lo, *hi));
   }
-  return static_cast<int>(*lo);
+  return {static_cast<int>(*lo), static_cast<int>(*hi)};
 }
 
 // --rdzv-conf k=v,k2=v2

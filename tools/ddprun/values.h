@@ -24,7 +24,12 @@ bool ends_with(const std::string& s, const std::string& suffix);
 // --nproc-per-node: N, or what the host has.
 int parse_nproc(const std::string& source, const std::string& value, const HostInfo& host);
 // --nnodes: N or MIN:MAX with MIN == MAX.
-int parse_nnodes(const std::string& source, const std::string& value);
+// --nnodes: N (min = max = N) or MIN:MAX (an elastic range, 1 <= MIN <= MAX).
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+NodeRange parse_nnodes(const std::string& source, const std::string& value);
 // --rdzv-conf k=v,k2=v2
 std::map<std::string, std::string> parse_rdzv_conf(const std::string& source,
                                                    const std::string& value);

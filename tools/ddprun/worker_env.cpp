@@ -23,16 +23,16 @@ void set_default(EnvMap& env, const std::string& key, const std::string& value) 
 EnvMap worker_environment(const LaunchConfig& config, const GroupSpec& group, int local_rank,
                           const std::string& error_file, const EnvMap& base) {
   EnvMap env = base;
-  const std::string rank = std::to_string(config.global_rank(local_rank));
-  const std::string world = std::to_string(config.world_size());
+  const std::string rank = std::to_string(group.node_rank * config.nproc_per_node + local_rank);
+  const std::string world = std::to_string(group.nnodes * config.nproc_per_node);
   env["LOCAL_RANK"] = std::to_string(local_rank);
   env["RANK"] = rank;
-  env["GROUP_RANK"] = std::to_string(config.node_rank);
+  env["GROUP_RANK"] = std::to_string(group.node_rank);
   env["ROLE_RANK"] = rank;
   env["ROLE_NAME"] = config.role;
   env["LOCAL_WORLD_SIZE"] = std::to_string(config.nproc_per_node);
   env["WORLD_SIZE"] = world;
-  env["GROUP_WORLD_SIZE"] = std::to_string(config.nnodes);
+  env["GROUP_WORLD_SIZE"] = std::to_string(group.nnodes);
   env["ROLE_WORLD_SIZE"] = world;
   env["MASTER_ADDR"] = group.master_addr;
   env["MASTER_PORT"] = std::to_string(group.master_port);

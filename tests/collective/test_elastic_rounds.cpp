@@ -1,0 +1,198 @@
+// ddprun's elastic rounds (Note [Elastic rounds] in tools/ddprun/elastic.h), nodes as threads in
+// one process over a real agent store on 127.0.0.1 (the first node hosts it): a round closes at
+// MAX at once and at MIN after the last call; node ranks stay where their nodes stay; a node
+// over MAX waits, a waiting node below MAX re-forms the job, a leaving node re-forms it without
+// a failure; failures (not re-formings) count against --max-restarts; fewer than MIN fail naming
+// the missing; the job ending while a node waits ends that node's wait.
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "base/net.h"  // pick_free_port
+#include "ddp/error.h"
+#include "elastic.h"
+
+namespace ddp::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+const auto kNoStop = [] { return false; };
+
+class ElasticRoundsTest : public ::testing::Test {
+ protected:
+  LaunchConfig config(int min_nodes, int max_nodes) const {
+    LaunchConfig c;
+    c.elastic = true;
+    c.min_nodes = min_nodes;
+    c.nnodes = max_nodes;
+    c.master_addr = "127.0.0.1";
+    c.master_port = port_;
+    c.max_restarts = 1;
+    c.rdzv_timeout = Seconds(4);
+    c.last_call_timeout = Seconds(0.5);
+    c.grace_period = Seconds(0.2);
+    return c;
+  }
+  std::unique_ptr<Rounds> node(const LaunchConfig& c) {
+    return make_rounds(c, EnvMap{}, "elastic-run", "secret");
+  }
+  // Every node of `nodes` joins round `next` together; their memberships, in the same order.
+  static std::vector<Membership> all_join(const std::vector<Rounds*>& nodes, int next) {
+    std::vector<std::future<std::optional<Membership>>> joined;
+    for (Rounds* n : nodes) {
+      joined.push_back(std::async(std::launch::async, [n, next] { return n->join(next, kNoStop); }));
+    }
+    std::vector<Membership> out;
+    for (auto& j : joined) {
+      std::optional<Membership> m = j.get();
+      EXPECT_TRUE(m.has_value());
+      out.push_back(m.value_or(Membership{.round = -1}));
+    }
+    return out;
+  }
+  // Polls `n` for a re-forming of `round`, up to `limit_s`.
+  static std::optional<std::string> regroup_within(Rounds& n, int round, double limit_s) {
+    const auto start = Clock::now();
+    while (seconds_since(start) < limit_s) {
+      if (auto why = n.regroup(round, false)) return why;
+      std::this_thread::sleep_for(20ms);
+    }
+    return std::nullopt;
+  }
+
+  const int port_ = net::pick_free_port();
+};
+
+TEST_F(ElasticRoundsTest, ARoundClosesAtMaxAtOnceAndAtMinAfterTheLastCall) {
+  const LaunchConfig c = config(2, 3);
+  auto a = node(c), b = node(c), x = node(c);
+  const auto start = Clock::now();
+  auto full = all_join({a.get(), b.get(), x.get()}, 0);
+  EXPECT_LT(seconds_since(start), 0.45) << "MAX nodes: no last call";
+  for (const Membership& m : full) {
+    EXPECT_EQ(m.round, 0);
+    EXPECT_EQ(m.nnodes, 3);
+  }
+  // Node ranks 0, 1, 2, one each.
+  std::vector<int> ranks;
+  for (const Membership& m : full) ranks.push_back(m.node_rank);
+  std::ranges::sort(ranks);
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2}));
+
+  // Two of them re-form without the third (it left): MIN is in, the round waits the last call.
+  ASSERT_TRUE(x->announce_leaving(0, "its ddprun received SIGTERM"));
+  auto why = regroup_within(*a, 0, 2.0);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_TRUE(contains(*why, "leaves: its ddprun received SIGTERM")) << *why;
+  const auto again = Clock::now();
+  auto two = all_join({a.get(), b.get()}, 1);
+  EXPECT_GE(seconds_since(again), 0.45) << "below MAX: the last call";
+  EXPECT_EQ(two[0].round, 1);
+  EXPECT_EQ(two[0].nnodes, 2);
+  EXPECT_EQ(two[0].restarts, 0) << "leaving is not a failure";
+  // Ranks follow the previous round's order: the lower of a and b is 0 again.
+  EXPECT_EQ(two[0].node_rank, full[0].node_rank < full[1].node_rank ? 0 : 1);
+  EXPECT_EQ(two[1].node_rank, 1 - two[0].node_rank);
+}
+
+TEST_F(ElasticRoundsTest, ANewcomerWaitsReFormsTheJobBelowMaxAndRanksLast) {
+  const LaunchConfig c = config(1, 3);
+  auto a = node(c), b = node(c);
+  auto first = all_join({a.get(), b.get()}, 0);
+  EXPECT_EQ(first[0].nnodes, 2);
+  EXPECT_EQ(a->regroup(0, true), std::nullopt);
+  // A third node arrives while round 0 runs: it waits, and the others see why they re-form.
+  auto late = node(c);
+  auto waiting = std::async(std::launch::async, [&] { return late->join(0, kNoStop); });
+  auto why = regroup_within(*a, 0, 3.0);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_TRUE(contains(*why, "waits to join; the job runs on 2 of at most 3 nodes")) << *why;
+  EXPECT_EQ(b->regroup(0, true), why) << "every node reads the same reason";
+  auto both = all_join({a.get(), b.get()}, 1);
+  std::optional<Membership> third = waiting.get();
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->round, 1);
+  EXPECT_EQ(third->nnodes, 3);
+  EXPECT_EQ(third->node_rank, 2) << "a newcomer ranks after the nodes that stay";
+  EXPECT_EQ(both[0].node_rank, first[0].node_rank);
+  EXPECT_EQ(both[1].node_rank, first[1].node_rank);
+}
+
+TEST_F(ElasticRoundsTest, ANodeOverMaxWaitsUntilTheJobFinishes) {
+  const LaunchConfig c = config(1, 2);
+  auto a = node(c), b = node(c);
+  all_join({a.get(), b.get()}, 0);
+  auto extra = node(c);
+  auto waiting = std::async(std::launch::async, [&] { return extra->join(0, kNoStop); });
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(a->regroup(0, true), std::nullopt) << "at MAX: nobody re-forms for a waiting node";
+  EXPECT_EQ(waiting.wait_for(0s), std::future_status::timeout) << "it still waits";
+  // The job finishes: the waiting node's join ends, as a success.
+  auto b_leaves = std::async(std::launch::async, [&] { b->leave(0, false, kNoStop); });
+  a->leave(0, false, kNoStop);
+  b_leaves.get();
+  try {
+    waiting.get();
+    ADD_FAILURE() << "join returned";
+  } catch (const JobEnded& e) {
+    EXPECT_TRUE(e.succeeded);
+    EXPECT_TRUE(contains(e.what(), "finished in round 0")) << e.what();
+  }
+}
+
+TEST_F(ElasticRoundsTest, FailuresCountAgainstMaxRestarts) {
+  const LaunchConfig c = config(2, 2);  // max_restarts 1
+  auto a = node(c), b = node(c);
+  all_join({a.get(), b.get()}, 0);
+  EXPECT_EQ(a->report_failure(0, "rank 1 failed (exit code 1)", false), std::nullopt);
+  auto second = all_join({a.get(), b.get()}, 1);
+  EXPECT_EQ(second[0].restarts, 1) << "one failure so far";
+  // A second failure is past --max-restarts 1: no node starts again.
+  EXPECT_EQ(b->report_failure(1, "rank 3 failed (exit code 1)", false), std::nullopt);
+  try {
+    a->join(2, kNoStop);
+    ADD_FAILURE() << "joined past --max-restarts";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "failed 2 time(s), past --max-restarts 1")) << e.what();
+  }
+}
+
+TEST_F(ElasticRoundsTest, FewerThanMinFailAfterTheJoinTimeoutNamingTheMissing) {
+  LaunchConfig c = config(2, 3);
+  c.max_restarts = 3;
+  auto a = node(c), b = node(c);
+  auto first = all_join({a.get(), b.get()}, 0);
+  EXPECT_EQ(a->report_failure(0, "rank 2 failed (exit code 1)", false), std::nullopt);
+  b.reset();  // node b is gone with its host
+  const auto start = Clock::now();
+  try {
+    a->join(1, kNoStop);
+    ADD_FAILURE() << "a round of 1 node formed with MIN 2";
+  } catch (const RendezvousError& e) {
+    EXPECT_GE(seconds_since(start), 3.9) << "the join timeout (4 s)";
+    EXPECT_TRUE(contains(e.what(), "1 node(s) joined elastic round 1")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "fewer than the minimum of 2 (--nnodes 2:3)")) << e.what();
+    EXPECT_TRUE(contains(e.what(), fmt::format("(node {} of round 0)", first[1].node_rank)))
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ddp::launcher

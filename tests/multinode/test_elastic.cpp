@@ -1,0 +1,327 @@
+// Elastic jobs across hosts for real (Note [Elastic rounds] in tools/ddprun/elastic.h): network
+// namespaces as hosts (support/netns.h), one ddprun per host with --nnodes MIN:MAX and the c10d
+// rendezvous on host 0 (which hosts the store), two ddp-train workers per host. A host whose
+// processes are all SIGKILLed drops out and the job goes on without it; started again, it is
+// admitted and the job grows back; a host told SIGTERM (a spot reclaim's notice) leaves with a
+// checkpoint and the others go on; a host over MAX waits; fewer than MIN fail naming the missing.
+// Every training run ends with the exact-once check of its sample log (Note [Sample log] in
+// tools/ddp_train/trainer.cpp): each epoch, across all the sizes it ran at, used every sample
+// once (PyTorch's padding aside: at most world size - 1 repeats, in an epoch's last step).
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "support/netns.h"
+#include "support/saved_state.h"
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+
+// Command lines are laid out by hand (a flag with its value), which clang-format would put one
+// string per line.
+// clang-format off
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Hosts;
+using testing::Result;
+using testing::Subprocess;
+
+const std::string kDdprun = testing::env_or_die("DDPRUN");
+const std::string kTrain = testing::env_or_die("DDP_TRAIN");
+
+constexpr int kSamples = 3072;  // --train-subset
+constexpr int kEpochs = 2;
+
+// What the sample log says the final model was trained on: per epoch, every index of the steps
+// of the last attempt that ran each step, and the world sizes the epoch ran at.
+struct Epoch {
+  std::vector<int64_t> indices;
+  std::set<int> worlds;
+};
+
+std::map<int64_t, Epoch> trained_samples(const fs::path& dir) {
+  // attempt -> step -> (epoch, world, indices of every rank)
+  struct Step {
+    int64_t epoch = 0;
+    int world = 0;
+    std::vector<int64_t> indices;
+  };
+  std::map<int, std::map<int64_t, Step>> attempts;
+  for (const auto& file : fs::directory_iterator(dir)) {
+    int attempt = 0;
+    if (std::sscanf(file.path().filename().c_str(), "attempt%d.", &attempt) != 1) continue;
+    std::ifstream in(file.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      if (in.eof()) break;  // a last line without its newline: cut by SIGKILL
+      std::istringstream words(line);
+      Step s;
+      int64_t step = 0;
+      words >> s.epoch >> step >> s.world;
+      Step& into = attempts[attempt][step];
+      into.epoch = s.epoch;
+      into.world = s.world;
+      for (int64_t i; words >> i;) into.indices.push_back(i);
+    }
+  }
+  // The lineage: an attempt resumed from a checkpoint redoes every step from its first on.
+  std::map<int64_t, Step> lineage;
+  for (auto& [attempt, steps] : attempts) {
+    if (steps.empty()) continue;
+    lineage.erase(lineage.lower_bound(steps.begin()->first), lineage.end());
+    for (auto& [step, s] : steps) lineage[step] = std::move(s);
+  }
+  std::map<int64_t, Epoch> epochs;
+  for (auto& [step, s] : lineage) {
+    Epoch& e = epochs[s.epoch];
+    e.indices.insert(e.indices.end(), s.indices.begin(), s.indices.end());
+    e.worlds.insert(s.world);
+  }
+  return epochs;
+}
+
+// Each epoch used every one of the kSamples samples, each once except for the sampler's padding.
+void expect_each_sample_once(const fs::path& dir) {
+  const auto epochs = trained_samples(dir);
+  ASSERT_EQ(static_cast<int>(epochs.size()), kEpochs) << "epochs in the sample log";
+  for (const auto& [epoch, e] : epochs) {
+    std::map<int64_t, int> seen;
+    for (int64_t i : e.indices) ++seen[i];
+    int missing = 0, repeats = 0;
+    for (int64_t i = 0; i < kSamples; ++i) {
+      if (seen.count(i) == 0) ++missing;
+    }
+    for (const auto& [i, n] : seen) repeats += n - 1;
+    EXPECT_EQ(missing, 0) << "epoch " << epoch;
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), kSamples) << "epoch " << epoch;
+    EXPECT_LT(repeats, *e.worlds.rbegin()) << "epoch " << epoch << ": more repeats than padding";
+    std::printf("[ measured ] epoch %ld: %zu samples trained, %d distinct of %d, %d repeat(s) "
+                "(padding), at world size(s) %s\n",
+                static_cast<long>(epoch), e.indices.size(), static_cast<int>(seen.size()),
+                kSamples, repeats,
+                fmt::format("{}", fmt::join(e.worlds, ", ")).c_str());
+  }
+}
+
+class Elastic : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!Hosts::available(&why) || !Hosts::usable(&why)) GTEST_SKIP() << why;
+    dir_ = ddp::testing::make_temp_dir("ddp_elastic");
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  // ddprun on host k, --nnodes `range`, 2 workers, the rendezvous (and store) on host 0.
+  Subprocess node(const Hosts& hosts, int k, const std::string& range,
+                  std::vector<std::string> program, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {
+        kDdprun, "--nnodes", range, "--nproc-per-node", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", hosts.address(0) + ":29500",
+        "--rdzv-id", "elastic", "--rdzv-conf", "last_call_timeout=1,join_timeout=30",
+        "--max-restarts", "3", "--collective-timeout", "30", "--grace-period", "10"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.insert(argv.end(), program.begin(), program.end());
+    return hosts.start(k, argv, {{"DDP_DEBUG", "info"}}, 300);
+  }
+
+  std::vector<std::string> train(const std::string& name) const {
+    return {kTrain, "--model", "cnn", "--epochs", std::to_string(kEpochs),
+            "--train-subset", std::to_string(kSamples), "--test-subset", "500",
+            "--batch-size", "32", "--checkpoint-every", "2", "--resume", "auto", "--no-plots",
+            "--workers", "1", "--log-every", "1", "--output-dir", (dir_ / name).string(),
+            "--sample-log", (dir_ / name / "samples").string()};
+  }
+
+  fs::path dir_;
+};
+
+// 3 hosts, --nnodes 2:3: every process of host 2 is SIGKILLed mid-epoch; hosts 0 and 1 go on
+// at 2 nodes from the last checkpoint; host 2's ddprun started again is admitted and the job
+// grows back to 3. The run ends with every sample of each epoch used once.
+TEST_F(Elastic, AKilledHostDropsOutAndAdmittedAgainGrowsTheJobBack) {
+  Hosts hosts(3);
+  std::vector<std::optional<Subprocess>> h(3);
+  for (int k = 0; k < 3; ++k) h[k].emplace(node(hosts, k, "2:3", train("run")));
+  const fs::path ckpts = dir_ / "run" / "checkpoints";
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[0]->err_so_far().find("elastic round 0: 3 node(s)") != std::string::npos &&
+           fs::exists(ckpts / "epoch=0-step=4.ckpt");
+  }, 180)) << h[0]->err_so_far() << h[0]->out_so_far();
+
+  // Host 2 fails whole: its ddprun and both workers.
+  const size_t before = h[0]->err_so_far().size();
+  std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(2)).c_str());
+  const double killed_at = h[0]->elapsed_s();
+  h[2]->wait();
+  double shrunk_at = -1, resumed_at = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    const std::string err = h[0]->err_so_far();
+    if (shrunk_at < 0 && err.find("elastic round 1: 2 node(s)", before) != std::string::npos) {
+      shrunk_at = h[0]->elapsed_s();
+    }
+    // Rank 0 prints it, on whichever survivor is node 0.
+    if (resumed_at < 0 && (h[0]->out_so_far() + h[1]->out_so_far()).find("resumed from") !=
+                              std::string::npos) {
+      resumed_at = h[0]->elapsed_s();
+    }
+    return shrunk_at >= 0 && resumed_at >= 0;
+  }, 90)) << h[0]->err_so_far() << h[0]->out_so_far();
+  std::printf("[ measured ] host 2 killed: the 2 survivors re-formed %.1f s later, and resumed "
+              "training (rank 0's \"resumed from\") %.1f s after the kill\n",
+              shrunk_at - killed_at, resumed_at - killed_at);
+  EXPECT_LT(resumed_at - killed_at, 20) << "goal: under 10 s on an idle machine";
+
+  // Its scheduler starts host 2 again: admitted when the job next re-forms, at once.
+  const size_t before_grow = h[0]->err_so_far().size();
+  h[2].emplace(node(hosts, 2, "2:3", train("run")));
+  double grown_at = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (h[0]->err_so_far().find("elastic round 2: 3 node(s)", before_grow) == std::string::npos) {
+      return false;
+    }
+    grown_at = h[2]->elapsed_s();
+    return true;
+  }, 90)) << h[0]->err_so_far() << h[2]->err_so_far();
+  std::printf("[ measured ] host 2 started again: admitted (round of 3 nodes formed) %.1f s after "
+              "its ddprun started\n", grown_at);
+
+  for (int k = 0; k < 3; ++k) {
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+  }
+  const std::string err0 = h[0]->wait().err;
+  EXPECT_NE(err0.find("not counted as a restart"), std::string::npos) << err0;
+  expect_each_sample_once(dir_ / "run" / "samples");
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
+}
+
+// A spot reclaim's notice: SIGTERM to host 1's ddprun. Its workers and everyone else's stop
+// after the same step with a checkpoint; host 1 leaves (ending by the signal, as torchrun does)
+// and hosts 0 and 2 go on at 2 nodes.
+TEST_F(Elastic, ASigtermNoticeLetsTheNodeLeaveWithACheckpointAndTheOthersGoOn) {
+  Hosts hosts(3);
+  std::vector<std::optional<Subprocess>> h(3);
+  for (int k = 0; k < 3; ++k) h[k].emplace(node(hosts, k, "2:3", train("run")));
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[0]->err_so_far().find("elastic round 0: 3 node(s)") != std::string::npos &&
+           fs::exists(dir_ / "run" / "checkpoints" / "epoch=0-step=4.ckpt");
+  }, 180)) << h[0]->err_so_far() << h[0]->out_so_far();
+  h[1]->signal(SIGTERM);
+  const double notice_at = h[0]->elapsed_s();
+  const Result& r1 = h[1]->wait();
+  EXPECT_EQ(r1.term_signal, SIGTERM) << "ddprun ends by the signal it got: " << r1.describe();
+  EXPECT_NE(r1.err.find("this node leaves the elastic job, the others go on"), std::string::npos)
+      << r1.describe();
+  double resumed_at = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (h[0]->err_so_far().find("elastic round 1: 2 node(s)") == std::string::npos ||
+        (h[0]->out_so_far() + h[2]->out_so_far()).find("resumed from") == std::string::npos) {
+      return false;
+    }
+    resumed_at = h[0]->elapsed_s();
+    return true;
+  }, 90)) << h[0]->err_so_far() << h[0]->out_so_far() << h[2]->out_so_far();
+  std::printf("[ measured ] SIGTERM to host 1: the other 2 resumed %.1f s after the notice\n",
+              resumed_at - notice_at);
+  const Result& r0 = h[0]->wait();
+  const Result& r2 = h[2]->wait();
+  EXPECT_TRUE(r0.exited(0)) << r0.describe();
+  EXPECT_TRUE(r2.exited(0)) << r2.describe();
+  // The workers stopped as for a preemption: a checkpoint at the step every rank agreed on,
+  // from which the two go on (rank 0 of round 0 was on whichever host arrived first).
+  const std::string outs = r0.out + r1.out + r2.out;
+  const size_t at = outs.find("preempted at step ");
+  ASSERT_NE(at, std::string::npos) << outs;
+  const int stopped = std::atoi(outs.c_str() + at + std::strlen("preempted at step "));
+  EXPECT_NE(outs.find(fmt::format("at epoch 0, step {} (written at world size 6, now 4", stopped)),
+            std::string::npos) << outs;
+  EXPECT_NE(r0.err.find("leaves: its ddprun received SIGTERM"), std::string::npos) << r0.err;
+  EXPECT_EQ(r0.err.find("restarting it"), std::string::npos) << "not a failure: " << r0.err;
+  expect_each_sample_once(dir_ / "run" / "samples");
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
+}
+
+// --nnodes 2:3 on 4 hosts: the fourth waits, says why, and ends when the job finishes. The job
+// ran at 3 nodes throughout, so its model is the one a fixed 3-node job trains.
+TEST_F(Elastic, AHostOverMaxWaitsAndTheJobTrainsAsAFixedOne) {
+  {
+    Hosts hosts(3);
+    std::vector<std::optional<Subprocess>> h(3);
+    for (int k = 0; k < 3; ++k) {
+      h[k].emplace(hosts.start(k, [&] {
+        std::vector<std::string> argv = {kDdprun, "--nnodes", "3", "--node-rank", std::to_string(k),
+                                         "--nproc-per-node", "2", "--master-addr", hosts.address(0),
+                                         "--master-port", "29500"};
+        for (const std::string& a : train("fixed")) argv.push_back(a);
+        return argv;
+      }(), {}, 300));
+    }
+    for (int k = 0; k < 3; ++k) {
+      const Result& r = h[k]->wait();
+      ASSERT_TRUE(r.exited(0)) << r.describe();
+    }
+  }
+  Hosts hosts(4);
+  std::vector<std::optional<Subprocess>> h(4);
+  for (int k = 0; k < 3; ++k) h[k].emplace(node(hosts, k, "2:3", train("run")));
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[0]->err_so_far().find("elastic round 0: 3 node(s)") != std::string::npos;
+  }, 120)) << h[0]->err_so_far();
+  h[3].emplace(node(hosts, 3, "2:3", train("run")));
+  for (int k = 0; k < 4; ++k) {
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+  }
+  const std::string err3 = h[3]->wait().err;
+  EXPECT_NE(err3.find("it runs at its maximum"), std::string::npos) << err3;
+  EXPECT_NE(err3.find("finished in round 0"), std::string::npos) << err3;
+  EXPECT_EQ(h[0]->wait().err.find("re-form"), std::string::npos) << h[0]->wait().err;
+  expect_each_sample_once(dir_ / "run" / "samples");
+  const auto fixed = testing::load_state(dir_ / "fixed" / "model_state.pt");
+  const auto elastic = testing::load_state(dir_ / "run" / "model_state.pt");
+  ASSERT_EQ(fixed.size(), elastic.size());
+  for (const auto& [name, tensor] : fixed) {
+    ASSERT_EQ(elastic.count(name), 1u) << name;
+    EXPECT_TRUE(torch::equal(tensor, elastic.at(name))) << name;
+  }
+}
+
+// 2 hosts, --nnodes 2:2 with a short join timeout: host 1 is killed and not started again. Host 0
+// waits the join timeout for a second node, then fails naming host 1.
+TEST_F(Elastic, FewerThanMinWaitsTheJoinTimeoutThenFailsNamingTheMissing) {
+  Hosts hosts(2);
+  std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=1,join_timeout=8"};
+  auto h0 = node(hosts, 0, "2:3", train("run"), extra);
+  auto h1 = node(hosts, 1, "2:3", train("run"), extra);
+  ASSERT_TRUE(testing::wait_until([&] {
+    return fs::exists(dir_ / "run" / "checkpoints" / "epoch=0-step=2.ckpt");
+  }, 180)) << h0.err_so_far() << h0.out_so_far();
+  std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(1)).c_str());
+  const double killed_at = h0.elapsed_s();
+  const Result& r0 = h0.wait();
+  EXPECT_EQ(r0.exit_code, 1) << r0.describe();
+  EXPECT_NE(r0.err.find("fewer than the minimum of 2 (--nnodes 2:3)"), std::string::npos)
+      << r0.describe();
+  EXPECT_NE(r0.err.find(fmt::format("missing: {} (node 1 of round 0)", hosts.host(1))),
+            std::string::npos)
+      << r0.describe();
+  EXPECT_LT(r0.wall_s - killed_at, 8 + 20) << "the join timeout and the teardown";
+  EXPECT_EQ(hosts.processes(0), 0);
+}
+
+}  // namespace
+}  // namespace ddp
+// clang-format on

@@ -1,0 +1,540 @@
+// Elastic rounds (see Note [Elastic rounds] in elastic.h).
+#include "elastic.h"
+
+#include <sys/random.h>  // getrandom
+#include <unistd.h>      // getpid
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
+
+#include "base/net.h"  // host_name
+#include "output.h"    // note
+#include "store/bind.h"
+#include "store/client.h"
+#include "store/net.h"
+#include "store/protocol.h"  // job_key
+#include "summary.h"         // format_seconds
+
+namespace ddp::launcher {
+namespace {
+
+using Clock = store::Clock;
+using std::chrono::milliseconds;
+
+// How often a node waiting to join looks at the round.
+constexpr milliseconds kWaitStep{100};
+
+double seconds_of(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+int parse_count(const std::string& text, const char* what) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 0) {
+    throw Error(fmt::format("the agent store's {} is '{}', not a number: another program wrote "
+                            "to this job's keys",
+                            what, text));
+  }
+  return value;
+}
+
+// One node's entry in a round: "<id> <host> <last round> <last node rank>".
+struct Entry {
+  std::string id;
+  std::string host;
+  int last_round = -1;  // the round it last ran in; -1: none (a new node)
+  int last_rank = -1;   // its node rank there
+  int arrival = 0;      // its arrival index in this round
+};
+
+std::string format_entry(const Entry& e) {
+  return fmt::format("{} {} {} {}", e.id, e.host, e.last_round, e.last_rank);
+}
+
+Entry parse_entry(const std::string& text, int arrival) {
+  Entry e;
+  e.arrival = arrival;
+  std::istringstream in(text);
+  if (!(in >> e.id >> e.host >> e.last_round >> e.last_rank)) {
+    e = Entry{.id = "?", .host = "?", .arrival = arrival};
+  }
+  return e;
+}
+
+// The order of a round's nodes (Note [Elastic rounds]): the newest previous round first, then
+// the node ranks there, then newcomers by arrival.
+void sort_members(std::vector<Entry>& nodes) {
+  std::ranges::sort(nodes, [](const Entry& a, const Entry& b) {
+    if (a.last_round != b.last_round) return a.last_round > b.last_round;
+    if (a.last_rank != b.last_rank) return a.last_rank < b.last_rank;
+    return a.arrival < b.arrival;
+  });
+}
+
+std::string random_hex(int bytes) {
+  std::string out;
+  for (int i = 0; i < bytes; ++i) {
+    unsigned char b = 0;
+    if (::getrandom(&b, 1, 0) != 1) b = static_cast<unsigned char>(::getpid() >> (8 * (i % 4)));
+    out += fmt::format("{:02x}", b);
+  }
+  return out;
+}
+
+// Whether `host` is an address of this machine: then this ddprun may host the store.
+bool endpoint_is_here(const std::string& host, int port) {
+  std::string error;
+  for (const store::SocketAddress& a : store::resolve(host, port, &error)) {
+    if (store::can_bind(a)) return true;
+  }
+  return false;
+}
+
+class ElasticRounds final : public Rounds {
+ public:
+  ElasticRounds(const LaunchConfig& config, const EnvMap& base_env, const std::string& run_id,
+                const std::string& secret);
+
+  bool agent_store() const override { return true; }
+  std::optional<Membership> join(int next, const std::function<bool()>& stop) override;
+  std::optional<std::string> failure_elsewhere(int round) override;
+  std::optional<std::string> report_failure(int round, const std::string& what,
+                                            bool final) override;
+  bool final_failure(int round) override;
+  void leave(int round, bool failed, const std::function<bool()>& stop) override;
+  std::optional<std::string> regroup(int round, bool now) override;
+  bool announce_leaving(int round, const std::string& why) override;
+
+ private:
+  std::string key(int round, std::string_view what) const {
+    return fmt::format("{}{}/{}", prefix_, round, what);
+  }
+  std::string get_if_set(const std::string& k, Clock::time_point deadline) {
+    if (!client_->check({k}, deadline)) return "";
+    return client_->get(k, milliseconds(0), deadline);
+  }
+  int raise_round(int next, Clock::time_point deadline);
+  void beat(Clock::time_point deadline);
+  // Round `round` is over: failed, re-forming, finished, or all its nodes gone silent.
+  bool over(int round, Clock::time_point deadline);
+  // The nodes that arrived in `round` before index `n`, in arrival order.
+  std::vector<Entry> arrivals(int round, int n, Clock::time_point deadline);
+  Membership admit(int round, int n, int index, Clock::time_point deadline);
+  [[noreturn]] void too_few(int round, int count, Clock::time_point deadline);
+  std::string where() const { return fmt::format("node {} (ddprun pid {})", host_, pid_); }
+  std::string range() const { return fmt::format("{}:{}", c_.min_nodes, c_.nnodes); }
+
+  const LaunchConfig& c_;
+  const std::string prefix_;  // "ddprun/<run id>/"
+  const std::string host_;
+  const int pid_;
+  const std::string id_;  // "<host>:<pid>:<random>"
+  const milliseconds join_timeout_;
+  const milliseconds last_call_;
+  std::unique_ptr<store::Server> server_;  // on the endpoint's host
+  std::unique_ptr<store::Client> client_;
+
+  // The last round this node ran: its number, this node's rank there, its nodes in rank order.
+  int last_round_ = -1;
+  int last_rank_ = -1;
+  std::vector<Entry> members_;
+  bool leaving_ = false;
+  Clock::time_point next_poll_{};
+  Clock::time_point next_regroup_poll_{};
+  bool poll_failure_noted_ = false;
+  // Signs of life seen while waiting on a round: id -> (alive count, when it last moved).
+  std::map<std::string, std::pair<int64_t, Clock::time_point>> seen_alive_;
+};
+
+ElasticRounds::ElasticRounds(const LaunchConfig& config, const EnvMap& base_env,
+                             const std::string& run_id, const std::string& secret)
+    : c_(config), prefix_(fmt::format("ddprun/{}/", run_id)), host_(net::host_name()),
+      pid_(static_cast<int>(::getpid())),
+      id_(fmt::format("{}:{}:{}", host_, pid_, random_hex(3))),
+      join_timeout_(std::chrono::duration_cast<milliseconds>(
+          config.rdzv_timeout.value_or(Seconds(kDefaultRendezvousTimeout)))),
+      last_call_(std::chrono::duration_cast<milliseconds>(config.last_call_timeout)) {
+  const std::string key = store::job_key(secret, run_id);
+  // The first ddprun on the endpoint's host hosts the store; a second one there finds the port
+  // taken and is a client like the rest.
+  if (endpoint_is_here(c_.master_addr, c_.master_port)) {
+    server_ = host_agent_store(c_, base_env, key, secret,
+                               "the ddprun on the rendezvous endpoint's host",
+                               /*none_if_in_use=*/true);
+    if (server_) {
+      note(fmt::format("hosting the elastic job's agent store on {}", server_->listening()));
+    }
+  }
+  store::ClientOptions o;
+  o.host = server_ ? server_->local_address() : c_.master_addr;
+  o.port = server_ ? server_->port() : c_.master_port;
+  o.key = key;
+  o.identity = fmt::format("ddprun {} (elastic)", id_);
+  o.who = fmt::format("ddprun ({})", host_);
+  o.owner = "the ddprun on the rendezvous endpoint's host";
+  client_ = std::make_unique<store::Client>(o);
+}
+
+int ElasticRounds::raise_round(int next, Clock::time_point deadline) {
+  int round = parse_count(client_->compare_set(prefix_ + "round", "", "0", deadline), "round");
+  while (round < next) {
+    round = parse_count(client_->compare_set(prefix_ + "round", std::to_string(round),
+                                             std::to_string(next), deadline),
+                        "round");
+  }
+  return round;
+}
+
+void ElasticRounds::beat(Clock::time_point deadline) {
+  client_->add(prefix_ + "alive/" + id_, 1, deadline);
+}
+
+bool ElasticRounds::over(int round, Clock::time_point deadline) {
+  if (round < 0) return true;
+  for (const char* what : {"failed", "regroup", "finished"}) {
+    if (client_->check({key(round, what)}, deadline)) return true;
+  }
+  const std::string closed = get_if_set(key(round, "closed"), deadline);
+  if (closed.empty()) return false;  // it has not begun
+  // Begun, and not ended by any of its nodes: over only when none of them shows a sign of life.
+  const auto now = Clock::now();
+  bool alive = false;
+  for (const Entry& e : arrivals(round, parse_count(closed, "closed count"), deadline)) {
+    const int64_t count = client_->add(prefix_ + "alive/" + e.id, 0, deadline);
+    auto [it, fresh] = seen_alive_.try_emplace(e.id, count, now);
+    if (fresh || it->second.first != count) {
+      it->second = {count, now};
+      alive = true;
+    } else if (now - it->second.second < kStaleAfter) {
+      alive = true;
+    }
+  }
+  if (alive) return false;
+  client_->compare_set(key(round, "regroup"), "",
+                       fmt::format("none of its nodes answered for {}",
+                                   format_seconds(seconds_of(kStaleAfter))),
+                       deadline);
+  return true;
+}
+
+std::vector<Entry> ElasticRounds::arrivals(int round, int n, Clock::time_point deadline) {
+  std::vector<Entry> out;
+  for (int i = 0; i < n; ++i) {
+    // A node writes its entry right after counting itself in: wait a moment for it.
+    const std::string k = key(round, fmt::format("member/{}", i));
+    std::string text;
+    try {
+      text = client_->get(k, milliseconds(1000), deadline);
+    } catch (const RendezvousError&) {
+      text.clear();  // it died in between: an unknown node
+    }
+    out.push_back(parse_entry(text, i));
+  }
+  return out;
+}
+
+Membership ElasticRounds::admit(int round, int n, int index, Clock::time_point deadline) {
+  std::vector<Entry> nodes = arrivals(round, n, deadline);
+  sort_members(nodes);
+  const auto mine = std::ranges::find_if(nodes, [&](const Entry& e) { return e.arrival == index; });
+  const int rank = static_cast<int>(mine - nodes.begin());
+  const std::string failures = get_if_set(prefix_ + "failures", deadline);
+  std::vector<std::string> hosts;
+  for (const Entry& e : nodes) hosts.push_back(e.host);
+  note(fmt::format("elastic round {}: {} node(s) ({} allowed), node ranks {}; this node is node {}",
+                   round, n, range(), fmt::join(hosts, ", "), rank));
+  last_round_ = round;
+  last_rank_ = rank;
+  members_ = std::move(nodes);
+  return Membership{.round = round,
+                    .node_rank = rank,
+                    .nnodes = n,
+                    .restarts = failures.empty() ? 0 : parse_count(failures, "failure count")};
+}
+
+void ElasticRounds::too_few(int round, int count, Clock::time_point deadline) {
+  std::vector<std::string> present;
+  std::vector<std::string> missing;
+  const std::vector<Entry> here = arrivals(round, count, deadline);
+  for (const Entry& e : here) present.push_back(e.host);
+  for (size_t r = 0; r < members_.size(); ++r) {
+    const Entry& m = members_[r];
+    if (std::ranges::none_of(here, [&](const Entry& e) { return e.id == m.id; })) {
+      missing.push_back(fmt::format("{} (node {} of round {})", m.host, r, last_round_));
+    }
+  }
+  throw RendezvousError(fmt::format(
+      "{}: {} node(s) joined elastic round {} within {} (the join timeout), fewer than the "
+      "minimum of {} (--nnodes {}); present: {}; missing: {}. Start ddprun on more nodes, or "
+      "lower MIN.",
+      where(), count, round, format_seconds(seconds_of(join_timeout_)), c_.min_nodes, range(),
+      present.empty() ? "none" : fmt::format("{}", fmt::join(present, ", ")),
+      missing.empty() ? "no node of an earlier round (this job never ran)"
+                      : fmt::format("{}", fmt::join(missing, ", "))));
+}
+
+// Every step is a short bounded call, retried until the join timeout (the store's host may not
+// listen yet). The timeout counts only while the round before has ended: waiting to be admitted
+// while the job runs at its maximum is not a rendezvous that failed.
+std::optional<Membership> ElasticRounds::join(int next, const std::function<bool()>& stop) {
+  auto end = Clock::now() + join_timeout_;
+  const std::string shape =
+      fmt::format("--nnodes {}, --nproc-per-node {}", range(), c_.nproc_per_node);
+  bool shape_checked = false;
+  bool said_waiting = false;
+  int round = -1;
+  int index = -1;  // this node's arrival index in `round`
+  std::optional<Clock::time_point> min_seen;
+  std::string last_error;
+  std::optional<int> short_of;  // the round's count at the join timeout, below MIN
+  while (true) {
+    if (stop && stop()) return std::nullopt;
+    const auto now = Clock::now();
+    const auto deadline = now + kCallTime;
+    try {
+      last_error.clear();
+      beat(deadline);
+      if (!shape_checked) {
+        const std::string job = client_->compare_set(prefix_ + "shape", "", shape, deadline);
+        if (job != shape) {
+          throw Error(fmt::format(
+              "{} was started with {}, but this job's first node with {}: give every node the "
+              "same --nnodes and --nproc-per-node",
+              where(), shape, job));
+        }
+        shape_checked = true;
+      }
+      const int r = raise_round(next, deadline);
+      if (r != round) {
+        round = r;
+        index = -1;
+        min_seen.reset();
+      }
+      if (round > 0) {
+        const std::string finished = get_if_set(key(round - 1, "finished"), deadline);
+        if (!finished.empty() && last_round_ == round - 1) {
+          // A node whose workers all exited 0 has left: the job is done, this node failed late.
+          throw Error(fmt::format(
+              "{}: {} finished elastic round {} (its workers exited 0) while this node's failed: "
+              "not starting again",
+              where(), finished, round - 1));
+        }
+        if (!finished.empty()) {
+          throw JobEnded(fmt::format("the elastic job finished in round {} ({} was first to "
+                                     "finish) while this node waited to be admitted",
+                                     round - 1, finished),
+                         true);
+        }
+        const std::string final = get_if_set(key(round - 1, "final"), deadline);
+        if (!final.empty()) {
+          throw Error(fmt::format("{}: elastic round {} ended with a final failure ({}): no "
+                                  "node starts again",
+                                  where(), round - 1, final));
+        }
+      }
+      const std::string failures = get_if_set(prefix_ + "failures", deadline);
+      if (!failures.empty() && parse_count(failures, "failure count") > c_.max_restarts) {
+        throw Error(fmt::format(
+            "{}: the elastic job has failed {} time(s), past --max-restarts {}: it has used its "
+            "restarts, so no node starts its workers again (nodes leaving or joining do not "
+            "count)",
+            where(), failures, c_.max_restarts));
+      }
+      if (index < 0) {
+        index = static_cast<int>(client_->add(key(round, "count"), 1, deadline)) - 1;
+        client_->set(key(round, fmt::format("member/{}", index)),
+                     format_entry({.id = id_, .host = host_, .last_round = last_round_,
+                                   .last_rank = last_rank_}),
+                     deadline);
+      }
+      std::string closed = get_if_set(key(round, "closed"), deadline);
+      if (closed.empty()) {
+        const int count = static_cast<int>(client_->add(key(round, "count"), 0, deadline));
+        if (over(round - 1, deadline)) {
+          std::optional<int> close_at;
+          if (count >= c_.nnodes) {
+            close_at = c_.nnodes;
+          } else if (count >= c_.min_nodes) {
+            if (!min_seen) min_seen = now;
+            if (now - *min_seen >= last_call_) close_at = count;
+          } else {
+            min_seen.reset();
+          }
+          if (close_at) {
+            closed = client_->compare_set(key(round, "closed"), "", std::to_string(*close_at),
+                                          deadline);
+          } else if (now >= end) {
+            short_of = count;
+          }
+        } else {
+          end = now + join_timeout_;  // the round before still runs
+          if (!said_waiting) {
+            note(fmt::format("elastic round {} still runs; this node joins at the next one",
+                             round - 1));
+            said_waiting = true;
+          }
+        }
+      }
+      if (!closed.empty()) {
+        const int n = parse_count(closed, "closed count");
+        if (index < n) return admit(round, n, index, deadline);
+        note(fmt::format("elastic round {} began with {} node(s) before this node arrived "
+                         "(--nnodes {}): this node waits to be admitted when the job next "
+                         "re-forms{}",
+                         round, n, range(),
+                         n >= c_.nnodes ? ", which it does when a node leaves (it runs at its "
+                                          "maximum)"
+                                        : ", at once"));
+        next = round + 1;
+      }
+    } catch (const store::RefusedError& e) {  // another job's store, a wrong secret: final
+      throw RendezvousError(fmt::format("{}: {}", where(), e.what()));
+    } catch (const RendezvousError& e) {  // the store did not answer (in time): retried
+      last_error = e.what();
+    }
+    if (short_of) too_few(round, *short_of, Clock::now() + kCallTime);
+    if (!last_error.empty() && Clock::now() >= end) {
+      throw RendezvousError(fmt::format(
+          "{}: could not reach the elastic job's agent store at {}:{} (--rdzv-endpoint) within "
+          "{}: {}. The ddprun on that host hosts it: it has not started, has exited, or listens "
+          "on another address or port.",
+          where(), c_.master_addr, c_.master_port, format_seconds(seconds_of(join_timeout_)),
+          last_error));
+    }
+    std::this_thread::sleep_for(kWaitStep);
+  }
+}
+
+std::optional<std::string> ElasticRounds::failure_elsewhere(int round) {
+  const auto now = Clock::now();
+  if (now < next_poll_) return std::nullopt;
+  next_poll_ = now + kPollInterval;
+  try {
+    beat(now + kCallTime);
+    const std::string failed = get_if_set(key(round, "failed"), now + kCallTime);
+    if (failed.empty()) return std::nullopt;
+    return failed;
+  } catch (const Error& e) {
+    if (!poll_failure_noted_) {
+      note(fmt::format("could not ask the agent store whether the other nodes are well ({}); "
+                       "the workers go on (they fail by themselves if their peers are gone)",
+                       e.what()));
+    }
+    poll_failure_noted_ = true;
+    next_poll_ = now + kPollBackoff;
+    return std::nullopt;
+  }
+}
+
+std::optional<std::string> ElasticRounds::regroup(int round, bool now) {
+  const auto t = Clock::now();
+  if (!now && t < next_regroup_poll_) return std::nullopt;
+  next_regroup_poll_ = t + kPollInterval;
+  const auto deadline = t + kCallTime;
+  try {
+    if (client_->check({key(round, "failed")}, deadline)) return std::nullopt;  // a failure wins
+    if (std::string why = get_if_set(key(round, "regroup"), deadline); !why.empty()) return why;
+    if (static_cast<int>(members_.size()) >= c_.nnodes) return std::nullopt;
+    // A node waiting to be admitted while the job runs below its maximum: re-form now.
+    if (client_->add(key(round + 1, "count"), 0, deadline) == 0) return std::nullopt;
+    const Entry waiting = arrivals(round + 1, 1, deadline).front();
+    return client_->compare_set(
+        key(round, "regroup"), "",
+        fmt::format("node {} waits to join; the job runs on {} of at most {} nodes", waiting.host,
+                    members_.size(), c_.nnodes),
+        deadline);
+  } catch (const Error&) {
+    return std::nullopt;  // failure_elsewhere() says when the store does not answer
+  }
+}
+
+bool ElasticRounds::announce_leaving(int round, const std::string& why) {
+  try {
+    client_->compare_set(key(round, "regroup"), "", fmt::format("{} leaves: {}", where(), why),
+                         Clock::now() + kCallTime);
+    leaving_ = true;
+  } catch (const Error& e) {
+    note(fmt::format("could not tell the other nodes that this node leaves: {}", e.what()));
+  }
+  return true;  // the others go on either way: they find this node gone
+}
+
+std::optional<std::string> ElasticRounds::report_failure(int round, const std::string& what,
+                                                         bool final) {
+  const std::string line = fmt::format("{}: {}", where(), what);
+  try {
+    const auto deadline = Clock::now() + kCallTime;
+    if (final && !client_->check({key(round, "failed")}, deadline)) {
+      client_->compare_set(key(round, "final"), "", line, deadline);
+    }
+    const std::string first = client_->compare_set(key(round, "failed"), "", line, deadline);
+    if (first != line) return first;
+    client_->add(prefix_ + "failures", 1, deadline);  // counted once, by the first reporter
+  } catch (const Error& e) {
+    note(fmt::format("could not tell the other nodes that this node failed: {}", e.what()));
+  }
+  return std::nullopt;
+}
+
+bool ElasticRounds::final_failure(int round) {
+  try {
+    return client_->check({key(round, "final")}, Clock::now() + kCallTime);
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+void ElasticRounds::leave(int round, bool failed_round, const std::function<bool()>& stop) {
+  try {
+    if (!failed_round && !leaving_) {
+      client_->compare_set(key(round, "finished"), "", where(), Clock::now() + kCallTime);
+    }
+    client_->add(key(round, "ended"), 1, Clock::now() + kCallTime);
+    if (!server_) return;
+    // The store's host: the others may still need it, to end or to learn that the job ended.
+    const auto limit = failed_round ? std::chrono::duration_cast<milliseconds>(c_.grace_period) +
+                                          kFailureLinger
+                                    : std::min(join_timeout_, kSuccessLinger);
+    const auto until = Clock::now() + limit;
+    bool said = false;
+    while (Clock::now() < until) {
+      const auto deadline = Clock::now() + kCallTime;
+      const int ended = static_cast<int>(client_->add(key(round, "ended"), 0, deadline));
+      const bool waiting = client_->add(key(round + 1, "count"), 0, deadline) > 0;
+      if (ended >= static_cast<int>(members_.size()) && !waiting) return;
+      if (ended >= static_cast<int>(members_.size()) && waiting) {
+        // Nodes waiting to be admitted read "finished" within kWaitStep: give them a moment.
+        std::this_thread::sleep_for(5 * kWaitStep + kPollInterval);
+        return;
+      }
+      if (stop && stop()) {
+        note("stopped waiting for the other nodes (signal); they may lose the agent store");
+        return;
+      }
+      if (!said) {
+        note(fmt::format("waiting up to {} for the other nodes to be done with the agent store "
+                         "that this node hosts",
+                         format_seconds(seconds_of(limit))));
+        said = true;
+      }
+      std::this_thread::sleep_for(kWaitStep);
+    }
+  } catch (const Error& e) {
+    if (server_) note(fmt::format("ending elastic round {}: {}", round, e.what()));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Rounds> make_elastic_rounds(const LaunchConfig& config, const EnvMap& base_env,
+                                            const std::string& run_id, const std::string& secret) {
+  return std::make_unique<ElasticRounds>(config, base_env, run_id, secret);
+}
+
+}  // namespace ddp::launcher
