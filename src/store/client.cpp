@@ -178,6 +178,7 @@ void Client::connect_locked(Clock::time_point deadline, Clock::time_point starte
     std::string resolve_error;
     const std::vector<SocketAddress> addresses = resolve(o_.host, o_.port, &resolve_error);
     if (addresses.empty()) cause = fmt::format("cannot resolve '{}': {}", o_.host, resolve_error);
+    size_t refused = 0;
     for (const SocketAddress& a : addresses) {
       Fd fd(::socket(a.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
       if (!fd.valid()) {
@@ -199,12 +200,14 @@ void Client::connect_locked(Clock::time_point deadline, Clock::time_point starte
       }
       if (rc != 0) {
         cause = errno == ECONNREFUSED ? "connection refused" : std::strerror(errno);
+        if (errno == ECONNREFUSED) ++refused;
         continue;
       }
       set_nodelay(fd.get());
       fd_ = std::move(fd);
       try {
         handshake(deadline, started);
+        served_ = true;
         return;
       } catch (const Closed& c) {
         // Closed before the handshake ended: the host may be starting or stopping, or it
@@ -218,6 +221,13 @@ void Client::connect_locked(Clock::time_point deadline, Clock::time_point starte
                         "({:.1f} s): {}.",
                         o_.who, endpoint(), seconds(Clock::now() - started), silent_host_hint()));
       }
+    }
+    if (served_ && !addresses.empty() && refused == addresses.size()) {
+      throw StoreExitedError(
+          fmt::format("{} could not reach the rendezvous store at {}: connection refused, where "
+                      "it had answered before: the process hosting it has exited",
+                      o_.who, endpoint()),
+          cause);
     }
     if (Clock::now() + backoff >= deadline) {
       throw UnreachableError(

@@ -33,6 +33,13 @@ class UnreachableError : public RendezvousError {
   std::string cause;  // "connection refused"
 };
 
+// The store refused connections where it had served this client: its host process exited.
+// Definite, unlike a store that is not up yet or does not answer.
+class StoreExitedError : public UnreachableError {
+ public:
+  using UnreachableError::UnreachableError;
+};
+
 // The endpoint answered, but not as this job's store does: it refused this process (another
 // job key), proved no key, speaks another protocol version, or is another program. Waiting and
 // trying again cannot help, unlike a store that is not up yet or does not answer in time.
@@ -101,6 +108,9 @@ class Client {
 
   TimedMutex mu_;          // one call at a time
   Fd fd_ GUARDED_BY(mu_);  // invalid: not connected
+  // A store that served this client and now refuses connections has exited: no retrying then
+  // (a store that is not up yet, or a silent one, is retried until the deadline).
+  bool served_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ddp::store

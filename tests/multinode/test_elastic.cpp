@@ -208,50 +208,113 @@ TEST_F(Elastic, AKilledHostDropsOutAndAdmittedAgainGrowsTheJobBack) {
   for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
 }
 
-// A spot reclaim's notice: SIGTERM to host 1's ddprun. Its workers and everyone else's stop
-// after the same step with a checkpoint; host 1 leaves (ending by the signal, as torchrun does)
-// and hosts 0 and 2 go on at 2 nodes.
-TEST_F(Elastic, ASigtermNoticeLetsTheNodeLeaveWithACheckpointAndTheOthersGoOn) {
+// The same with host 0, whose ddprun hosts the store (Note [Moving the store] in
+// tools/ddprun/elastic.cpp): the survivors move the store to the first of them and go on at 2
+// nodes; host 0's ddprun started again hosts a fresh store at the endpoint, where the moved job
+// finds it waiting, moves its store back and admits it.
+TEST_F(Elastic, TheStoresHostKilledTheOthersMoveTheStoreAndTakeItBackWhenItReturns) {
   Hosts hosts(3);
   std::vector<std::optional<Subprocess>> h(3);
   for (int k = 0; k < 3; ++k) h[k].emplace(node(hosts, k, "2:3", train("run")));
   ASSERT_TRUE(testing::wait_until([&] {
-    return h[0]->err_so_far().find("elastic round 0: 3 node(s)") != std::string::npos &&
+    return h[1]->err_so_far().find("elastic round 0: 3 node(s)") != std::string::npos &&
            fs::exists(dir_ / "run" / "checkpoints" / "epoch=0-step=4.ckpt");
-  }, 180)) << h[0]->err_so_far() << h[0]->out_so_far();
-  h[1]->signal(SIGTERM);
-  const double notice_at = h[0]->elapsed_s();
-  const Result& r1 = h[1]->wait();
-  EXPECT_EQ(r1.term_signal, SIGTERM) << "ddprun ends by the signal it got: " << r1.describe();
-  EXPECT_NE(r1.err.find("this node leaves the elastic job, the others go on"), std::string::npos)
-      << r1.describe();
-  double resumed_at = -1;
+  }, 180)) << h[1]->err_so_far() << h[1]->out_so_far();
+  std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(0)).c_str());
+  const double killed_at = h[1]->elapsed_s();
+  h[0]->wait();
+  double moved_at = -1, resumed_at = -1;
   ASSERT_TRUE(testing::wait_until([&] {
-    if (h[0]->err_so_far().find("elastic round 1: 2 node(s)") == std::string::npos ||
-        (h[0]->out_so_far() + h[2]->out_so_far()).find("resumed from") == std::string::npos) {
-      return false;
+    const std::string err = h[1]->err_so_far();
+    if (moved_at < 0 && err.find("elastic round 1: 2 node(s)") != std::string::npos) {
+      moved_at = h[1]->elapsed_s();
     }
-    resumed_at = h[0]->elapsed_s();
+    if (resumed_at < 0 && (h[1]->out_so_far() + h[2]->out_so_far()).find("resumed from") !=
+                              std::string::npos) {
+      resumed_at = h[1]->elapsed_s();
+    }
+    return moved_at >= 0 && resumed_at >= 0;
+  }, 90)) << h[1]->err_so_far() << h[2]->err_so_far();
+  EXPECT_NE(h[1]->err_so_far().find("stopped answering"), std::string::npos)
+      << h[1]->err_so_far();
+  std::printf("[ measured ] the store's host killed: the 2 survivors moved the store and "
+              "re-formed %.1f s later, resumed training %.1f s after the kill\n",
+              moved_at - killed_at, resumed_at - killed_at);
+
+  h[0].emplace(node(hosts, 0, "2:3", train("run")));
+  double grown_at = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (h[0]->err_so_far().find("3 node(s)") == std::string::npos) return false;
+    grown_at = h[0]->elapsed_s();
     return true;
-  }, 90)) << h[0]->err_so_far() << h[0]->out_so_far() << h[2]->out_so_far();
-  std::printf("[ measured ] SIGTERM to host 1: the other 2 resumed %.1f s after the notice\n",
-              resumed_at - notice_at);
-  const Result& r0 = h[0]->wait();
-  const Result& r2 = h[2]->wait();
-  EXPECT_TRUE(r0.exited(0)) << r0.describe();
-  EXPECT_TRUE(r2.exited(0)) << r2.describe();
-  // The workers stopped as for a preemption: a checkpoint at the step every rank agreed on,
-  // from which the two go on (rank 0 of round 0 was on whichever host arrived first).
-  const std::string outs = r0.out + r1.out + r2.out;
-  const size_t at = outs.find("preempted at step ");
-  ASSERT_NE(at, std::string::npos) << outs;
-  const int stopped = std::atoi(outs.c_str() + at + std::strlen("preempted at step "));
-  EXPECT_NE(outs.find(fmt::format("at epoch 0, step {} (written at world size 6, now 4", stopped)),
-            std::string::npos) << outs;
-  EXPECT_NE(r0.err.find("leaves: its ddprun received SIGTERM"), std::string::npos) << r0.err;
-  EXPECT_EQ(r0.err.find("restarting it"), std::string::npos) << "not a failure: " << r0.err;
+  }, 90)) << h[0]->err_so_far() << h[1]->err_so_far();
+  std::printf("[ measured ] host 0 started again: the job took its store back and admitted it "
+              "%.1f s after its ddprun started\n", grown_at);
+  for (int k = 0; k < 3; ++k) {
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+  }
+  EXPECT_NE(h[1]->wait().err.find("back to the rendezvous endpoint"), std::string::npos)
+      << h[1]->wait().err;
   expect_each_sample_once(dir_ / "run" / "samples");
   for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
+}
+
+// A spot reclaim's notice: SIGTERM to one host's ddprun. Its workers and everyone else's stop
+// after the same step with a checkpoint; the host leaves (its ddprun ending by the signal, as
+// torchrun's does) and the other two go on at 2 nodes from that checkpoint. Host 1, then host 0,
+// which hosts the store: it goes at once and the others move the store (Note [Moving the
+// store]).
+TEST_F(Elastic, ASigtermNoticeLetsTheNodeLeaveWithACheckpointAndTheOthersGoOn) {
+  for (const int leaving : {1, 0}) {
+    SCOPED_TRACE(fmt::format("host {} leaves", leaving));
+    const std::string name = fmt::format("run{}", leaving);
+    const int a = leaving == 0 ? 1 : 0, b = 2;  // the two that stay
+    Hosts hosts(3);
+    std::vector<std::optional<Subprocess>> h(3);
+    for (int k = 0; k < 3; ++k) h[k].emplace(node(hosts, k, "2:3", train(name)));
+    ASSERT_TRUE(testing::wait_until([&] {
+      return h[a]->err_so_far().find("elastic round 0: 3 node(s)") != std::string::npos &&
+             fs::exists(dir_ / name / "checkpoints" / "epoch=0-step=4.ckpt");
+    }, 180)) << h[a]->err_so_far() << h[a]->out_so_far();
+    h[leaving]->signal(SIGTERM);
+    const double notice_at = h[a]->elapsed_s();
+    const Result& gone = h[leaving]->wait();
+    EXPECT_EQ(gone.term_signal, SIGTERM) << "ddprun ends by the signal it got: " << gone.describe();
+    EXPECT_NE(gone.err.find("this node leaves the elastic job, the others go on"),
+              std::string::npos) << gone.describe();
+    double resumed_at = -1;
+    ASSERT_TRUE(testing::wait_until([&] {
+      if (h[a]->err_so_far().find("elastic round 1: 2 node(s)") == std::string::npos ||
+          (h[a]->out_so_far() + h[b]->out_so_far()).find("resumed from") == std::string::npos) {
+        return false;
+      }
+      resumed_at = h[a]->elapsed_s();
+      return true;
+    }, 90)) << h[a]->err_so_far() << h[a]->out_so_far() << h[b]->out_so_far();
+    std::printf("[ measured ] SIGTERM to host %d%s: the other 2 resumed %.1f s after the notice\n",
+                leaving, leaving == 0 ? " (the store's host)" : "", resumed_at - notice_at);
+    const Result& ra = h[a]->wait();
+    const Result& rb = h[b]->wait();
+    EXPECT_TRUE(ra.exited(0)) << ra.describe();
+    EXPECT_TRUE(rb.exited(0)) << rb.describe();
+    // The workers stopped as for a preemption: a checkpoint at the step every rank agreed on,
+    // from which the two go on (rank 0 of round 0 was on whichever host arrived first).
+    const std::string outs = ra.out + gone.out + rb.out;
+    const size_t at = outs.find("preempted at step ");
+    ASSERT_NE(at, std::string::npos) << outs;
+    const int stopped = std::atoi(outs.c_str() + at + std::strlen("preempted at step "));
+    EXPECT_NE(outs.find(fmt::format("at epoch 0, step {} (written at world size 6, now 4",
+                                    stopped)),
+              std::string::npos) << outs;
+    EXPECT_NE(ra.err.find("leaves: its ddprun received SIGTERM"), std::string::npos) << ra.err;
+    EXPECT_EQ(ra.err.find("restarting it"), std::string::npos) << "not a failure: " << ra.err;
+    if (leaving == 0) {
+      EXPECT_NE(ra.err.find("stopped answering"), std::string::npos) << ra.err;
+    }
+    expect_each_sample_once(dir_ / name / "samples");
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
+  }
 }
 
 // --nnodes 2:3 on 4 hosts: the fourth waits, says why, and ends when the job finishes. The job
@@ -315,9 +378,10 @@ TEST_F(Elastic, FewerThanMinWaitsTheJoinTimeoutThenFailsNamingTheMissing) {
   EXPECT_EQ(r0.exit_code, 1) << r0.describe();
   EXPECT_NE(r0.err.find("fewer than the minimum of 2 (--nnodes 2:3)"), std::string::npos)
       << r0.describe();
-  EXPECT_NE(r0.err.find(fmt::format("missing: {} (node 1 of round 0)", hosts.host(1))),
-            std::string::npos)
+  // Named with its node rank in the round it last ran in (ranks follow arrival there).
+  EXPECT_NE(r0.err.find(fmt::format("missing: {} (node ", hosts.host(1))), std::string::npos)
       << r0.describe();
+  EXPECT_NE(r0.err.find(" of round 0)"), std::string::npos) << r0.describe();
   EXPECT_LT(r0.wall_s - killed_at, 8 + 20) << "the join timeout and the teardown";
   EXPECT_EQ(hosts.processes(0), 0);
 }

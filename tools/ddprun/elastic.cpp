@@ -2,11 +2,13 @@
 #include "elastic.h"
 
 #include <sys/random.h>  // getrandom
-#include <unistd.h>      // getpid
+#include <sys/socket.h>  // socket, connect, getsockname
+#include <unistd.h>      // getpid, close
 
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -44,25 +46,26 @@ int parse_count(const std::string& text, const char* what) {
   return value;
 }
 
-// One node's entry in a round: "<id> <host> <last round> <last node rank>".
+// One node's entry in a round: "<id> <host> <address> <last round> <last node rank>".
 struct Entry {
   std::string id;
   std::string host;
+  std::string addr;     // its address toward the store ("-": unknown), where it would host one
   int last_round = -1;  // the round it last ran in; -1: none (a new node)
   int last_rank = -1;   // its node rank there
   int arrival = 0;      // its arrival index in this round
 };
 
 std::string format_entry(const Entry& e) {
-  return fmt::format("{} {} {} {}", e.id, e.host, e.last_round, e.last_rank);
+  return fmt::format("{} {} {} {} {}", e.id, e.host, e.addr, e.last_round, e.last_rank);
 }
 
 Entry parse_entry(const std::string& text, int arrival) {
   Entry e;
   e.arrival = arrival;
   std::istringstream in(text);
-  if (!(in >> e.id >> e.host >> e.last_round >> e.last_rank)) {
-    e = Entry{.id = "?", .host = "?", .arrival = arrival};
+  if (!(in >> e.id >> e.host >> e.addr >> e.last_round >> e.last_rank)) {
+    e = Entry{.id = "?", .host = "?", .addr = "-", .arrival = arrival};
   }
   return e;
 }
@@ -85,6 +88,23 @@ std::string random_hex(int bytes) {
     out += fmt::format("{:02x}", b);
   }
   return out;
+}
+
+// This host's address on the route to host:port (the source address the kernel picks: a UDP
+// socket connected there sends nothing); "-" when there is none.
+std::string address_toward(const std::string& host, int port) {
+  std::string error;
+  for (const store::SocketAddress& a : store::resolve(host, port, &error)) {
+    const int fd = ::socket(a.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    store::SocketAddress mine;
+    mine.length = sizeof mine.storage;
+    const bool ok = ::connect(fd, a.get(), a.length) == 0 &&
+                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine.storage), &mine.length) == 0;
+    ::close(fd);
+    if (ok) return store::ip_of(mine);
+  }
+  return "-";
 }
 
 // Whether `host` is an address of this machine: then this ddprun may host the store.
@@ -127,18 +147,39 @@ class ElasticRounds final : public Rounds {
   std::vector<Entry> arrivals(int round, int n, Clock::time_point deadline);
   Membership admit(int round, int n, int index, Clock::time_point deadline);
   [[noreturn]] void too_few(int round, int count, Clock::time_point deadline);
+  // Note [Moving the store]: clients of the store at host:port from now on.
+  void connect_to(const std::string& host, int port);
+  // The store stopped answering: the next node of the last round takes it over (this one, or
+  // the one this connects to). False when no node is left to take it.
+  bool move_store(const std::string& why);
+  // On the store just moved to: the last round is over there, the failures so far carried.
+  void settle_moved_store(Clock::time_point deadline);
+  // While the store is moved: a node waiting at the rendezvous endpoint (its host came back).
+  std::optional<std::string> waiting_at_home(int round);
   std::string where() const { return fmt::format("node {} (ddprun pid {})", host_, pid_); }
   std::string range() const { return fmt::format("{}:{}", c_.min_nodes, c_.nnodes); }
 
   const LaunchConfig& c_;
+  const std::string job_key_;
   const std::string prefix_;  // "ddprun/<run id>/"
   const std::string host_;
   const int pid_;
   const std::string id_;  // "<host>:<pid>:<random>"
   const milliseconds join_timeout_;
   const milliseconds last_call_;
-  std::unique_ptr<store::Server> server_;  // on the endpoint's host
+  std::unique_ptr<store::Server> server_;   // on the endpoint's host
+  std::unique_ptr<store::Server> standby_;  // elsewhere: ready to take the store over
   std::unique_ptr<store::Client> client_;
+  std::string store_host_;  // where client_ connects: --rdzv-endpoint, or where the store moved
+  int store_port_ = 0;
+  std::string addr_;  // this node's address toward the endpoint, where its store listens ("-")
+  std::set<std::string> lost_;       // store addresses that stopped answering
+  std::optional<Clock::time_point> unreachable_since_;
+  std::string moved_note_;           // set by a move until settle_moved_store() writes it
+  int known_failures_ = 0;           // the failure count last read
+  bool unreported_failure_ = false;  // a failure report that did not reach the store
+  bool go_home_ = false;             // the next join moves the store back to the endpoint
+  Clock::time_point next_home_poll_{};
 
   // The last round this node ran: its number, this node's rank there, its nodes in rank order.
   int last_round_ = -1;
@@ -154,31 +195,132 @@ class ElasticRounds final : public Rounds {
 
 ElasticRounds::ElasticRounds(const LaunchConfig& config, const EnvMap& base_env,
                              const std::string& run_id, const std::string& secret)
-    : c_(config), prefix_(fmt::format("ddprun/{}/", run_id)), host_(net::host_name()),
+    : c_(config), job_key_(store::job_key(secret, run_id)),
+      prefix_(fmt::format("ddprun/{}/", run_id)), host_(net::host_name()),
       pid_(static_cast<int>(::getpid())),
       id_(fmt::format("{}:{}:{}", host_, pid_, random_hex(3))),
       join_timeout_(std::chrono::duration_cast<milliseconds>(
           config.rdzv_timeout.value_or(Seconds(kDefaultRendezvousTimeout)))),
-      last_call_(std::chrono::duration_cast<milliseconds>(config.last_call_timeout)) {
-  const std::string key = store::job_key(secret, run_id);
+      last_call_(std::chrono::duration_cast<milliseconds>(config.last_call_timeout)),
+      addr_(address_toward(config.master_addr, config.master_port)) {
   // The first ddprun on the endpoint's host hosts the store; a second one there finds the port
   // taken and is a client like the rest.
   if (endpoint_is_here(c_.master_addr, c_.master_port)) {
-    server_ = host_agent_store(c_, base_env, key, secret,
+    server_ = host_agent_store(c_, base_env, job_key_, secret,
                                "the ddprun on the rendezvous endpoint's host",
                                /*none_if_in_use=*/true);
     if (server_) {
       note(fmt::format("hosting the elastic job's agent store on {}", server_->listening()));
     }
   }
+  // Every other node keeps a standby store at its address and the endpoint's port, ready when
+  // the store moves to it (Note [Moving the store]); one that cannot is no successor ("-").
+  if (!server_ && addr_ != "-") {
+    LaunchConfig here = c_;
+    here.master_addr = addr_;
+    try {
+      standby_ = host_agent_store(here, base_env, job_key_, secret, "a standby store",
+                                  /*none_if_in_use=*/true, /*quiet=*/true);
+    } catch (const Error&) {
+      standby_.reset();
+    }
+    if (!standby_) addr_ = "-";
+  }
+  connect_to(c_.master_addr, c_.master_port);
+}
+
+void ElasticRounds::connect_to(const std::string& host, int port) {
+  store_host_ = host;
+  store_port_ = port;
   store::ClientOptions o;
-  o.host = server_ ? server_->local_address() : c_.master_addr;
-  o.port = server_ ? server_->port() : c_.master_port;
-  o.key = key;
+  o.host = host;
+  o.port = port;
+  o.key = job_key_;
   o.identity = fmt::format("ddprun {} (elastic)", id_);
   o.who = fmt::format("ddprun ({})", host_);
-  o.owner = "the ddprun on the rendezvous endpoint's host";
+  o.owner = host == c_.master_addr ? "the ddprun on the rendezvous endpoint's host"
+                                   : fmt::format("the ddprun that took the store over ({})", host);
   client_ = std::make_unique<store::Client>(o);
+}
+
+// Note [Moving the store]
+// The node hosting the store may be reclaimed like any other. Every other node hosts a standby
+// store from the start, at its address toward the endpoint and the endpoint's port (quiet,
+// empty; it costs a socket and a thread), and its round entries carry that address. When the
+// store stops answering for kStoreLost, each node that ran the last round moves to the same
+// successor without asking anyone: the first node of that round, in node-rank order, whose
+// address has not stopped answering (all know the round's nodes and addresses from its
+// entries). Its standby store already listens, so nobody races its start; whoever arrives first
+// writes there that the last round is over (it moved) and the failures so far (plus the round
+// that failed with the store's host, which nobody could record). Rounds go
+// on from the last round + 1, workers get the new MASTER_ADDR. A successor that is gone too is
+// found the same way and skipped. A node started later knows only --rdzv-endpoint: when a store
+// answers there again (the endpoint's host came back and its ddprun hosts a fresh store) with a
+// node waiting in it, the moved job re-forms (SIGTERM, checkpoint) and moves its store back,
+// admitting that node. Nodes that lost the store and the node on the endpoint's host that has
+// not (a network partition, not a death) would each go on: MIN above half of MAX keeps two
+// halves from both forming rounds.
+bool ElasticRounds::move_store(const std::string& why) {
+  if (members_.empty()) return false;  // this node never ran: it knows no successor
+  lost_.insert(store_host_);
+  std::string error;
+  for (const store::SocketAddress& a : store::resolve(store_host_, store_port_, &error)) {
+    lost_.insert(store::ip_of(a));  // the endpoint may be a name; entries hold addresses
+  }
+  const auto next = std::ranges::find_if(members_, [&](const Entry& e) {
+    return e.addr != "-" && lost_.count(e.addr) == 0;
+  });
+  if (next == members_.end()) return false;
+  const std::string from = store::format_endpoint(store_host_, store_port_);
+  connect_to(next->addr, c_.master_port);
+  moved_note_ = fmt::format("the store on {} stopped answering ({}); it moved to {} ({})", from,
+                            why, store::format_endpoint(next->addr, c_.master_port), next->host);
+  note(moved_note_);
+  unreachable_since_.reset();
+  return true;
+}
+
+void ElasticRounds::settle_moved_store(Clock::time_point deadline) {
+  if (moved_note_.empty()) return;
+  if (last_round_ >= 0) client_->compare_set(key(last_round_, "regroup"), "", moved_note_, deadline);
+  const int carried = known_failures_ + (unreported_failure_ ? 1 : 0);
+  std::string now = client_->compare_set(prefix_ + "failures", "", std::to_string(carried),
+                                         deadline);
+  while (parse_count(now, "failure count") < carried) {
+    now = client_->compare_set(prefix_ + "failures", now, std::to_string(carried), deadline);
+  }
+  moved_note_.clear();
+  unreported_failure_ = false;
+}
+
+std::optional<std::string> ElasticRounds::waiting_at_home(int round) {
+  if (store_host_ == c_.master_addr) return std::nullopt;
+  const auto now = Clock::now();
+  if (now < next_home_poll_) return std::nullopt;
+  next_home_poll_ = now + 4 * kPollInterval;
+  try {
+    store::ClientOptions o;
+    o.host = c_.master_addr;
+    o.port = c_.master_port;
+    o.key = job_key_;
+    o.identity = fmt::format("ddprun {} (elastic, looking at the endpoint)", id_);
+    o.who = fmt::format("ddprun ({})", host_);
+    o.owner = "the ddprun on the rendezvous endpoint's host";
+    store::Client home(o);
+    const auto deadline = now + milliseconds(1000);
+    if (!home.check({prefix_ + "round"}, deadline)) return std::nullopt;
+    const std::string r = home.get(prefix_ + "round", milliseconds(0), deadline);
+    if (home.add(fmt::format("{}{}/count", prefix_, r), 0, deadline) == 0) return std::nullopt;
+    go_home_ = true;
+    client_->compare_set(key(round, "store_home"), "", "1", now + kCallTime);  // for every node
+    return client_->compare_set(
+        key(round, "regroup"), "",
+        fmt::format("a node waits at the rendezvous endpoint {}: the job's store moves back there",
+                    store::format_endpoint(c_.master_addr, c_.master_port)),
+        now + kCallTime);
+  } catch (const Error&) {
+    return std::nullopt;  // nobody there (yet)
+  }
 }
 
 int ElasticRounds::raise_round(int next, Clock::time_point deadline) {
@@ -252,10 +394,14 @@ Membership ElasticRounds::admit(int round, int n, int index, Clock::time_point d
   last_round_ = round;
   last_rank_ = rank;
   members_ = std::move(nodes);
+  known_failures_ = failures.empty() ? 0 : parse_count(failures, "failure count");
+  const bool moved = store_host_ != c_.master_addr;
   return Membership{.round = round,
                     .node_rank = rank,
                     .nnodes = n,
-                    .restarts = failures.empty() ? 0 : parse_count(failures, "failure count")};
+                    .restarts = known_failures_,
+                    .store_addr = moved ? store_host_ : "",
+                    .store_port = moved ? store_port_ : 0};
 }
 
 void ElasticRounds::too_few(int round, int count, Clock::time_point deadline) {
@@ -293,6 +439,14 @@ std::optional<Membership> ElasticRounds::join(int next, const std::function<bool
   std::optional<Clock::time_point> min_seen;
   std::string last_error;
   std::optional<int> short_of;  // the round's count at the join timeout, below MIN
+  if (go_home_) {  // Note [Moving the store]: back to the endpoint, where a node waits
+    const std::string from = store::format_endpoint(store_host_, store_port_);
+    connect_to(c_.master_addr, c_.master_port);
+    moved_note_ = fmt::format("the job's store moved from {} back to the rendezvous endpoint",
+                              from);
+    note(moved_note_);
+    go_home_ = false;
+  }
   while (true) {
     if (stop && stop()) return std::nullopt;
     const auto now = Clock::now();
@@ -300,6 +454,8 @@ std::optional<Membership> ElasticRounds::join(int next, const std::function<bool
     try {
       last_error.clear();
       beat(deadline);
+      unreachable_since_.reset();
+      settle_moved_store(deadline);
       if (!shape_checked) {
         const std::string job = client_->compare_set(prefix_ + "shape", "", shape, deadline);
         if (job != shape) {
@@ -349,8 +505,8 @@ std::optional<Membership> ElasticRounds::join(int next, const std::function<bool
       if (index < 0) {
         index = static_cast<int>(client_->add(key(round, "count"), 1, deadline)) - 1;
         client_->set(key(round, fmt::format("member/{}", index)),
-                     format_entry({.id = id_, .host = host_, .last_round = last_round_,
-                                   .last_rank = last_rank_}),
+                     format_entry({.id = id_, .host = host_, .addr = addr_,
+                                   .last_round = last_round_, .last_rank = last_rank_}),
                      deadline);
       }
       std::string closed = get_if_set(key(round, "closed"), deadline);
@@ -397,6 +553,16 @@ std::optional<Membership> ElasticRounds::join(int next, const std::function<bool
       throw RendezvousError(fmt::format("{}: {}", where(), e.what()));
     } catch (const RendezvousError& e) {  // the store did not answer (in time): retried
       last_error = e.what();
+      // Moved at once when its host exited, else after kStoreLost without an answer.
+      const bool exited = dynamic_cast<const store::StoreExitedError*>(&e) != nullptr;
+      if (!unreachable_since_) unreachable_since_ = Clock::now();  // (polls and reports count)
+      if ((exited || Clock::now() - *unreachable_since_ >= kStoreLost) && move_store(e.what())) {
+        end = Clock::now() + join_timeout_;  // a new store: the rendezvous starts over there
+        last_error.clear();
+        round = -1;
+        shape_checked = false;
+        continue;
+      }
     }
     if (short_of) too_few(round, *short_of, Clock::now() + kCallTime);
     if (!last_error.empty() && Clock::now() >= end) {
@@ -417,10 +583,12 @@ std::optional<std::string> ElasticRounds::failure_elsewhere(int round) {
   next_poll_ = now + kPollInterval;
   try {
     beat(now + kCallTime);
+    unreachable_since_.reset();
     const std::string failed = get_if_set(key(round, "failed"), now + kCallTime);
     if (failed.empty()) return std::nullopt;
     return failed;
   } catch (const Error& e) {
+    if (!unreachable_since_) unreachable_since_ = now;  // counts towards moving the store
     if (!poll_failure_noted_) {
       note(fmt::format("could not ask the agent store whether the other nodes are well ({}); "
                        "the workers go on (they fail by themselves if their peers are gone)",
@@ -439,7 +607,11 @@ std::optional<std::string> ElasticRounds::regroup(int round, bool now) {
   const auto deadline = t + kCallTime;
   try {
     if (client_->check({key(round, "failed")}, deadline)) return std::nullopt;  // a failure wins
-    if (std::string why = get_if_set(key(round, "regroup"), deadline); !why.empty()) return why;
+    if (std::string why = get_if_set(key(round, "regroup"), deadline); !why.empty()) {
+      if (client_->check({key(round, "store_home")}, deadline)) go_home_ = true;
+      return why;
+    }
+    if (auto home = waiting_at_home(round)) return home;
     if (static_cast<int>(members_.size()) >= c_.nnodes) return std::nullopt;
     // A node waiting to be admitted while the job runs below its maximum: re-form now.
     if (client_->add(key(round + 1, "count"), 0, deadline) == 0) return std::nullopt;
@@ -475,8 +647,11 @@ std::optional<std::string> ElasticRounds::report_failure(int round, const std::s
     }
     const std::string first = client_->compare_set(key(round, "failed"), "", line, deadline);
     if (first != line) return first;
-    client_->add(prefix_ + "failures", 1, deadline);  // counted once, by the first reporter
+    // Counted once, by the first reporter.
+    known_failures_ = static_cast<int>(client_->add(prefix_ + "failures", 1, deadline));
   } catch (const Error& e) {
+    unreported_failure_ = true;  // a store that moves carries it (Note [Moving the store])
+    if (!unreachable_since_) unreachable_since_ = Clock::now();
     note(fmt::format("could not tell the other nodes that this node failed: {}", e.what()));
   }
   return std::nullopt;
@@ -496,7 +671,8 @@ void ElasticRounds::leave(int round, bool failed_round, const std::function<bool
       client_->compare_set(key(round, "finished"), "", where(), Clock::now() + kCallTime);
     }
     client_->add(key(round, "ended"), 1, Clock::now() + kCallTime);
-    if (!server_) return;
+    // A node that leaves goes at once: if it hosts the store, the others move it.
+    if (!server_ || leaving_) return;
     // The store's host: the others may still need it, to end or to learn that the job ended.
     const auto limit = failed_round ? std::chrono::duration_cast<milliseconds>(c_.grace_period) +
                                           kFailureLinger

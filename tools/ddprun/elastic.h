@@ -8,7 +8,8 @@
 // under "ddprun/<run id>/":
 //   round            the newest round; it only grows (compare_set)
 //   <R>/count        add(1) by each node joining round R: its arrival index i
-//   <R>/member/<i>   that node's entry: "<id> <host> <round it last ran> <its node rank there>"
+//   <R>/member/<i>   that node's entry: "<id> <host> <address> <round it last ran> <its node
+//                    rank there>" (the address: where its standby store listens, or "-")
 //   <R>/closed       the number of nodes admitted to R, written once (compare_set): MAX as soon
 //                    as MAX have arrived; else, once MIN have, the count after last_call_timeout
 //                    (measured by each waiting node from when it saw MIN: the first to close
@@ -22,6 +23,8 @@
 //   failures         rounds that ended in a failure: what --max-restarts counts (torchrun counts
 //                    failures, not changes of membership)
 //   alive/<id>       counts each node's polls (its sign of life)
+//   <R>/store_home   set with R's regroup when the job's store moves back to the endpoint
+//                    (Note [Moving the store] in elastic.cpp)
 // Round R is over when failed, regroup or finished is set, or when none of its nodes' alive
 // counts has moved for kStaleAfter (they all vanished).
 // Node ranks: R's nodes sorted by the round they last ran in (newest first), then by their node
@@ -37,8 +40,8 @@
 // exit for a failure.
 // Leaving: a ddprun that receives SIGTERM writes R's regroup ("node ... leaves"), forwards the
 // signal to its workers (they checkpoint with everyone else), and exits; the others go on.
-// What this cannot keep yet: the node hosting the store. Its loss ends the job, as with
-// torchrun's c10d backend; the others fail when they next need the store.
+// The node hosting the store can go too: the others move it (Note [Moving the store] in
+// elastic.cpp), where torchrun's c10d backend loses the job with that node.
 #pragma once
 
 #include <memory>
@@ -52,6 +55,8 @@ namespace ddp::launcher {
 // How long no sign of life from any node of a round makes it over for a node waiting to start
 // the next one (its nodes all vanished: killed with their hosts).
 inline constexpr std::chrono::milliseconds kStaleAfter{10'000};
+// How long the store must not answer before the nodes move it (Note [Moving the store]).
+inline constexpr std::chrono::milliseconds kStoreLost{3000};
 
 std::unique_ptr<Rounds> make_elastic_rounds(const LaunchConfig& config, const EnvMap& base_env,
                                             const std::string& run_id, const std::string& secret);

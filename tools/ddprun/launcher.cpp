@@ -571,8 +571,10 @@ GroupSpec group_for_round(const LaunchConfig& config, const std::string& run_id,
   g.node_rank = m.node_rank;
   g.nnodes = m.nnodes;
   g.store_secret = secret;
-  g.master_addr = config.master_addr;
-  g.master_port = config.pick_free_port ? net::pick_free_port() : config.master_port;
+  g.master_addr = m.store_addr.empty() ? config.master_addr : m.store_addr;
+  g.master_port = config.pick_free_port ? net::pick_free_port()
+                  : m.store_addr.empty() ? config.master_port
+                                         : m.store_port;
   g.run_id = run_id;
   g.restart_count = round;
   // Python workers reach a store with a TCPStore client, which cannot talk to ours: their rank

@@ -351,7 +351,8 @@ void StoreRounds::leave(int round, bool failed_round, const std::function<bool()
 // DDP_STORE_MAX_BYTES, the notes), read from the environment the workers get.
 std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& c, const EnvMap& base_env,
                                                 const std::string& key, const std::string& secret,
-                                                const std::string& who, bool none_if_in_use) {
+                                                const std::string& who, bool none_if_in_use,
+                                                bool quiet) {
   auto knob = [&](const char* name) {
     auto it = base_env.find(name);
     return it != base_env.end() ? it->second : std::string();
@@ -370,7 +371,8 @@ std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& c, const Env
     }
   }
   o.name = "the agent store";
-  o.log = [](const std::string& line) {  // "ddp: ...": ours, not a worker's
+  o.log = [quiet](const std::string& line) {  // "ddp: ...": ours, not a worker's
+    if (quiet) return;
     note(line.rfind("ddp: ", 0) == 0 ? line.substr(5) : line);
   };
   try {

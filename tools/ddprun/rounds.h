@@ -81,6 +81,10 @@ struct Membership {
   int node_rank = 0;  // this node's rank in the round
   int nnodes = 1;     // nodes in the round
   int restarts = 0;   // restarts used so far against --max-restarts (elastic: failures only)
+  // Where the workers' store is when it is not --master-addr/--master-port: an elastic job's
+  // store moved to another node (Note [Moving the store] in elastic.h).
+  std::string store_addr;
+  int store_port = 0;
 };
 
 // An elastic job ended (finished, or failed for good) while this node waited to be admitted.
@@ -133,11 +137,12 @@ class Rounds {
 
 // Hosts the job's agent store on this host (Note [Hosting the store] in rounds.cpp); `who`
 // names this ddprun in errors ("node 0"). Throws ddp::Error saying what to change; returns null
-// when the port is taken and `none_if_in_use` (another ddprun on this host hosts it).
+// when the port is taken and `none_if_in_use` (another ddprun on this host hosts it). `quiet`:
+// without the store's notes (a standby store: Note [Moving the store] in elastic.cpp).
 std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& config, const EnvMap& base_env,
                                                 const std::string& key, const std::string& secret,
                                                 const std::string& who,
-                                                bool none_if_in_use = false);
+                                                bool none_if_in_use = false, bool quiet = false);
 
 // LocalRounds for a single node; store rounds (hosting the store on node 0) for several; elastic
 // rounds (elastic.h) for an elastic job.
