@@ -112,6 +112,38 @@ TEST_F(ElasticRoundsTest, ARoundClosesAtMaxAtOnceAndAtMinAfterTheLastCall) {
   EXPECT_EQ(two[1].node_rank, 1 - two[0].node_rank);
 }
 
+// A node of the last round that is slow to come (stopping its workers with a checkpoint) is
+// waited for past the last call while its ddprun shows signs of life; a dead one for kDeadAfter.
+TEST_F(ElasticRoundsTest, TheNextRoundWaitsForLiveNodesOfTheLastOneNotForDeadOnes) {
+  const LaunchConfig c = config(1, 3);
+  auto a = node(c), b = node(c), x = node(c);
+  all_join({a.get(), b.get(), x.get()}, 0);
+  ASSERT_TRUE(x->announce_leaving(0, "its ddprun received SIGTERM"));
+  const auto start = Clock::now();
+  auto a_joins = std::async(std::launch::async, [&] { return a->join(1, kNoStop); });
+  while (seconds_since(start) < 1.5) {  // b's ddprun is busy stopping its workers, alive
+    b->failure_elsewhere(0);
+    std::this_thread::sleep_for(50ms);
+  }
+  std::optional<Membership> mb = b->join(1, kNoStop);
+  std::optional<Membership> ma = a_joins.get();
+  ASSERT_TRUE(ma && mb);
+  EXPECT_EQ(ma->nnodes, 2) << "b was waited for, past the 0.5 s last call";
+  EXPECT_EQ(mb->nnodes, 2);
+  EXPECT_GE(seconds_since(start), 1.5);
+
+  // b dies (no more signs of life); a's next round waits kDeadAfter for it, then goes alone.
+  EXPECT_EQ(a->report_failure(1, "rank 2 failed (exit code 1)", false), std::nullopt);
+  b.reset();
+  const auto again = Clock::now();
+  std::optional<Membership> alone = a->join(2, kNoStop);
+  ASSERT_TRUE(alone.has_value());
+  EXPECT_EQ(alone->nnodes, 1);
+  const double waited = seconds_since(again);
+  EXPECT_GE(waited, std::chrono::duration<double>(kDeadAfter).count() - 0.2);
+  EXPECT_LT(waited, std::chrono::duration<double>(kDeadAfter).count() + 2.0);
+}
+
 TEST_F(ElasticRoundsTest, ANewcomerWaitsReFormsTheJobBelowMaxAndRanksLast) {
   const LaunchConfig c = config(1, 3);
   auto a = node(c), b = node(c);

@@ -147,6 +147,12 @@ class ElasticRounds final : public Rounds {
   std::vector<Entry> arrivals(int round, int n, Clock::time_point deadline);
   Membership admit(int round, int n, int index, Clock::time_point deadline);
   [[noreturn]] void too_few(int round, int count, Clock::time_point deadline);
+  // Whether a node of the round before `round` may still come: it has not arrived in `round`,
+  // has not left, and its ddprun still shows signs of life (within kDeadAfter).
+  bool awaited(int round, Clock::time_point deadline);
+  // Records the signs of life of this round's other nodes now, as the round ends: a dead node
+  // is then known dead kDeadAfter from here, not from when the next round starts to close.
+  void watch_members(Clock::time_point deadline);
   // Note [Moving the store]: clients of the store at host:port from now on.
   void connect_to(const std::string& host, int port);
   // The store stopped answering: the next node of the last round takes it over (this one, or
@@ -186,9 +192,8 @@ class ElasticRounds final : public Rounds {
   int last_rank_ = -1;
   std::vector<Entry> members_;
   bool leaving_ = false;
-  Clock::time_point next_poll_{};
+  StorePoll poll_;  // failure_elsewhere()
   Clock::time_point next_regroup_poll_{};
-  bool poll_failure_noted_ = false;
   // Signs of life seen while waiting on a round: id -> (alive count, when it last moved).
   std::map<std::string, std::pair<int64_t, Clock::time_point>> seen_alive_;
 };
@@ -365,6 +370,45 @@ bool ElasticRounds::over(int round, Clock::time_point deadline) {
   return true;
 }
 
+void ElasticRounds::watch_members(Clock::time_point deadline) {
+  try {
+    const auto now = Clock::now();
+    for (const Entry& e : members_) {
+      if (e.id == id_ || e.id == "?") continue;
+      const int64_t beats = client_->add(prefix_ + "alive/" + e.id, 0, deadline);
+      auto [it, fresh] = seen_alive_.try_emplace(e.id, beats, now);
+      if (!fresh && it->second.first != beats) it->second = {beats, now};
+    }
+  } catch (const Error&) {
+    // The next round's close looks again.
+  }
+}
+
+bool ElasticRounds::awaited(int round, Clock::time_point deadline) {
+  if (round == 0) return false;
+  const std::string closed = get_if_set(key(round - 1, "closed"), deadline);
+  if (closed.empty()) return false;  // (a store just moved to knows no earlier round)
+  const std::vector<Entry> before = arrivals(round - 1, parse_count(closed, "closed count"),
+                                             deadline);
+  const std::vector<Entry> here = arrivals(
+      round, static_cast<int>(client_->add(key(round, "count"), 0, deadline)), deadline);
+  const auto now = Clock::now();
+  for (const Entry& e : before) {
+    if (e.id == "?" || std::ranges::any_of(here, [&](const Entry& h) { return h.id == e.id; })) {
+      continue;
+    }
+    if (client_->check({key(round - 1, "left/" + e.id)}, deadline)) continue;
+    const int64_t beats = client_->add(prefix_ + "alive/" + e.id, 0, deadline);
+    auto [it, fresh] = seen_alive_.try_emplace(e.id, beats, now);
+    if (fresh || it->second.first != beats) {
+      it->second = {beats, now};
+      return true;
+    }
+    if (now - it->second.second < kDeadAfter) return true;
+  }
+  return false;
+}
+
 std::vector<Entry> ElasticRounds::arrivals(int round, int n, Clock::time_point deadline) {
   std::vector<Entry> out;
   for (int i = 0; i < n; ++i) {
@@ -517,8 +561,13 @@ std::optional<Membership> ElasticRounds::join(int next, const std::function<bool
           if (count >= c_.nnodes) {
             close_at = c_.nnodes;
           } else if (count >= c_.min_nodes) {
+            // After the last call, and once no node of the last round is still on its way
+            // (one stopping its workers with a checkpoint can take longer than the last call).
             if (!min_seen) min_seen = now;
-            if (now - *min_seen >= last_call_) close_at = count;
+            if (now - *min_seen >= last_call_ &&
+                (now - *min_seen >= join_timeout_ || !awaited(round, deadline))) {
+              close_at = count;
+            }
           } else {
             min_seen.reset();
           }
@@ -578,26 +627,18 @@ std::optional<Membership> ElasticRounds::join(int next, const std::function<bool
 }
 
 std::optional<std::string> ElasticRounds::failure_elsewhere(int round) {
-  const auto now = Clock::now();
-  if (now < next_poll_) return std::nullopt;
-  next_poll_ = now + kPollInterval;
-  try {
-    beat(now + kCallTime);
-    unreachable_since_.reset();
-    const std::string failed = get_if_set(key(round, "failed"), now + kCallTime);
-    if (failed.empty()) return std::nullopt;
-    return failed;
-  } catch (const Error& e) {
-    if (!unreachable_since_) unreachable_since_ = now;  // counts towards moving the store
-    if (!poll_failure_noted_) {
-      note(fmt::format("could not ask the agent store whether the other nodes are well ({}); "
-                       "the workers go on (they fail by themselves if their peers are gone)",
-                       e.what()));
-    }
-    poll_failure_noted_ = true;
-    next_poll_ = now + kPollBackoff;
-    return std::nullopt;
-  }
+  return poll_(
+      [&](Clock::time_point deadline) -> std::optional<std::string> {
+        beat(deadline);
+        unreachable_since_.reset();
+        const std::string failed = get_if_set(key(round, "failed"), deadline);
+        if (failed.empty()) return std::nullopt;
+        watch_members(deadline);
+        return failed;
+      },
+      [&] {  // counts towards moving the store (Note [Moving the store])
+        if (!unreachable_since_) unreachable_since_ = Clock::now();
+      });
 }
 
 std::optional<std::string> ElasticRounds::regroup(int round, bool now) {
@@ -628,8 +669,10 @@ std::optional<std::string> ElasticRounds::regroup(int round, bool now) {
 
 bool ElasticRounds::announce_leaving(int round, const std::string& why) {
   try {
+    const auto deadline = Clock::now() + kCallTime;
+    client_->set(key(round, "left/" + id_), "1", deadline);  // nobody waits for this node
     client_->compare_set(key(round, "regroup"), "", fmt::format("{} leaves: {}", where(), why),
-                         Clock::now() + kCallTime);
+                         deadline);
     leaving_ = true;
   } catch (const Error& e) {
     note(fmt::format("could not tell the other nodes that this node leaves: {}", e.what()));
@@ -639,16 +682,14 @@ bool ElasticRounds::announce_leaving(int round, const std::string& why) {
 
 std::optional<std::string> ElasticRounds::report_failure(int round, const std::string& what,
                                                          bool final) {
-  const std::string line = fmt::format("{}: {}", where(), what);
   try {
-    const auto deadline = Clock::now() + kCallTime;
-    if (final && !client_->check({key(round, "failed")}, deadline)) {
-      client_->compare_set(key(round, "final"), "", line, deadline);
-    }
-    const std::string first = client_->compare_set(key(round, "failed"), "", line, deadline);
-    if (first != line) return first;
+    std::optional<std::string> first =
+        write_first_failure(*client_, prefix_, round, fmt::format("{}: {}", where(), what), final);
+    watch_members(Clock::now() + kCallTime);
+    if (first) return first;
     // Counted once, by the first reporter.
-    known_failures_ = static_cast<int>(client_->add(prefix_ + "failures", 1, deadline));
+    known_failures_ =
+        static_cast<int>(client_->add(prefix_ + "failures", 1, Clock::now() + kCallTime));
   } catch (const Error& e) {
     unreported_failure_ = true;  // a store that moves carries it (Note [Moving the store])
     if (!unreachable_since_) unreachable_since_ = Clock::now();
@@ -657,13 +698,7 @@ std::optional<std::string> ElasticRounds::report_failure(int round, const std::s
   return std::nullopt;
 }
 
-bool ElasticRounds::final_failure(int round) {
-  try {
-    return client_->check({key(round, "final")}, Clock::now() + kCallTime);
-  } catch (const Error&) {
-    return false;
-  }
-}
+bool ElasticRounds::final_failure(int round) { return failure_is_final(*client_, prefix_, round); }
 
 void ElasticRounds::leave(int round, bool failed_round, const std::function<bool()>& stop) {
   try {

@@ -13,9 +13,14 @@
 //   <R>/closed       the number of nodes admitted to R, written once (compare_set): MAX as soon
 //                    as MAX have arrived; else, once MIN have, the count after last_call_timeout
 //                    (measured by each waiting node from when it saw MIN: the first to close
-//                    wins). A round closes only when the round before it is over (below).
+//                    wins) and once no node of R - 1 is still on its way: one that has neither
+//                    arrived nor left and whose ddprun showed a sign of life within kDeadAfter
+//                    (a node checkpointing its workers may take longer than the last call; a
+//                    dead one is not waited for). A round closes only when the round before it
+//                    is over (below).
 //                    Arrivals i < closed are R's nodes; later ones wait for R + 1.
 //   <R>/failed       R's first failure (as in Note [Restart rounds]); <R>/final: it is final
+//   <R>/left/<id>    set by a node that leaves after R (nobody waits for it)
 //   <R>/regroup      why R ends without a failure: a node leaves (its ddprun got SIGTERM, the
 //                    scheduler's notice), or a node waits in R + 1 while R has fewer than MAX
 //   <R>/finished     the node whose workers all exited 0 first
@@ -55,6 +60,9 @@ namespace ddp::launcher {
 // How long no sign of life from any node of a round makes it over for a node waiting to start
 // the next one (its nodes all vanished: killed with their hosts).
 inline constexpr std::chrono::milliseconds kStaleAfter{10'000};
+// A node of the last round whose ddprun shows no sign of life for this long is not waited for
+// when the next round closes (its host died); a live one is, past the last call.
+inline constexpr std::chrono::milliseconds kDeadAfter{3000};
 // How long the store must not answer before the nodes move it (Note [Moving the store]).
 inline constexpr std::chrono::milliseconds kStoreLost{3000};
 

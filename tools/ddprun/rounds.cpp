@@ -93,8 +93,7 @@ class StoreRounds final : public Rounds {
   const milliseconds join_timeout_;
   std::unique_ptr<store::Server> server_;  // node 0 only
   std::unique_ptr<store::Client> client_;
-  Clock::time_point next_poll_{};
-  bool poll_failure_noted_ = false;
+  StorePoll poll_;
 };
 
 StoreRounds::StoreRounds(const LaunchConfig& config, const EnvMap& base_env,
@@ -261,50 +260,25 @@ void StoreRounds::refuse_if_alive(Clock::time_point deadline) {
 }
 
 std::optional<std::string> StoreRounds::failure_elsewhere(int round) {
-  const auto now = Clock::now();
-  if (now < next_poll_) return std::nullopt;
-  next_poll_ = now + kPollInterval;
-  try {
-    beat(now + kCallTime);
-    if (!failed(round, now + kCallTime)) return std::nullopt;
-    return client_->get(key(round, "failed"), milliseconds(0), now + kCallTime);
-  } catch (const Error& e) {
-    if (!poll_failure_noted_) {
-      note(
-          fmt::format("could not ask the agent store whether the other nodes are well ({}); "
-                      "the workers go on (they fail by themselves if their peers are gone)",
-                      e.what()));
-    }
-    poll_failure_noted_ = true;
-    next_poll_ = now + kPollBackoff;
-    return std::nullopt;
-  }
+  return poll_([&](Clock::time_point deadline) -> std::optional<std::string> {
+    beat(deadline);
+    if (!failed(round, deadline)) return std::nullopt;
+    return client_->get(key(round, "failed"), milliseconds(0), deadline);
+  });
 }
 
 std::optional<std::string> StoreRounds::report_failure(int round, const std::string& what,
                                                        bool final) {
-  const std::string line = fmt::format("{}: {}", where(), what);
   try {
-    // "final" first: whoever sees the failure sees whether it is final.
-    if (final && !failed(round, Clock::now() + kCallTime)) {
-      client_->compare_set(key(round, "final"), "", line, Clock::now() + kCallTime);
-    }
-    std::string first =
-        client_->compare_set(key(round, "failed"), "", line, Clock::now() + kCallTime);
-    if (first != line) return first;
+    return write_first_failure(*client_, prefix_, round, fmt::format("{}: {}", where(), what),
+                               final);
   } catch (const Error& e) {
     note(fmt::format("could not tell the other nodes that this node failed: {}", e.what()));
   }
   return std::nullopt;
 }
 
-bool StoreRounds::final_failure(int round) {
-  try {
-    return client_->check({key(round, "final")}, Clock::now() + kCallTime);
-  } catch (const Error&) {
-    return false;
-  }
-}
+bool StoreRounds::final_failure(int round) { return failure_is_final(*client_, prefix_, round); }
 
 void StoreRounds::leave(int round, bool failed_round, const std::function<bool()>& stop) {
   try {
@@ -346,6 +320,47 @@ void StoreRounds::leave(int round, bool failed_round, const std::function<bool()
 }
 
 }  // namespace
+
+std::optional<std::string> write_first_failure(store::Client& client, const std::string& prefix,
+                                               int round, const std::string& line, bool final) {
+  const auto deadline = Clock::now() + kCallTime;
+  const std::string failed = fmt::format("{}{}/failed", prefix, round);
+  if (final && !client.check({failed}, deadline)) {
+    client.compare_set(fmt::format("{}{}/final", prefix, round), "", line, deadline);
+  }
+  std::string first = client.compare_set(failed, "", line, deadline);
+  if (first != line) return first;
+  return std::nullopt;
+}
+
+bool failure_is_final(store::Client& client, const std::string& prefix, int round) {
+  try {
+    return client.check({fmt::format("{}{}/final", prefix, round)}, Clock::now() + kCallTime);
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::optional<std::string> StorePoll::operator()(
+    const std::function<std::optional<std::string>(Clock::time_point)>& ask,
+    const std::function<void()>& on_error) {
+  const auto now = Clock::now();
+  if (now < next_) return std::nullopt;
+  next_ = now + kPollInterval;
+  try {
+    return ask(now + kCallTime);
+  } catch (const Error& e) {
+    if (on_error) on_error();
+    if (!noted_) {
+      note(fmt::format("could not ask the agent store whether the other nodes are well ({}); "
+                       "the workers go on (they fail by themselves if their peers are gone)",
+                       e.what()));
+    }
+    noted_ = true;
+    next_ = now + kPollBackoff;
+    return std::nullopt;
+  }
+}
 
 // Note [Hosting the store]: the same rules as rank 0's store (DDP_STORE_BIND,
 // DDP_STORE_MAX_BYTES, the notes), read from the environment the workers get.

@@ -54,6 +54,7 @@
 
 #include "args.h"  // LaunchConfig, EnvMap
 #include "ddp/error.h"
+#include "store/client.h"
 #include "store/host.h"
 
 namespace ddp::launcher {
@@ -143,6 +144,32 @@ std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& config, cons
                                                 const std::string& key, const std::string& secret,
                                                 const std::string& who,
                                                 bool none_if_in_use = false, bool quiet = false);
+
+// What the store-backed rounds share (StoreRounds in rounds.cpp, ElasticRounds in elastic.cpp):
+// a round's failure keys, "<prefix><round>/failed" and "<prefix><round>/final".
+//
+// Writes `line` as `round`'s failure unless another came first (then returns that one);
+// "final" first when `final`, so that whoever sees the failure sees whether it is final.
+// Throws ddp::Error when the store does not answer within kCallTime.
+std::optional<std::string> write_first_failure(store::Client& client, const std::string& prefix,
+                                               int round, const std::string& line, bool final);
+// Whether `round`'s failure is final; false also when the store does not answer.
+bool failure_is_final(store::Client& client, const std::string& prefix, int round);
+
+// Asks the store while workers run: at most every kPollInterval, kPollBackoff after the store
+// did not answer (said once: the workers go on, and fail by themselves if their peers are gone).
+class StorePoll {
+ public:
+  // `ask(deadline)`'s answer, or nullopt when it is not time yet or the store did not answer
+  // (`on_error` is told).
+  std::optional<std::string> operator()(
+      const std::function<std::optional<std::string>(store::Clock::time_point)>& ask,
+      const std::function<void()>& on_error = {});
+
+ private:
+  store::Clock::time_point next_{};
+  bool noted_ = false;
+};
 
 // LocalRounds for a single node; store rounds (hosting the store on node 0) for several; elastic
 // rounds (elastic.h) for an elastic job.
