@@ -2,8 +2,11 @@
 //
 // Every run has its own deadline (Command::timeout_s): a hang fails the test. Tests that kill
 // things check afterwards, through the pids the workers wrote, that no process survived.
-#include <signal.h>  // kill
+#include <netinet/in.h>  // sockaddr_in
+#include <signal.h>      // kill
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>  // close
 
 #include <cerrno>
 #include <chrono>
@@ -11,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -785,6 +789,30 @@ TEST_F(DdprunTest, PythonScript) {
   EXPECT_TRUE(contains(r.out, "[rank 1]: rank 1 args ['--lr', '3']\n")) << r.out;
 }
 
+// Whether a TCP socket can bind `port` on every interface now.
+bool bindable(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok;
+}
+
+// P and P + 1 both free (ddprun's store, then the Python workers' own), below the ephemeral
+// range where the client sockets of tests running alongside land: pick_free_port() alone
+// checked only P, and P + 1 was sometimes taken.
+int free_port_pair() {
+  std::mt19937 rng(std::random_device{}());
+  for (int tries = 0; tries < 500; ++tries) {
+    const int p = 20000 + static_cast<int>(rng() % 12000);
+    if (bindable(p) && bindable(p + 1)) return p;
+  }
+  return ddp::net::pick_free_port();
+}
+
 // With several nodes a Python program's ranks cannot use the agent store (a TCPStore client does
 // not speak ddp-cpp's protocol): they get the next port for PyTorch's env:// store, rank 0's.
 TEST_F(DdprunTest, PythonWorkersOfSeveralNodesGetTheirOwnStorePort) {
@@ -794,7 +822,7 @@ TEST_F(DdprunTest, PythonWorkersOfSeveralNodesGetTheirOwnStorePort) {
     std::ofstream(script) << "import os\n"
                              "print(os.environ['MASTER_PORT'], os.environ['TORCHELASTIC_USE_AGENT_STORE'])\n";
   }
-  int port = ddp::net::pick_free_port();
+  int port = free_port_pair();
   auto node = [&](int k) {
     Command cmd = command({}, {});
     cmd.argv = {ddprun_, "--nnodes", "2", "--node-rank", std::to_string(k), "--master-port",
@@ -819,7 +847,7 @@ TEST_F(DdprunTest, PythonWorkersOfSeveralNodesGetTheirOwnStorePort) {
                              "print('sum', int(t.item()))\n"
                              "dist.destroy_process_group()\n";
   }
-  port = ddp::net::pick_free_port();  // fresh ports: the first job's sockets may linger
+  port = free_port_pair();  // fresh ports: the first job's sockets may linger
   auto torch_node = [&](int k) {
     Command cmd = node(k);
     cmd.env["PATH"] = "/usr/bin:/bin";  // Debian's python3, which has python3-torch

@@ -16,8 +16,8 @@
 //                    wins) and once no node of R - 1 is still on its way: one that has neither
 //                    arrived nor left and whose ddprun showed a sign of life within kDeadAfter
 //                    (a node checkpointing its workers may take longer than the last call; a
-//                    dead one is not waited for). A round closes only when the round before it
-//                    is over (below).
+//                    dead one is not waited for, nor, past the join timeout, a live one that
+//                    never comes). A round closes only when the round before it is over (below).
 //                    Arrivals i < closed are R's nodes; later ones wait for R + 1.
 //   <R>/failed       R's first failure (as in Note [Restart rounds]); <R>/final: it is final
 //   <R>/left/<id>    set by a node that leaves after R (nobody waits for it)
