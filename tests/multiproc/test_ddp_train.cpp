@@ -110,6 +110,27 @@ TEST_F(TrainTest, HelpAndBadFlags) {
   EXPECT_EQ(epochs.exit_code, 2) << epochs.describe();
   EXPECT_EQ(epochs.err,
             "ddp-train: --epochs: must be a positive integer, got -1 (see ddp-train --help)\n");
+  // Sizes past the data: one line and exit 2, before any training (was: a batch of 1e14 was
+  // accepted as "1 steps/epoch" and the kernel's OOM killer ended the run).
+  for (const auto& [args, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--batch-size", "99999999999999"},
+            "ddp-train: --batch-size 99999999999999 is larger than each rank's share of the "
+            "training set (60000 images at world size 1: 60000 per rank); use at most 60000\n"},
+           {{"--train-subset", "100", "--batch-size", "101"},
+            "ddp-train: --batch-size 101 is larger than each rank's share of the training set "
+            "(100 images at world size 1: 100 per rank); use at most 100\n"},
+           {{"--train-subset", "70000"},
+            "ddp-train: --train-subset 70000: the train set has 60000 images; use at most 60000 "
+            "(0: all of them)\n"},
+           {{"--test-subset", "10001"},
+            "ddp-train: --test-subset 10001: the test set has 10000 images; use at most 10000 "
+            "(0: all of them)\n"}}) {
+    std::vector<std::string> argv = {kTrain, "--output-dir", (dir_ / "sizes").string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Result r = run_command({.argv = argv, .timeout_s = 60});
+    EXPECT_EQ(r.exit_code, 2) << r.describe();
+    EXPECT_EQ(r.err, want) << r.describe();
+  }
 }
 
 TEST_F(TrainTest, MissingDatasetNamesTheFlagAndThePackageWithOneRankPrefix) {

@@ -98,7 +98,13 @@ std::string broadcast_text(ProcessGroup& pg, std::string text) {
 std::shared_ptr<Dataset> load_split(Split split, const TrainConfig& c, int64_t subset) {
   auto full = std::make_shared<FashionMnist>(split, FashionMnistOptions{.dir = c.data_dir,
                                                                         .normalize = true});
-  if (subset <= 0 || subset >= full->size()) return full;
+  if (subset > full->size()) {
+    const char* which = split == Split::kTrain ? "train" : "test";
+    throw ConfigError(fmt::format("--{}-subset {}: the {} set has {} images; use at most {} (0: "
+                                  "all of them)",
+                                  which, subset, which, full->size(), full->size()));
+  }
+  if (subset <= 0 || subset == full->size()) return full;
   return std::make_shared<TensorDataset>(full->data().narrow(0, 0, subset),
                                          full->targets().narrow(0, 0, subset));
 }
@@ -327,6 +333,15 @@ Run::Run(const TrainConfig& c) : c_(c) {
   train_set_ = load_split(Split::kTrain, c_, c_.train_subset);
   test_set_ = load_split(Split::kTest, c_, c_.test_subset);
   sampler_ = DistributedSampler(train_set_->size(), {.shuffle = true, .seed = c_.seed});
+  // A batch above a rank's share would be one short batch per epoch on every rank (and, for a
+  // number like 1e14, an allocation the kernel's OOM killer ends): one line instead.
+  if (c_.batch_size > sampler_.num_samples()) {
+    throw ConfigError(fmt::format(
+        "--batch-size {} is larger than each rank's share of the training set ({} images at "
+        "world size {}: {} per rank); use at most {}",
+        c_.batch_size, train_set_->size(), pg_->size(), sampler_.num_samples(),
+        sampler_.num_samples()));
+  }
   loader_ = std::make_unique<DataLoader>(train_set_, sampler_,
                                          LoaderOptions{.batch_size = c_.batch_size,
                                                        .num_workers = c_.workers,
