@@ -144,7 +144,8 @@ class ElasticRounds final : public Rounds {
   // Round `round` is over: failed, re-forming, finished, or all its nodes gone silent.
   bool over(int round, Clock::time_point deadline);
   // The nodes that arrived in `round` before index `n`, in arrival order.
-  std::vector<Entry> arrivals(int round, int n, Clock::time_point deadline);
+  // (Entries are cached: each is written once.) `wait`: how long a missing one is waited for.
+  std::vector<Entry> arrivals(int round, int n, milliseconds wait = milliseconds(1000));
   Membership admit(int round, int n, int index, Clock::time_point deadline);
   [[noreturn]] void too_few(int round, int count, Clock::time_point deadline);
   // Whether a node of the round before `round` may still come: it has not arrived in `round`,
@@ -196,6 +197,7 @@ class ElasticRounds final : public Rounds {
   Clock::time_point next_regroup_poll_{};
   // Signs of life seen while waiting on a round: id -> (alive count, when it last moved).
   std::map<std::string, std::pair<int64_t, Clock::time_point>> seen_alive_;
+  std::map<std::pair<int, int>, Entry> entries_;  // (round, arrival) -> its entry, once read
 };
 
 ElasticRounds::ElasticRounds(const LaunchConfig& config, const EnvMap& base_env,
@@ -352,7 +354,7 @@ bool ElasticRounds::over(int round, Clock::time_point deadline) {
   // Begun, and not ended by any of its nodes: over only when none of them shows a sign of life.
   const auto now = Clock::now();
   bool alive = false;
-  for (const Entry& e : arrivals(round, parse_count(closed, "closed count"), deadline)) {
+  for (const Entry& e : arrivals(round, parse_count(closed, "closed count"))) {
     const int64_t count = client_->add(prefix_ + "alive/" + e.id, 0, deadline);
     auto [it, fresh] = seen_alive_.try_emplace(e.id, count, now);
     if (fresh || it->second.first != count) {
@@ -388,10 +390,9 @@ bool ElasticRounds::awaited(int round, Clock::time_point deadline) {
   if (round == 0) return false;
   const std::string closed = get_if_set(key(round - 1, "closed"), deadline);
   if (closed.empty()) return false;  // (a store just moved to knows no earlier round)
-  const std::vector<Entry> before = arrivals(round - 1, parse_count(closed, "closed count"),
-                                             deadline);
-  const std::vector<Entry> here = arrivals(
-      round, static_cast<int>(client_->add(key(round, "count"), 0, deadline)), deadline);
+  const std::vector<Entry> before = arrivals(round - 1, parse_count(closed, "closed count"));
+  const std::vector<Entry> here =
+      arrivals(round, static_cast<int>(client_->add(key(round, "count"), 0, deadline)));
   const auto now = Clock::now();
   for (const Entry& e : before) {
     if (e.id == "?" || std::ranges::any_of(here, [&](const Entry& h) { return h.id == e.id; })) {
@@ -409,24 +410,33 @@ bool ElasticRounds::awaited(int round, Clock::time_point deadline) {
   return false;
 }
 
-std::vector<Entry> ElasticRounds::arrivals(int round, int n, Clock::time_point deadline) {
+std::vector<Entry> ElasticRounds::arrivals(int round, int n, milliseconds wait) {
   std::vector<Entry> out;
   for (int i = 0; i < n; ++i) {
+    if (auto it = entries_.find({round, i}); it != entries_.end()) {
+      out.push_back(it->second);  // written once, never changed: read once
+      continue;
+    }
     // A node writes its entry right after counting itself in: wait a moment for it.
     const std::string k = key(round, fmt::format("member/{}", i));
     std::string text;
     try {
-      text = client_->get(k, milliseconds(1000), deadline);
+      text = client_->get(k, wait, Clock::now() + wait + kWaitStep);
     } catch (const RendezvousError&) {
       text.clear();  // it died in between: an unknown node
     }
-    out.push_back(parse_entry(text, i));
+    Entry e = parse_entry(text, i);
+    if (e.id != "?") entries_.emplace(std::make_pair(round, i), e);
+    out.push_back(std::move(e));
   }
   return out;
 }
 
 Membership ElasticRounds::admit(int round, int n, int index, Clock::time_point deadline) {
-  std::vector<Entry> nodes = arrivals(round, n, deadline);
+  // Every node must order the same entries: wait for a late one as long as a call may take
+  // (an entry still missing then belongs to a node that died between counting in and writing
+  // it, and every node reads it as unknown).
+  std::vector<Entry> nodes = arrivals(round, n, kCallTime);
   sort_members(nodes);
   const auto mine = std::ranges::find_if(nodes, [&](const Entry& e) { return e.arrival == index; });
   const int rank = static_cast<int>(mine - nodes.begin());
@@ -451,7 +461,7 @@ Membership ElasticRounds::admit(int round, int n, int index, Clock::time_point d
 void ElasticRounds::too_few(int round, int count, Clock::time_point deadline) {
   std::vector<std::string> present;
   std::vector<std::string> missing;
-  const std::vector<Entry> here = arrivals(round, count, deadline);
+  const std::vector<Entry> here = arrivals(round, count);
   for (const Entry& e : here) present.push_back(e.host);
   for (size_t r = 0; r < members_.size(); ++r) {
     const Entry& m = members_[r];
@@ -656,7 +666,7 @@ std::optional<std::string> ElasticRounds::regroup(int round, bool now) {
     if (static_cast<int>(members_.size()) >= c_.nnodes) return std::nullopt;
     // A node waiting to be admitted while the job runs below its maximum: re-form now.
     if (client_->add(key(round + 1, "count"), 0, deadline) == 0) return std::nullopt;
-    const Entry waiting = arrivals(round + 1, 1, deadline).front();
+    const Entry waiting = arrivals(round + 1, 1).front();
     return client_->compare_set(
         key(round, "regroup"), "",
         fmt::format("node {} waits to join; the job runs on {} of at most {} nodes", waiting.host,
