@@ -3,6 +3,7 @@
 // equal to single-process training, fp16 autocast with the gradient scaler. Every test skips,
 // saying why, where no GPU is visible (ctest then reports it skipped): they run on a GPU machine
 // (scripts/gpu-check) and compile, at least, in every CUDA build (scripts/test-cuda.sh).
+#include <dlfcn.h>     // dladdr
 #include <execinfo.h>  // backtrace
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -60,6 +61,23 @@ const bool kCrashesPrintTheirStack = [] {
   for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) std::signal(sig, die_with_backtrace);
   return true;
 }();
+
+// Note [One libstdc++] (src/CMakeLists.txt): pip's LibTorch exports its own static copy of parts
+// of libstdc++, whose std::filesystem::remove_all jumped to address 0 when this file's programs
+// bound to it. Runs everywhere; it matters where LibTorch comes from a wheel (the GPU check).
+TEST(Gpu, StdFilesystemDoesNotResolveIntoLibTorch) {
+  std::uintmax_t (*remove_all)(const std::filesystem::path&) = &std::filesystem::remove_all;
+  Dl_info info{};
+  ASSERT_NE(::dladdr(reinterpret_cast<void*>(remove_all), &info), 0);
+  ASSERT_NE(info.dli_fname, nullptr);
+  const std::string from = std::filesystem::path(info.dli_fname).filename().string();
+  EXPECT_EQ(from.find("libtorch"), std::string::npos) << "remove_all resolves to " << info.dli_fname;
+  EXPECT_EQ(from.find("libc10"), std::string::npos) << "remove_all resolves to " << info.dli_fname;
+  const std::filesystem::path dir = testing::make_temp_dir("ddp_gpu_libstdcxx");
+  std::filesystem::create_directories(dir / "a" / "b");
+  EXPECT_EQ(remove_all(dir), 3u);
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
 
 // Waits (bounded) until the group's in-flight GPU works are all marked completed.
 bool all_completed(ProcessGroup& pg) {
