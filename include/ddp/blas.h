@@ -22,10 +22,20 @@ struct BlasReport {
   std::string cpu_best_core;  // best OpenBLAS core this CPU can run, empty if none better
                               // than the generic ones
   std::string user_coretype;  // OPENBLAS_CORETYPE from the environment, empty if unset
-  bool reexecuted = false;    // ensure_fast_blas() re-executed us to set OPENBLAS_CORETYPE
+  std::string threading;      // OpenBLAS's: "pthreads", "OpenMP" or "sequential"; else empty
+  bool reexecuted = false;    // ensure_fast_blas() re-executed us, to set
+  bool chose_core = false;    //   OPENBLAS_CORETYPE
+  bool chose_wait = false;    //   OMP_WAIT_POLICY
+  std::string wait_policy;    // OMP_WAIT_POLICY from the environment, empty if unset
+  int rank_threads = 1;       // threads_per_rank() from the launch environment
 
   // OpenBLAS runs a weaker core than this CPU supports and the user did not choose one.
   bool needs_core_override() const;
+  // OpenBLAS runs its own pthreads beside LibTorch's OpenMP pool, this rank runs more than one
+  // thread, and neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set: OpenMP's idle threads would
+  // spin on the cores OpenBLAS's threads need (measured: 1 process x 2 threads on 2 cores ran the
+  // MLP at 0.45x the speed of 1 thread; passive: 1.7x).
+  bool needs_passive_wait() const;
   bool is_reference() const { return vendor == "reference BLAS (netlib)"; }
   // One line for logs, ending with advice when something is slow.
   std::string summary() const;
@@ -42,10 +52,15 @@ int openblas_core_level(std::string_view core);
 // the CPU cannot execute. Empty when no better choice than the generic cores exists.
 std::string best_openblas_core();
 
-// If OpenBLAS runs a weaker core than this CPU supports and OPENBLAS_CORETYPE is unset,
-// re-executes this program (same pid, same argv) once with OPENBLAS_CORETYPE set to
-// best_openblas_core(). A user's own OPENBLAS_CORETYPE always wins. Returns the report of the
-// BLAS in use (after the re-exec, `reexecuted` is true). Call it first thing in main().
-BlasReport ensure_fast_blas(int argc, char** argv);
+// Settings read only when a library loads, so only a fresh image can change them: re-executes
+// this program (same pid, same argv) once with
+//   - OPENBLAS_CORETYPE=best_openblas_core() if OpenBLAS runs a weaker core than this CPU
+//     supports and the variable is unset;
+//   - OMP_WAIT_POLICY=passive if needs_passive_wait().
+// A user's own value always wins; nothing to change, no re-exec. Returns the report of the BLAS
+// in use (after the re-exec, `reexecuted` is true). Call it first thing in main().
+// `threads`: the most intra-op threads this process will run, when the program knows better
+// than threads_per_rank() of the launch environment (0: that).
+BlasReport ensure_fast_blas(int argc, char** argv, int threads = 0);
 
 }  // namespace ddp

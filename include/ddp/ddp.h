@@ -18,3 +18,4 @@
 #include "ddp/relayed_error.h"              // Relayed<E>, record_error(exception): who failed first
 #include "ddp/sampler.h"                    // DistributedSampler, SamplerOptions, SamplerState
 #include "ddp/sync_batch_norm.h"            // SyncBatchNorm, convert_sync_batchnorm
+#include "ddp/threads.h"                    // set_num_threads: LibTorch's and the BLAS's

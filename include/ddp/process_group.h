@@ -68,6 +68,11 @@ struct InitOptions {
   // touches CUDA. Unset: LOCAL_RANK with the nccl backend; no device with the CPU backends
   // (Note [Device binding], src/process_group/cuda_device.h).
   std::optional<int> device_id;
+  // init_process_group() only (the default group): set this process's threads (LibTorch and the
+  // BLAS), keep freed memory in malloc and record uncaught errors, each unless the user chose
+  // otherwise (Note [Process defaults], src/runtime/process_defaults.cpp). Unset:
+  // DDP_PROCESS_DEFAULTS (0 turns them off), else on.
+  std::optional<bool> process_defaults;
 };
 
 class ProcessGroup;

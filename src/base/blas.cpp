@@ -2,6 +2,8 @@
 #include "ddp/blas.h"
 
 #include "ddp/env.h"
+#include "ddp/error.h"
+#include "ddp/threads.h"
 
 #include <dlfcn.h>   // dlsym, dladdr, dlopen
 #include <unistd.h>  // execv
@@ -73,6 +75,11 @@ std::string best_openblas_core() {
   }
 }
 
+bool BlasReport::needs_passive_wait() const {
+  return threading == "pthreads" && rank_threads > 1 && wait_policy.empty() &&
+         std::getenv("GOMP_SPINCOUNT") == nullptr;  // not a knob: only seen, never set
+}
+
 bool BlasReport::needs_core_override() const {
   if (vendor != "OpenBLAS" || !user_coretype.empty() || cpu_best_core.empty()) return false;
   const int have = openblas_core_level(core);
@@ -85,15 +92,23 @@ std::string BlasReport::summary() const {
   if (!library.empty()) s += fmt::format(" from {}", library);
   if (!user_coretype.empty()) {
     s += fmt::format("; OPENBLAS_CORETYPE={}{}", user_coretype,
-                     reexecuted ? " chosen by ddp from this CPU's features" : " set by the user");
+                     chose_core ? " chosen by ddp from this CPU's features" : " set by the user");
     const int user_level = openblas_core_level(user_coretype);
-    if (!reexecuted && user_level > 0 && user_level < openblas_core_level(cpu_best_core)) {
+    if (!chose_core && user_level > 0 && user_level < openblas_core_level(cpu_best_core)) {
       s += fmt::format(" (kept; this CPU could run the faster {} kernels)", cpu_best_core);
     }
+  }
+  if (!threading.empty()) s += fmt::format(", {}", threading);
+  if (!wait_policy.empty()) {
+    s += fmt::format("; OMP_WAIT_POLICY={}{}", wait_policy,
+                     chose_wait ? " chosen by ddp" : "");
   }
   if (is_reference()) {
     s += "; WARNING: the reference BLAS is 20-50x slower than OpenBLAS: install "
          "libopenblas0-pthread (scripts/install-deps.sh does)";
+  } else if (needs_passive_wait()) {
+    s += "; WARNING: OpenMP's idle threads spin on the cores OpenBLAS's threads need: call "
+         "ddp::ensure_fast_blas(argc, argv) first in main() or export OMP_WAIT_POLICY=passive";
   } else if (needs_core_override()) {
     s += fmt::format(
         "; WARNING: this CPU supports the faster {0} kernels: call "
@@ -107,8 +122,20 @@ std::string BlasReport::summary() const {
 BlasReport inspect_blas() {
   BlasReport r;
   if (auto v = env_knob("OPENBLAS_CORETYPE")) r.user_coretype = *v;
-  r.reexecuted = std::getenv(kReexecMarker) != nullptr;
+  if (const char* marker = std::getenv(kReexecMarker)) {  // what the re-exec set: "core,wait"
+    r.reexecuted = true;
+    r.chose_core = std::string_view(marker).find("core") != std::string_view::npos;
+    r.chose_wait = std::string_view(marker).find("wait") != std::string_view::npos;
+  }
   r.cpu_best_core = best_openblas_core();
+  if (auto v = env_knob("OMP_WAIT_POLICY")) r.wait_policy = *v;
+  int local_ranks = 1;
+  try {
+    local_ranks = parse_dist_env(current_environment()).local_world_size;
+  } catch (const Error&) {
+    // A malformed launch environment: init_process_group says so; count this rank alone.
+  }
+  r.rank_threads = threads_per_rank(local_ranks);
 
   void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
   if (sgemm == nullptr) {
@@ -129,6 +156,11 @@ BlasReport inspect_blas() {
   if (auto corename = reinterpret_cast<CorenameFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"))) {
     r.vendor = "OpenBLAS";
     if (const char* c = corename()) r.core = c;
+    using ParallelFn = int (*)();
+    if (auto parallel = reinterpret_cast<ParallelFn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"))) {
+      const int mode = parallel();
+      r.threading = mode == 1 ? "pthreads" : mode == 2 ? "OpenMP" : "sequential";
+    }
   } else if (r.library.find("/blas/") != std::string::npos) {
     r.vendor = "reference BLAS (netlib)";
   } else {
@@ -137,19 +169,22 @@ BlasReport inspect_blas() {
   return r;
 }
 
-BlasReport ensure_fast_blas(int argc, char** argv) {
+BlasReport ensure_fast_blas(int argc, char** argv, int threads) {
   (void)argc;
   BlasReport r = inspect_blas();
-  if (!r.needs_core_override() || r.reexecuted || argv == nullptr || argv[0] == nullptr) {
-    return r;
-  }
-  // OpenBLAS picked its core when it was loaded, before main(): only a fresh image can change
-  // it. execv keeps the pid, so launchers (ddprun, mpirun) still track the same process.
-  setenv("OPENBLAS_CORETYPE", r.cpu_best_core.c_str(), /*overwrite=*/0);
-  setenv(kReexecMarker, "1", 1);
+  if (threads > 0) r.rank_threads = threads;
+  const bool core = r.needs_core_override(), passive = r.needs_passive_wait();
+  if (!(core || passive) || r.reexecuted || argv == nullptr || argv[0] == nullptr) return r;
+  // OpenBLAS picked its core, and libgomp its wait policy, when they were loaded, before
+  // main(): only a fresh image can change them. execv keeps the pid, so launchers (ddprun,
+  // mpirun, srun) still track the same process.
+  if (core) setenv("OPENBLAS_CORETYPE", r.cpu_best_core.c_str(), /*overwrite=*/0);
+  if (passive) setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
+  setenv(kReexecMarker, core && passive ? "core,wait" : core ? "core" : "wait", 1);
   execv("/proc/self/exe", argv);
-  // exec failed (no /proc?): carry on with the slow kernels; summary() carries the advice.
-  unsetenv("OPENBLAS_CORETYPE");
+  // exec failed (no /proc?): carry on as we are; summary() carries the advice.
+  if (core) unsetenv("OPENBLAS_CORETYPE");
+  if (passive) unsetenv("OMP_WAIT_POLICY");
   unsetenv(kReexecMarker);
   return r;
 }

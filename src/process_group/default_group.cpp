@@ -5,7 +5,10 @@
 #include "base/check.h"
 #include "base/thread_annotations.h"
 #include "ddp/distributed.h"
+#include "base/log.h"
+#include "ddp/env.h"
 #include "process_group/flight_recorder.h"
+#include "runtime/process_defaults.h"
 
 namespace ddp {
 namespace {
@@ -24,6 +27,12 @@ std::shared_ptr<ProcessGroup> g_default GUARDED_BY(g_mu);
 // program holds itself (a shared_ptr of its own) is the program's to release.
 void release_at_exit() { destroy_process_group(); }
 
+bool process_defaults_wanted(const InitOptions& options) {
+  if (options.process_defaults) return *options.process_defaults;
+  const std::optional<std::string> knob = env_knob("DDP_PROCESS_DEFAULTS");
+  return !knob || (*knob != "0" && *knob != "false" && *knob != "off");
+}
+
 }  // namespace
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
@@ -36,6 +45,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   MutexLock lock(&g_mu);
   DDP_CHECK(!g_default, Error, "init_process_group() raced with another call");
   g_default = pg;
+  if (process_defaults_wanted(options)) {
+    const std::string done = apply_process_defaults(*pg);
+    if (debug_level_from_env() != DebugLevel::kOff) log::note(pg->rank(), "process defaults: {}", done);
+  }
   if (pg->bound_device_id()) {
     static std::once_flag once;
     std::call_once(once, [] { std::atexit(release_at_exit); });

@@ -50,7 +50,7 @@ TEST_F(TrainTest, ShortRunLearnsAndWritesItsFilesAndPythonAgrees) {
   EXPECT_GE(correct, 700) << "accuracy below 70%";
   // Only rank 0 reports, and says which transport carried the gradients (one host: shm).
   EXPECT_EQ(r.out.find("[rank 1]: done"), std::string::npos);
-  EXPECT_NE(r.out.find("2 ranks x 1 threads on the CPU (--device auto: no CUDA device) over shm"),
+  EXPECT_NE(r.out.find("2 ranks x 1 thread (LibTorch and BLAS) on the CPU (--device auto: no CUDA device) over shm"),
             std::string::npos)
       << r.out;
 

@@ -60,12 +60,30 @@ TEST(Blas, OverrideOnlyWhenOpenBlasPickedAWeakerCore) {
   EXPECT_NE(ref.summary().find("libopenblas0-pthread"), std::string::npos);
 }
 
+TEST(Blas, PassiveWaitOnlyWhereOpenMpWouldSpinBesideOpenBlasThreads) {
+  BlasReport r = openblas("Haswell", "Haswell");
+  r.threading = "pthreads";
+  r.rank_threads = 2;
+  EXPECT_TRUE(r.needs_passive_wait());
+  EXPECT_NE(r.summary().find("OMP_WAIT_POLICY=passive"), std::string::npos) << r.summary();
+  r.rank_threads = 1;  // one thread per rank (ddprun's several workers): nothing spins
+  EXPECT_FALSE(r.needs_passive_wait());
+  r.rank_threads = 2;
+  r.wait_policy = "active";  // the user's choice wins
+  EXPECT_FALSE(r.needs_passive_wait());
+  r.wait_policy.clear();
+  r.threading = "OpenMP";  // one OpenMP pool for both: nothing to fight over
+  EXPECT_FALSE(r.needs_passive_wait());
+}
+
 TEST(Blas, InspectsTheLoadedLibrary) {
   BlasReport r = inspect_blas();
   // scripts/install-deps.sh installs OpenBLAS, which Debian's alternatives then prefer.
   EXPECT_EQ(r.vendor, "OpenBLAS") << r.summary();
   EXPECT_FALSE(r.core.empty());
   EXPECT_NE(r.library.find("openblas"), std::string::npos) << r.library;
+  // Debian's default OpenBLAS (libopenblas0-pthread) runs pthreads of its own.
+  EXPECT_EQ(r.threading, "pthreads") << r.summary();
   EXPECT_FALSE(r.summary().empty());
 }
 

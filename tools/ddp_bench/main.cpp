@@ -11,7 +11,10 @@
 //
 // Modes: collectives.h and train.h. Only this function turns errors into exit codes: 0 done
 // (and, for collectives, every result verified), 1 failed or a wrong result, 2 bad command line.
+#include <algorithm>
 #include <cstdio>
+#include <string_view>
+#include <thread>
 #include <exception>
 
 #include "cli.h"
@@ -38,7 +41,10 @@ int fail(const std::exception& e, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ddp::ensure_fast_blas(argc, argv);
+  // --compare also measures 1 process x N threads (N ranks' worth of cores): its OpenMP pool
+  // must not spin while OpenBLAS works, whatever the launcher set for the ranks.
+  const bool compares = std::find(argv, argv + argc, std::string_view("--compare")) != argv + argc;
+  ddp::ensure_fast_blas(argc, argv, compares ? static_cast<int>(std::thread::hardware_concurrency()) : 0);
   ddp::retain_freed_memory();  // activations come back every step: no page faults for them
   try {
     const ddp::bench::CommandLine cl =

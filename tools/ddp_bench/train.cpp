@@ -1,8 +1,6 @@
 // ddp-bench train (see train.h).
 #include "train.h"
 
-#include <dlfcn.h>  // dlsym: OpenBLAS's thread count
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,23 +27,10 @@ double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Intra-op threads for LibTorch and for OpenBLAS: LibTorch's set_num_threads does not reach
-// Debian's pthread OpenBLAS, which sized its pool from OMP_NUM_THREADS at load (1 under
-// ddprun with several workers), so a 2-thread baseline inside a ddprun job would run its
-// GEMMs on one thread. A BLAS without the function is left alone.
-void set_threads(int n) {
-  torch::set_num_threads(n);
-  using SetFn = void (*)(int);
-  if (auto f = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
-}
-
-// Threads per rank: the flag, else OMP_NUM_THREADS (ddprun sets 1 when it starts several
-// workers), else the cores shared among this host's ranks (as ddp-train chooses).
+// Threads per rank: the flag, else threads_per_rank (OMP_NUM_THREADS, else the cores shared
+// among this host's ranks), as init_process_group and ddp-train choose.
 int default_threads(const TrainOptions& o, const ProcessGroup& pg) {
-  if (o.threads > 0) return o.threads;
-  if (auto omp = env_knob("OMP_NUM_THREADS")) return std::max(1, std::atoi(omp->c_str()));
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, pg.local_size()));
+  return o.threads > 0 ? o.threads : threads_per_rank(pg.local_size());
 }
 
 // --device: whether this rank trains on CUDA; auto: when CUDA is available (as ddp-train
@@ -103,7 +88,7 @@ class BatchStream {
 // its own kernels (benchmarks/vs_pytorch/torch_ddp.py --device cuda does the same).
 TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const TrainOptions& o,
                  int threads, const std::string& label, c10::Device device, bool local = false) {
-  set_threads(threads);
+  set_num_threads(threads);  // LibTorch and the BLAS
   const int n = pg.size();
   const int64_t per_rank = o.global_batch / n;
   torch::manual_seed(o.seed);

@@ -149,15 +149,6 @@ class Autocast {
   bool on_, cuda_;
 };
 
-// Threads per rank: the flag, else OMP_NUM_THREADS (ddprun sets 1 when it starts several
-// workers), else the cores shared among this node's ranks.
-int choose_threads(const TrainConfig& c, const ProcessGroup& pg) {
-  if (c.threads > 0) return c.threads;
-  if (auto omp = env_knob("OMP_NUM_THREADS")) return std::max(1, std::atoi(omp->c_str()));
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, pg.local_size()));
-}
-
 EvalStats evaluate(ModelImpl& model, const Dataset& test, ProcessGroup& pg, c10::Device device,
                    int64_t batch_size) {
   // Each test sample exactly once across ranks: no padding, no shuffling.
@@ -319,7 +310,8 @@ Run::Run(const TrainConfig& c) : c_(c) {
     init.device_id = local_rank;
   }
   pg_ = init_process_group(init);
-  torch::set_num_threads(choose_threads(c_, *pg_));
+  // init_process_group set threads_per_rank() for LibTorch and the BLAS; --threads overrides.
+  if (c_.threads > 0) ddp::set_num_threads(c_.threads);
   device_ = cuda_ ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(*pg_->bound_device_id()))
                   : c10::Device(c10::kCPU);
   if (c_.precision == Precision::kFp16 && !cuda_) {
@@ -675,7 +667,11 @@ std::string Run::device_text() const {
     return fmt::format("1 GPU ({} on rank {}{})", device_.str(), pg_->rank(),
                        c_.device == Device::kAuto ? ", --device auto: CUDA is available" : "");
   }
-  return fmt::format("{} threads on the CPU{}", torch::get_num_threads(),
+  const int threads = torch::get_num_threads(), blas = blas_num_threads();
+  const std::string whose = blas == threads ? "LibTorch and BLAS"
+                            : blas < 0      ? "LibTorch; the BLAS cannot say"
+                                            : fmt::format("LibTorch; BLAS {}", blas);
+  return fmt::format("{} thread{} ({}) on the CPU{}", threads, threads == 1 ? "" : "s", whose,
                      c_.device == Device::kAuto ? " (--device auto: no CUDA device)" : "");
 }
 
