@@ -74,6 +74,10 @@ def main():
                    help="our side's backends, comma-separated (gloo, shm, auto)")
     p.add_argument("--batch-size", type=int, default=128, help="global batch")
     p.add_argument("--nproc", type=int, default=2, help="ranks per run")
+    p.add_argument("--ours", choices=["ddp-bench", "user-program"], default="ddp-bench",
+                   help="our side: ddp-bench train (instrumented), or benchmarks/user_program "
+                        "(a program written as the README teaches: what a user's program gets "
+                        "by default; --backends then only names the label)")
     p.add_argument("--build-dir", default=os.environ.get("DDP_BUILD_DIR",
                                                          os.path.join(ROOT, "build")))
     p.add_argument("--python", default="/usr/bin/python3", help="the python with torch")
@@ -100,6 +104,11 @@ def main():
         ddprun, "--standalone", "--nproc-per-node", str(a.nproc), bench, "train",
         "--model", model, "--threads", "1", "--backend", backend, "--label", f"ours-{backend}"
     ] + common
+    if a.ours == "user-program":
+        user_program = find_tool(a.build_dir, "benchmarks/user_program", "user_program")
+        ours_cmd = lambda model, backend: [
+            ddprun, "--standalone", "--nproc-per-node", str(a.nproc), user_program,
+            "--model", model, "--label", f"ours-{backend}"] + common
     ceiling_cmd = lambda model: [
         ddprun, "--standalone", "--nproc-per-node", str(a.nproc), bench, "train",
         "--model", model, "--threads", "1", "--no-ddp", "--label", "ceiling"] + common

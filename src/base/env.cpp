@@ -232,7 +232,8 @@ const char* to_string(LaunchContract contract) {
 std::chrono::milliseconds parse_seconds(const std::string& name, const std::string& value) {
   const std::optional<double> s = parse::seconds(value);
   DDP_CHECK(s.has_value(), ConfigError,
-            "invalid value: {}='{}' is not a positive number of seconds", name, value);
+            "invalid value: {}='{}' is not a positive number of seconds (at most 1e9)", name,
+            value);
   // At least 1 ms: a positive timeout never rounds down to "no time at all".
   return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(*s * 1000.0)));
 }

@@ -22,7 +22,7 @@ std::optional<double> seconds(std::string_view text, bool allow_zero) {
   char* end = nullptr;
   const double v = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
   const bool ok = !s.empty() && end == s.c_str() + s.size() && std::isfinite(v) &&
-                  (allow_zero ? v >= 0 : v > 0);
+                  (allow_zero ? v >= 0 : v > 0) && v <= kMaxSeconds;
   if (!ok) return std::nullopt;
   return v;
 }

@@ -11,7 +11,9 @@ namespace ddp::parse {
 
 // A whole decimal integer ("42", "-1"); nullopt for anything else ("", "4x", "1e3").
 std::optional<long long> integer(std::string_view text);
-// A finite decimal number of seconds ("30", "0.5"), > 0, or >= 0 with `allow_zero`.
+// A finite decimal number of seconds ("30", "0.5"), > 0, or >= 0 with `allow_zero`, and at most
+// kMaxSeconds (about 31 years: any more is a typo, and would overflow a count of milliseconds).
+inline constexpr double kMaxSeconds = 1e9;
 std::optional<double> seconds(std::string_view text, bool allow_zero = false);
 // torchrun's booleans: 1/true/True, 0/false/False, and "" as false.
 std::optional<bool> boolean(std::string_view text);

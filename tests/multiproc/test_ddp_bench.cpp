@@ -2,6 +2,7 @@
 // and at 2 ranks under ddprun, reports a backend it cannot form as unavailable and goes on,
 // writes its CSV and PNG; the training benchmark runs at 2 ranks with --compare and alone.
 // Tiny sizes and few steps: this checks that the tool works, not how fast anything is.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -183,6 +184,24 @@ TEST_F(BenchTest, TrainAloneAndRefusesCompareThere) {
   Result c = run_command(bench(1, {"train", "--steps", "1", "--compare"}));
   EXPECT_TRUE(c.exited(2)) << c.describe();
   EXPECT_NE(c.err.find("--compare"), std::string::npos) << c.err;
+}
+
+// Sizes no run could mean get one line and exit 2 before anything is allocated or started (a
+// global batch above the training set used to loop forever: the loader drops short batches).
+TEST_F(BenchTest, SizesPastTheMachineOrTheDataAreOneLine) {
+  for (const auto& [args, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"train", "--batch-size", "99999999", "--steps", "1"},
+            "--batch-size 99999999 (global) is more than the training set's 60000 images; use "
+            "at most 60000"},
+           {{"train", "--threads", "1000000"}, "--threads: Value 1000000 not in range 0 to 1024"},
+           {{"train", "--workers", "1000000"}, "--workers: Value 1000000 not in range 0 to 256"},
+           {{"collectives", "--max-bytes", "1000G"},
+            "--max-bytes 1000G: more than a quarter of this machine's memory"}}) {
+    Result r = run_command(bench(1, args));
+    EXPECT_TRUE(r.exited(2)) << r.describe();
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.describe();
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
 }
 
 }  // namespace

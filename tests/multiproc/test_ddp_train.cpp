@@ -124,7 +124,24 @@ TEST_F(TrainTest, HelpAndBadFlags) {
             "(0: all of them)\n"},
            {{"--test-subset", "10001"},
             "ddp-train: --test-subset 10001: the test set has 10000 images; use at most 10000 "
-            "(0: all of them)\n"}}) {
+            "(0: all of them)\n"},
+           {{"--train-subset", "256", "--batch-size", "32", "--grad-accum", "9"},
+            "ddp-train: --grad-accum 9 is more micro-batches than an epoch has (8 of 256 images "
+            "per rank): each optimizer step would be the whole epoch, not 9 micro-batches; use "
+            "at most 8\n"},
+           // Counts no machine could mean: one line, before a million threads are started.
+           {{"--threads", "1000000"},
+            "ddp-train: --threads: must be a non-negative integer no larger than 1024, got "
+            "1000000 (see ddp-train --help)\n"},
+           {{"--workers", "99999"},
+            "ddp-train: --workers: must be a non-negative integer no larger than 256, got 99999 "
+            "(see ddp-train --help)\n"},
+           {{"--epochs", "99999999999999999999"},
+            "ddp-train: --epochs: must be a positive integer no larger than 1000000, got "
+            "99999999999999999999 (see ddp-train --help)\n"},
+           {{"--grad-accum", "2000000"},
+            "ddp-train: --grad-accum: must be a positive integer no larger than 1000000, got "
+            "2000000 (see ddp-train --help)\n"}}) {
     std::vector<std::string> argv = {kTrain, "--output-dir", (dir_ / "sizes").string()};
     argv.insert(argv.end(), args.begin(), args.end());
     Result r = run_command({.argv = argv, .timeout_s = 60});

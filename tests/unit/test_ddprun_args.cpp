@@ -315,6 +315,7 @@ TEST(DdprunArgs, Standalone) {
 
 TEST(DdprunArgs, SecondsAndCounts) {
   EXPECT_USAGE_ERROR(({"--grace-period", "-1", "p"}), "--grace-period", ">= 0");
+  EXPECT_USAGE_ERROR(({"--monitor-interval", "1e300", "p"}), "--monitor-interval", "at most 1e9");
   EXPECT_DOUBLE_EQ(parse({"--grace-period", "0", "p"}).grace_period.count(), 0.0);
   EXPECT_USAGE_ERROR(({"--monitor-interval", "0", "p"}), "--monitor-interval", "> 0");
   EXPECT_USAGE_ERROR(({"--collective-timeout", "nan", "p"}), "--collective-timeout");

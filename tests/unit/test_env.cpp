@@ -176,6 +176,10 @@ TEST(Env, Timeouts) {
   expect_config_error({{"DDP_COLLECTIVE_TIMEOUT", "0"}}, {"DDP_COLLECTIVE_TIMEOUT='0'"});
   expect_config_error({{"DDP_COLLECTIVE_TIMEOUT", "-3"}}, {"DDP_COLLECTIVE_TIMEOUT"});
   expect_config_error({{"DDP_COLLECTIVE_TIMEOUT", "inf"}}, {"DDP_COLLECTIVE_TIMEOUT"});
+  // Finite but past any use (and past a count of milliseconds): a typo, said so.
+  expect_config_error({{"DDP_COLLECTIVE_TIMEOUT", "1e300"}}, {"DDP_COLLECTIVE_TIMEOUT", "1e9"});
+  EXPECT_EQ(*parse_dist_env({{"DDP_RDZV_TIMEOUT", "1e9"}}).rdzv_timeout,
+            std::chrono::seconds(1'000'000'000));
 }
 
 TEST(Env, OpenMpiSingleNodeNeedsNoExtraVariables) {

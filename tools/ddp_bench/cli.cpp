@@ -1,6 +1,8 @@
 // ddp-bench's command line (see cli.h).
 #include "cli.h"
 
+#include <unistd.h>  // sysconf
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -70,11 +72,11 @@ void add_train(CLI::App& app, TrainOptions& t) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_option("--threads", t.threads,
                   "intra-op threads per rank (0: OMP_NUM_THREADS, else cores / local ranks)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1024));
   sub->add_option("--workers", t.workers,
                   "data loader threads per rank (0: in the training "
                   "thread)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 256));
   sub->add_option("--data-dir", t.data_dir,
                   "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
   sub->add_option("--seed", t.seed, "seed for initialisation, shuffling and dropout");
@@ -95,6 +97,21 @@ void add_train(CLI::App& app, TrainOptions& t) {
   sub->add_option("--label", t.label, "first CSV column (default: the configuration)");
   sub->add_option("--csv", t.csv, "append the rows to this CSV file (rank 0)");
   sub->add_option("--png", t.png, "stacked bars of the breakdown with gnuplot (rank 0)");
+}
+
+// Every rank holds a few buffers of the largest size (input, output, staging): a size above a
+// quarter of the machine's memory is a typo (1T for 1G), answered before any allocation.
+void fits_in_memory(const char* flag, const std::string& text, int64_t bytes) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;
+  const int64_t quarter = static_cast<int64_t>(pages) * page / 4;
+  if (bytes > quarter) {
+    throw ConfigError(fmt::format(
+        "{} {}: more than a quarter of this machine's memory ({}), and every rank holds "
+        "several buffers of that size; use at most {}M",
+        flag, text, fmt::format("{:.1f} GiB", static_cast<double>(pages) * page / (1 << 30)),
+        quarter >> 20));
+  }
 }
 
 }  // namespace
@@ -137,6 +154,8 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     c.max_bytes = parse_bytes("--max-bytes", max_bytes);
     c.ring_bytes = parse_bytes("--ring-bytes", ring);
     doubling_sizes(c.min_bytes, c.max_bytes);  // validates the range
+    fits_in_memory("--max-bytes", max_bytes, c.max_bytes);
+    fits_in_memory("--ring-bytes", ring, c.ring_bytes);
   } else if (app.got_subcommand("train")) {
     out.mode = CommandLine::Mode::kTrain;
   } else {

@@ -221,6 +221,12 @@ int run_train(const TrainOptions& o) {
   }
   auto data = std::make_shared<FashionMnist>(Split::kTrain, FashionMnistOptions{.dir = o.data_dir,
                                                                                 .normalize = true});
+  // Batches drop the last short one: a batch above a rank's shard would give none, ever.
+  if (o.global_batch / n > data->size() / n) {
+    throw ConfigError(fmt::format(
+        "--batch-size {} (global) is more than the training set's {} images; use at most {}",
+        o.global_batch, data->size(), data->size() / n * n));
+  }
   const int threads = default_threads(o, *pg);
   auto say = [&](const std::string& text) {
     if (!main) return;

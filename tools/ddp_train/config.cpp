@@ -17,24 +17,30 @@ namespace {
 // Number checks with short messages ("must be a positive integer, got -1"; CLI11 prefixes the
 // flag). They run on the text before CLI11 converts it, so "abc" gets the same message. The
 // description is what --help shows after the type (INT:POSITIVE).
+// `max`: the largest value that makes sense (a thread count of a million is a typo, not a
+// plan); unset, the type's largest.
 template <typename Int>
-CLI::Validator integer_at_least(Int min) {
+CLI::Validator integer_at_least(Int min, Int max = std::numeric_limits<Int>::max()) {
   const char* what = min > 0 ? "a positive integer" : "a non-negative integer";
   return CLI::Validator(
-      [min, what](std::string& text) -> std::string {
+      [min, max, what](std::string& text) -> std::string {
         errno = 0;
         char* end = nullptr;
         const long long v = std::strtoll(text.c_str(), &end, 10);
         const bool whole = !text.empty() && end == text.c_str() + text.size() && errno == 0;
-        if (whole && v >= min && v <= std::numeric_limits<Int>::max()) return "";
-        if (whole && v > std::numeric_limits<Int>::max()) {
-          return fmt::format("must be {} no larger than {}, got {}", what,
-                             std::numeric_limits<Int>::max(), text);
+        if (whole && v >= min && v <= max) return "";
+        if ((whole && v > max) || (errno == ERANGE && text[0] != '-')) {
+          return fmt::format("must be {} no larger than {}, got {}", what, max, text);
         }
         return fmt::format("must be {}, got {}", what, text);
       },
       min > 0 ? "POSITIVE" : "NONNEGATIVE");
 }
+
+constexpr int64_t kMaxEpochs = 1'000'000;
+constexpr int kMaxThreads = 1024;  // per rank
+constexpr int kMaxWorkers = 256;   // loader threads per rank
+constexpr int kMaxGradAccum = 1'000'000;
 
 // A finite number in [min, max]; `min_open`: min itself is excluded ("positive").
 CLI::Validator number_in(double min, bool min_open, double max = HUGE_VAL) {
@@ -143,11 +149,11 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   app.add_option("--test-subset", c.test_subset, "evaluate on the first N test images (0: all)")
       ->check(integer_at_least<int64_t>(0));
   app.add_option("--epochs", c.epochs, "passes over the training set")
-      ->check(integer_at_least<int64_t>(1));
+      ->check(integer_at_least<int64_t>(1, kMaxEpochs));
   app.add_option("--batch-size", c.batch_size, "samples per rank per micro-batch")
       ->check(integer_at_least<int64_t>(1));
   app.add_option("--grad-accum", c.grad_accum, "micro-batches per optimizer step (no_sync between)")
-      ->check(integer_at_least<int>(1));
+      ->check(integer_at_least<int>(1, kMaxGradAccum));
   Choice optimizer(kOptimizerNames, c.optimizer);
   Choice precision(kPrecisionNames, c.precision);
   Choice device(kDeviceNames, c.device);
@@ -174,9 +180,9 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
       ->check(CLI::IsMember(device.allowed()));
   app.add_option("--threads", c.threads,
                  "intra-op threads per rank (0: OMP_NUM_THREADS, else cores / local ranks)")
-      ->check(integer_at_least<int>(0));
+      ->check(integer_at_least<int>(0, kMaxThreads));
   app.add_option("--workers", c.workers, "data loader threads per rank")
-      ->check(integer_at_least<int>(0));
+      ->check(integer_at_least<int>(0, kMaxWorkers));
   app.add_option("--comm-hook", comm_hook.text,
                  "none | fp16 | bf16: all-reduce gradients in half precision (half the bytes)")
       ->check(CLI::IsMember(comm_hook.allowed()));

@@ -334,6 +334,13 @@ Run::Run(const TrainConfig& c) : c_(c) {
         c_.batch_size, train_set_->size(), pg_->size(), sampler_.num_samples(),
         sampler_.num_samples()));
   }
+  const int64_t batches = (sampler_.num_samples() + c_.batch_size - 1) / c_.batch_size;
+  if (c_.grad_accum > batches) {
+    throw ConfigError(fmt::format(
+        "--grad-accum {} is more micro-batches than an epoch has ({} of {} images per rank): "
+        "each optimizer step would be the whole epoch, not {} micro-batches; use at most {}",
+        c_.grad_accum, batches, sampler_.num_samples(), c_.grad_accum, batches));
+  }
   loader_ = std::make_unique<DataLoader>(train_set_, sampler_,
                                          LoaderOptions{.batch_size = c_.batch_size,
                                                        .num_workers = c_.workers,

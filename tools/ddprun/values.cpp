@@ -24,8 +24,8 @@ Seconds parse_seconds(const std::string& source, const std::string& value, bool 
   auto s = parse::seconds(value, allow_zero);
   if (!s) {
     bad_value(source, value,
-              allow_zero ? "expected a number of seconds >= 0, e.g. 10 or 0.5"
-                         : "expected a number of seconds > 0, e.g. 30 or 0.5");
+              allow_zero ? "expected a number of seconds >= 0 (at most 1e9), e.g. 10 or 0.5"
+                         : "expected a number of seconds > 0 (at most 1e9), e.g. 30 or 0.5");
   }
   return Seconds(*s);
 }
