@@ -9,7 +9,9 @@
 #     -q        quick: fewer pairs, steps and iterations (a check that everything runs)
 # Steps: 1. all_reduce sweep, 2 ranks, gloo / shm / shm-inplace, with the memcpy floor;
 #        2. our DDP against PyTorch's on identical work, with the communication-free ceiling
-#           (the same malloc settings on both sides);
+#           (the same malloc settings on both sides); 2b. a program written as the README
+#           teaches (benchmarks/user_program) against PyTorch's DDP as its users run it (no
+#           malloc settings on either side);
 #        3. DDP at 2 ranks against 1 process x 1 and x 2 threads, both comparison models;
 #        4. DDP's overhead at world size 1;
 #        5. the same comparison as 2 while two busy loops share the cores (a loaded machine);
@@ -29,7 +31,7 @@ mkdir -p "$out"
 ddprun=$build/tools/ddprun/ddprun
 bench=$build/tools/ddp_bench/ddp-bench
 train=$build/tools/ddp_train/ddp-train
-for t in "$ddprun" "$bench" "$train" "$build/benchmarks/bench_ddp"; do
+for t in "$ddprun" "$bench" "$train" "$build/benchmarks/bench_ddp" "$build/benchmarks/user_program"; do
   [[ -x $t ]] || { echo "readme_figures.sh: $t is missing: run scripts/build.sh" >&2; exit 1; }
 done
 iters=30 steps=150 warmup=15 epochs=3
@@ -46,13 +48,20 @@ step() {  # step NAME COMMAND...: runs it, output to the terminal and OUT/NAME.t
   "$@" 2>&1 | tee -a "$out/$name.txt"
 }
 
-echo "# readme_figures.sh: $(date -Iseconds) on $(hostname), $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+echo "# readme_figures.sh: $(date -Iseconds) on $(hostname), $cpu, $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)" |
+  tee "$out/0-machine.txt"
+echo "# the single-core memcpy floor of this machine is step 1's 'memcpy' row (allreduce.csv)" |
+  tee -a "$out/0-machine.txt"
 step 1-allreduce "$ddprun" --standalone --nproc-per-node 2 "$bench" collectives \
   --backend gloo,shm,shm-inplace --ops all_reduce --min-bytes 8 --max-bytes 16M \
   --iters "$iters" --csv "$out/allreduce.csv" --png "$out/allreduce.png"
 step 2-vs-pytorch "${same_malloc[@]}" "$root/benchmarks/vs_pytorch/compare.py" \
   --pairs "$pairs" --steps "$steps" --warmup "$warmup" --backends shm,gloo \
   --build-dir "$build" --csv "$out/vs_pytorch.csv"
+step 2b-user-program "$root/benchmarks/vs_pytorch/compare.py" --ours user-program \
+  --pairs "$pairs" --steps "$steps" --warmup "$warmup" --backends auto \
+  --build-dir "$build" --csv "$out/user_program.csv"
 for model in classic-cnn mlp-1024; do
   step "3-scaling-$model" "$ddprun" --standalone --nproc-per-node 2 "$bench" train \
     --model "$model" --compare --repeats 3 --steps "$steps" --warmup "$warmup" \

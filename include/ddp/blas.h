@@ -25,17 +25,21 @@ struct BlasReport {
   std::string threading;      // OpenBLAS's: "pthreads", "OpenMP" or "sequential"; else empty
   bool reexecuted = false;    // ensure_fast_blas() re-executed us, to set
   bool chose_core = false;    //   OPENBLAS_CORETYPE
-  bool chose_wait = false;    //   OMP_WAIT_POLICY
+  bool chose_wait = false;    //   OMP_WAIT_POLICY and OPENBLAS_THREAD_TIMEOUT
   std::string wait_policy;    // OMP_WAIT_POLICY from the environment, empty if unset
+  std::string thread_timeout; // OPENBLAS_THREAD_TIMEOUT from the environment, empty if unset
   int rank_threads = 1;       // threads_per_rank() from the launch environment
 
   // OpenBLAS runs a weaker core than this CPU supports and the user did not choose one.
   bool needs_core_override() const;
-  // OpenBLAS runs its own pthreads beside LibTorch's OpenMP pool, this rank runs more than one
-  // thread, and neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set: OpenMP's idle threads would
-  // spin on the cores OpenBLAS's threads need (measured: 1 process x 2 threads on 2 cores ran the
-  // MLP at 0.45x the speed of 1 thread; passive: 1.7x).
-  bool needs_passive_wait() const;
+  // OpenBLAS runs its own pthreads beside LibTorch's OpenMP pool and this rank runs more than
+  // one thread: each pool's idle threads spin on the cores the other's need (OpenMP's about
+  // 300 000 iterations after a parallel region, OpenBLAS's 2^28 cycles after a call), unless
+  // OMP_WAIT_POLICY (or GOMP_SPINCOUNT) and OPENBLAS_THREAD_TIMEOUT say otherwise. True when
+  // one of the two is unset. Measured, 1 process x 2 threads on 2 cores (README, "BLAS"):
+  // passive OpenMP and OPENBLAS_THREAD_TIMEOUT=4 took the MLP from 3726 to 12770 samples/s,
+  // the classic CNN from 1149 to 1460, ddp-train's CNN from 988 to 1193.
+  bool needs_quiet_threads() const;
   bool is_reference() const { return vendor == "reference BLAS (netlib)"; }
   // One line for logs, ending with advice when something is slow.
   std::string summary() const;
@@ -56,7 +60,8 @@ std::string best_openblas_core();
 // this program (same pid, same argv) once with
 //   - OPENBLAS_CORETYPE=best_openblas_core() if OpenBLAS runs a weaker core than this CPU
 //     supports and the variable is unset;
-//   - OMP_WAIT_POLICY=passive if needs_passive_wait().
+//   - OMP_WAIT_POLICY=passive and OPENBLAS_THREAD_TIMEOUT=4 (each where unset) if
+//     needs_quiet_threads().
 // A user's own value always wins; nothing to change, no re-exec. Returns the report of the BLAS
 // in use (after the re-exec, `reexecuted` is true). Call it first thing in main().
 // `threads`: the most intra-op threads this process will run, when the program knows better

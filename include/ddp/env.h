@@ -128,6 +128,8 @@ inline constexpr EnvKnob kEnvKnobs[] = {
      "threads per rank, LibTorch's and the BLAS's (ddprun sets 1 for several workers)"},
     {"OMP_WAIT_POLICY", "(passive, see BLAS)",
      "OpenMP idle threads; ddp::ensure_fast_blas sets passive where OpenBLAS has its own"},
+    {"OPENBLAS_THREAD_TIMEOUT", "(4, see BLAS)",
+     "OpenBLAS idle threads spin 2^N cycles; ddp::ensure_fast_blas sets 4 beside OpenMP"},
     {"DDP_PROCESS_DEFAULTS", "1",
      "0: init_process_group leaves threads, malloc and uncaught errors to the program"},
     {"USE_LIBUV", "1", "LibTorch 2.x TCPStore: libuv or classic (falls back when libuv is absent)"},

@@ -75,9 +75,16 @@ std::string best_openblas_core() {
   }
 }
 
-bool BlasReport::needs_passive_wait() const {
-  return threading == "pthreads" && rank_threads > 1 && wait_policy.empty() &&
-         std::getenv("GOMP_SPINCOUNT") == nullptr;  // not a knob: only seen, never set
+namespace {
+// GOMP_SPINCOUNT: not a knob of ours, only seen (a user's spin count is a wait policy).
+bool omp_wait_chosen(const BlasReport& r) {
+  return !r.wait_policy.empty() || std::getenv("GOMP_SPINCOUNT") != nullptr;
+}
+}  // namespace
+
+bool BlasReport::needs_quiet_threads() const {
+  return threading == "pthreads" && rank_threads > 1 &&
+         (!omp_wait_chosen(*this) || thread_timeout.empty());
 }
 
 bool BlasReport::needs_core_override() const {
@@ -99,16 +106,16 @@ std::string BlasReport::summary() const {
     }
   }
   if (!threading.empty()) s += fmt::format(", {}", threading);
-  if (!wait_policy.empty()) {
-    s += fmt::format("; OMP_WAIT_POLICY={}{}", wait_policy,
-                     chose_wait ? " chosen by ddp" : "");
-  }
+  if (!wait_policy.empty()) s += fmt::format("; OMP_WAIT_POLICY={}", wait_policy);
+  if (!thread_timeout.empty()) s += fmt::format("; OPENBLAS_THREAD_TIMEOUT={}", thread_timeout);
+  if (chose_wait) s += " (idle threads sleep: chosen by ddp)";
   if (is_reference()) {
     s += "; WARNING: the reference BLAS is 20-50x slower than OpenBLAS: install "
          "libopenblas0-pthread (scripts/install-deps.sh does)";
-  } else if (needs_passive_wait()) {
-    s += "; WARNING: OpenMP's idle threads spin on the cores OpenBLAS's threads need: call "
-         "ddp::ensure_fast_blas(argc, argv) first in main() or export OMP_WAIT_POLICY=passive";
+  } else if (needs_quiet_threads()) {
+    s += "; WARNING: OpenMP's and OpenBLAS's idle threads spin on each other's cores: call "
+         "ddp::ensure_fast_blas(argc, argv) first in main() or export OMP_WAIT_POLICY=passive "
+         "OPENBLAS_THREAD_TIMEOUT=4";
   } else if (needs_core_override()) {
     s += fmt::format(
         "; WARNING: this CPU supports the faster {0} kernels: call "
@@ -129,6 +136,7 @@ BlasReport inspect_blas() {
   }
   r.cpu_best_core = best_openblas_core();
   if (auto v = env_knob("OMP_WAIT_POLICY")) r.wait_policy = *v;
+  if (auto v = env_knob("OPENBLAS_THREAD_TIMEOUT")) r.thread_timeout = *v;
   int local_ranks = 1;
   try {
     local_ranks = parse_dist_env(current_environment()).local_world_size;
@@ -173,18 +181,21 @@ BlasReport ensure_fast_blas(int argc, char** argv, int threads) {
   (void)argc;
   BlasReport r = inspect_blas();
   if (threads > 0) r.rank_threads = threads;
-  const bool core = r.needs_core_override(), passive = r.needs_passive_wait();
-  if (!(core || passive) || r.reexecuted || argv == nullptr || argv[0] == nullptr) return r;
+  const bool core = r.needs_core_override(), quiet = r.needs_quiet_threads();
+  const bool passive = quiet && !omp_wait_chosen(r), timeout = quiet && r.thread_timeout.empty();
+  if (!(core || quiet) || r.reexecuted || argv == nullptr || argv[0] == nullptr) return r;
   // OpenBLAS picked its core, and libgomp its wait policy, when they were loaded, before
   // main(): only a fresh image can change them. execv keeps the pid, so launchers (ddprun,
   // mpirun, srun) still track the same process.
   if (core) setenv("OPENBLAS_CORETYPE", r.cpu_best_core.c_str(), /*overwrite=*/0);
   if (passive) setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
-  setenv(kReexecMarker, core && passive ? "core,wait" : core ? "core" : "wait", 1);
+  if (timeout) setenv("OPENBLAS_THREAD_TIMEOUT", "4", /*overwrite=*/0);  // 2^4 cycles, its least
+  setenv(kReexecMarker, core && quiet ? "core,wait" : core ? "core" : "wait", 1);
   execv("/proc/self/exe", argv);
   // exec failed (no /proc?): carry on as we are; summary() carries the advice.
   if (core) unsetenv("OPENBLAS_CORETYPE");
   if (passive) unsetenv("OMP_WAIT_POLICY");
+  if (timeout) unsetenv("OPENBLAS_THREAD_TIMEOUT");
   unsetenv(kReexecMarker);
   return r;
 }

@@ -1,6 +1,7 @@
 // A test worker written as the README teaches (ensure_fast_blas, init_process_group, no
 // try/catch around main's body), for test_process_defaults:
-//   process_defaults_worker threads      prints "threads T blas B wait W" (W: OMP_WAIT_POLICY)
+//   process_defaults_worker threads      prints "threads T blas B wait W timeout O"
+//                                        (OMP_WAIT_POLICY, OPENBLAS_THREAD_TIMEOUT)
 //   process_defaults_worker uncaught     rank 1 leaves once the group is formed; rank 0's
 //                                        all_reduce fails and the error escapes main()
 //   process_defaults_worker own-handler  the same, with a terminate handler of the program's own
@@ -27,8 +28,10 @@ int main(int argc, char** argv) {
   ddp::init_process_group();
   if (mode == "threads") {
     const char* wait = std::getenv("OMP_WAIT_POLICY");
-    std::printf("threads %d blas %d wait %s\n", at::get_num_threads(), ddp::blas_num_threads(),
-                wait != nullptr ? wait : "unset");
+    const char* timeout = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+    std::printf("threads %d blas %d wait %s timeout %s\n", at::get_num_threads(),
+                ddp::blas_num_threads(), wait != nullptr ? wait : "unset",
+                timeout != nullptr ? timeout : "unset");
     ddp::destroy_process_group();
     return 0;
   }

@@ -61,7 +61,8 @@ Command by_hand(const std::string& launcher, int rank, int port, std::vector<std
   return {.argv = std::move(argv),
           .env = env,
           .unset_env = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY", "RANK",
-                        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE"},
+                        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE",
+                        "OPENBLAS_THREAD_TIMEOUT"},
           .timeout_s = 120};
 }
 
@@ -75,13 +76,13 @@ std::vector<Result> run_pair(const std::string& launcher, const std::vector<std:
 
 struct Threads {
   int torch = -1, blas = -1;
-  std::string wait;
+  std::string wait, timeout;
 };
 Threads threads_of(const std::string& out) {
   std::smatch m;
-  static const std::regex re(R"(threads (\d+) blas (-?\d+) wait (\S+))");
+  static const std::regex re(R"(threads (\d+) blas (-?\d+) wait (\S+) timeout (\S+))");
   EXPECT_TRUE(std::regex_search(out, m, re)) << out;
-  return m.empty() ? Threads{} : Threads{std::stoi(m[1]), std::stoi(m[2]), m[3]};
+  return m.empty() ? Threads{} : Threads{std::stoi(m[1]), std::stoi(m[2]), m[3], m[4]};
 }
 
 std::string bytes_of(const fs::path& path) {
@@ -113,13 +114,16 @@ TEST(ProcessDefaults, ThreadsReachTheBlasWhateverLaunchedIt) {
   // The user's OMP_NUM_THREADS is the count, for both.
   r = testing::run_command({.argv = {kWorker, "threads"},
                             .env = {{"OMP_NUM_THREADS", "3"}},
-                            .unset_env = {"OPENBLAS_NUM_THREADS", "RANK", "WORLD_SIZE"},
+                            .unset_env = {"OPENBLAS_NUM_THREADS", "RANK", "WORLD_SIZE",
+                                          "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT"},
                             .timeout_s = 60});
   ASSERT_TRUE(r.exited(0)) << r.describe();
   const Threads three = threads_of(r.out);
   EXPECT_EQ(three.torch, 3);
   EXPECT_EQ(three.blas, 3);
-  EXPECT_EQ(three.wait, "passive") << "OpenMP spinning beside OpenBLAS's threads\n" << r.out;
+  // Several threads beside OpenBLAS's own: ensure_fast_blas made the idle ones of both sleep.
+  EXPECT_EQ(three.wait, "passive") << r.out;
+  EXPECT_EQ(three.timeout, "4") << r.out;
 }
 
 TEST(ProcessDefaults, OneSeedTrainsToTheSameBytesUnderDdprunSlurmAndMpi) {

@@ -60,20 +60,25 @@ TEST(Blas, OverrideOnlyWhenOpenBlasPickedAWeakerCore) {
   EXPECT_NE(ref.summary().find("libopenblas0-pthread"), std::string::npos);
 }
 
-TEST(Blas, PassiveWaitOnlyWhereOpenMpWouldSpinBesideOpenBlasThreads) {
+TEST(Blas, QuietThreadsOnlyWhereOpenMpAndOpenBlasWouldSpinOnEachOther) {
   BlasReport r = openblas("Haswell", "Haswell");
   r.threading = "pthreads";
   r.rank_threads = 2;
-  EXPECT_TRUE(r.needs_passive_wait());
-  EXPECT_NE(r.summary().find("OMP_WAIT_POLICY=passive"), std::string::npos) << r.summary();
+  EXPECT_TRUE(r.needs_quiet_threads());
+  EXPECT_NE(r.summary().find("OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4"),
+            std::string::npos)
+      << r.summary();
   r.rank_threads = 1;  // one thread per rank (ddprun's several workers): nothing spins
-  EXPECT_FALSE(r.needs_passive_wait());
+  EXPECT_FALSE(r.needs_quiet_threads());
   r.rank_threads = 2;
-  r.wait_policy = "active";  // the user's choice wins
-  EXPECT_FALSE(r.needs_passive_wait());
+  r.wait_policy = "active";  // the user's choice wins; the other setting is still missing
+  EXPECT_TRUE(r.needs_quiet_threads());
+  r.thread_timeout = "28";
+  EXPECT_FALSE(r.needs_quiet_threads());
   r.wait_policy.clear();
+  r.thread_timeout.clear();
   r.threading = "OpenMP";  // one OpenMP pool for both: nothing to fight over
-  EXPECT_FALSE(r.needs_passive_wait());
+  EXPECT_FALSE(r.needs_quiet_threads());
 }
 
 TEST(Blas, InspectsTheLoadedLibrary) {
