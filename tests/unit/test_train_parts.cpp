@@ -134,8 +134,11 @@ TEST(TrainFlags, NumberErrorsAreShortAndNameTheFlag) {
   EXPECT_EQ(parse_error({"--momentum", "1.5"}),
             "--momentum: must be a number in [0, 1], got 1.5 (see ddp-train --help)");
   EXPECT_EQ(parse_error({"--grad-accum", "99999999999"}),
-            "--grad-accum: must be a positive integer no larger than 2147483647, got "
+            "--grad-accum: must be a positive integer no larger than 1000000, got "
             "99999999999 (see ddp-train --help)");
+  EXPECT_EQ(parse_error({"--max-steps", "99999999999999999999"}),
+            "--max-steps: must be a non-negative integer no larger than 9223372036854775807, "
+            "got 99999999999999999999 (see ddp-train --help)");
   EXPECT_EQ(parse_error({"--lr", "nan"}),
             "--lr: must be a positive number, got nan (see ddp-train --help)");
   EXPECT_EQ(parse_error({"--epochs", "2.5"}),
