@@ -163,6 +163,17 @@ TEST_F(BenchTest, TrainTwoRanksWithCompare) {
   if (have_gnuplot()) EXPECT_TRUE(fs::exists(dir_ / "t.png")) << r.out;
 }
 
+// DDPOptions from the command line: gradients as views into the buckets, a smaller cap.
+TEST_F(BenchTest, TrainWithBucketViewsAndASmallerCap) {
+  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",
+                                   "2", "--warmup", "1", "--gradient-as-bucket-view",
+                                   "--bucket-cap-mb", "2"}));
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  EXPECT_NE(r.out.find("DDP buckets of 2 MB, gradients as bucket views"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("2 ranks x 1 thread"), std::string::npos) << r.out;
+}
+
 TEST_F(BenchTest, TrainWithoutDdpIsTheCeiling) {
   const fs::path csv = dir_ / "n.csv";
   Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",

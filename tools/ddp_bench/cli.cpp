@@ -91,6 +91,11 @@ void add_train(CLI::App& app, TrainOptions& t) {
                 "measure only the ceiling: every rank trains its own replica on its shard, no "
                 "DDP, no gradient exchange (benchmarks/vs_pytorch/compare.py runs it beside "
                 "both DDPs)");
+  sub->add_flag("--gradient-as-bucket-view", t.gradient_as_bucket_view,
+                "DDPOptions::gradient_as_bucket_view: gradients are views into the buckets "
+                "(no copy in or out)");
+  sub->add_option("--bucket-cap-mb", t.bucket_cap_mb, "DDPOptions::bucket_cap_mb")
+      ->check(CLI::Range(0.001, 4096.0));
   sub->add_option("--repeats", t.repeats,
                   "rounds of every configuration, alternating; medians are reported")
       ->check(CLI::PositiveNumber);

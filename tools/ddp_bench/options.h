@@ -50,6 +50,8 @@ struct TrainOptions {
   double momentum = 0.9;
   bool compare = false;  // also 1 process x 1 thread and x N threads, on rank 0
   bool no_ddp = false;   // only N ranks training alone, without DDP: the ceiling
+  bool gradient_as_bucket_view = false;  // DDPOptions' (PyTorch's default: false)
+  double bucket_cap_mb = 25;             // DDPOptions' (PyTorch's default: 25)
   int repeats = 1;       // rounds of all configurations, alternating; medians
   std::string label;     // first CSV column (default: the configuration)
   std::string csv;       // appended to (header when new); empty: none

@@ -100,7 +100,11 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   // pg is ours to keep alive; DDP needs a shared_ptr, so wrap it without ownership.
   std::shared_ptr<ProcessGroup> group(std::shared_ptr<ProcessGroup>{}, &pg);
   std::optional<DistributedDataParallel<ModelImpl>> ddp;
-  if (!local) ddp.emplace(net, DDPOptions{.process_group = group});
+  if (!local) {
+    ddp.emplace(net, DDPOptions{.process_group = group,
+                                .bucket_cap_mb = o.bucket_cap_mb,
+                                .gradient_as_bucket_view = o.gradient_as_bucket_view});
+  }
   auto model = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : net->forward(x); };
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
   BatchStream batches(std::move(data), pg, per_rank, o, device);
@@ -236,10 +240,11 @@ int run_train(const TrainOptions& o) {
   say(
       fmt::format("# ddp-bench train: {} on Fashion-MNIST, global batch {} ({} per rank), {} "
                   "rank{} x {} thread{} on {}, backend {}, SGD lr {} momentum {}, {} steps after "
-                  "{} warm-up{}",
+                  "{} warm-up{}; DDP buckets of {} MB{}",
                   o.model, o.global_batch, o.global_batch / n, n, n > 1 ? "s" : "", threads,
                   threads > 1 ? "s" : "", device.str(), pg->backend(), o.lr, o.momentum, o.steps,
-                  o.warmup, o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : ""));
+                  o.warmup, o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : "",
+                  o.bucket_cap_mb, o.gradient_as_bucket_view ? ", gradients as bucket views" : ""));
   say("# ms per step: data, forward, backward compute, exposed communication (DDP's wait after "
       "backward), optimizer");
   say(train_table_header());
