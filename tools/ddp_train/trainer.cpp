@@ -686,10 +686,11 @@ int Run::execute() {
   resume();
   if (finished()) return report_finished();
   progress_->line(fmt::format(
-      "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} ranks x {} over "
+      "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} rank{} x {} over "
       "{}, batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; "
       "run folder {}",
-      c_.model, train_set_->size(), test_set_->size(), pg_->size(), device_text(), pg_->backend(),
+      c_.model, train_set_->size(), test_set_->size(), pg_->size(), pg_->size() == 1 ? "" : "s",
+      device_text(), pg_->backend(),
       c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs, to_string(c_.optimizer),
       schedule_.peak, to_string(c_.precision), dir_.string()));
   progress_->line(inspect_blas().summary());
