@@ -27,8 +27,10 @@ int main(int argc, char** argv) {
   std::string model_name = "classic-cnn", data_dir, label = "user-program", csv;
   int64_t global_batch = 128, steps = 100, warmup = 10, seed = 0;
   double lr = 0.01, momentum = 0.9;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 == argc) throw ddp::ConfigError("user_program: " + flag + " needs a value");
+    const std::string value = argv[i + 1];
     if (flag == "--model") model_name = value;
     else if (flag == "--batch-size") global_batch = std::stoll(value);
     else if (flag == "--steps") steps = std::stoll(value);

@@ -5,6 +5,8 @@
 #
 #   scripts/gpu-check/bundle.sh                 # first, on the Debian machine (fills vendor/)
 #   GPU_CHECK_PACK="$OUT/gpu-check.tgz" scripts/gpu-check/run.sh /tmp/gpu-check
+#                                               # (device tool: carry ["scripts/gpu-check/vendor"],
+#                                               # which git ignores)
 #                                               # on the GPU machine, from the repository root
 #
 # Steps, in order; each under its own `timeout`, each failure recorded without stopping the others:

@@ -3,9 +3,9 @@
 #include <mutex>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "base/thread_annotations.h"
 #include "ddp/distributed.h"
-#include "base/log.h"
 #include "ddp/env.h"
 #include "process_group/flight_recorder.h"
 #include "runtime/process_defaults.h"
@@ -42,16 +42,20 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
               "init_process_group() called twice; call destroy_process_group() first");
   }
   auto pg = make_process_group(options);  // may take long: outside the lock
-  MutexLock lock(&g_mu);
-  DDP_CHECK(!g_default, Error, "init_process_group() raced with another call");
-  g_default = pg;
-  if (process_defaults_wanted(options)) {
-    const std::string done = apply_process_defaults(*pg);
-    if (debug_level_from_env() != DebugLevel::kOff) log::note(pg->rank(), "process defaults: {}", done);
+  {
+    MutexLock lock(&g_mu);
+    DDP_CHECK(!g_default, Error, "init_process_group() raced with another call");
+    g_default = pg;
   }
   if (pg->bound_device_id()) {
     static std::once_flag once;
     std::call_once(once, [] { std::atexit(release_at_exit); });
+  }
+  if (process_defaults_wanted(options)) {  // process-wide settings: no lock of ours needed
+    const std::string done = apply_process_defaults(*pg);
+    if (debug_level_from_env() != DebugLevel::kOff) {
+      log::note(pg->rank(), "process defaults: {}", done);
+    }
   }
   return pg;
 }

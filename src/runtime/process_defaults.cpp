@@ -15,7 +15,8 @@
 //   uncaught <type>: <what>", recorded in the launcher's error file, and the process exits 1
 //   instead of aborting (torchrun's @record). Installed only over the C++ runtime's own handler.
 // ensure_fast_blas(), first in main(), adds what needs a fresh image: OPENBLAS_CORETYPE, and
-// OMP_WAIT_POLICY=passive where OpenMP's spinning threads would take the cores from OpenBLAS's.
+// OMP_WAIT_POLICY=passive with OPENBLAS_THREAD_TIMEOUT=4 where a rank's several threads would
+// otherwise find OpenMP's and OpenBLAS's idle threads spinning on each other's cores.
 #include "runtime/process_defaults.h"
 
 #include <cxxabi.h>  // __cxa_current_exception_type, __cxa_demangle, __verbose_terminate_handler
