@@ -660,6 +660,7 @@ std::optional<std::string> ElasticRounds::regroup(int round, bool now) {
     if (client_->check({key(round, "failed")}, deadline)) return std::nullopt;  // a failure wins
     if (std::string why = get_if_set(key(round, "regroup"), deadline); !why.empty()) {
       if (client_->check({key(round, "store_home")}, deadline)) go_home_ = true;
+      client_->add(key(round, "regroup_seen"), 1, deadline);  // a leaving store host waits
       return why;
     }
     if (auto home = waiting_at_home(round)) return home;
@@ -716,8 +717,20 @@ void ElasticRounds::leave(int round, bool failed_round, const std::function<bool
       client_->compare_set(key(round, "finished"), "", where(), Clock::now() + kCallTime);
     }
     client_->add(key(round, "ended"), 1, Clock::now() + kCallTime);
-    // A node that leaves goes at once: if it hosts the store, the others move it.
-    if (!server_ || leaving_) return;
+    if (!server_) return;
+    if (leaving_) {
+      // The store's host leaves: it goes once every other node has read the regroup, at most
+      // kFailureLinger, then the others move the store. A node that had not read it when its
+      // workers exited (they checkpoint with everyone's at the same step, so they may exit
+      // before its next poll) would take their exit for a failure and spend a restart.
+      const auto until = Clock::now() + kFailureLinger;
+      const int others = static_cast<int>(members_.size()) - 1;
+      while (Clock::now() < until && !(stop && stop())) {
+        if (client_->add(key(round, "regroup_seen"), 0, Clock::now() + kCallTime) >= others) break;
+        std::this_thread::sleep_for(kWaitStep);
+      }
+      return;
+    }
     // The store's host: the others may still need it, to end or to learn that the job ended.
     const auto limit = failed_round ? std::chrono::duration_cast<milliseconds>(c_.grace_period) +
                                           kFailureLinger

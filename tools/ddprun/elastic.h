@@ -23,6 +23,7 @@
 //   <R>/left/<id>    set by a node that leaves after R (nobody waits for it)
 //   <R>/regroup      why R ends without a failure: a node leaves (its ddprun got SIGTERM, the
 //                    scheduler's notice), or a node waits in R + 1 while R has fewer than MAX
+//   <R>/regroup_seen how many nodes have read R's regroup (a leaving store host waits for them)
 //   <R>/finished     the node whose workers all exited 0 first
 //   <R>/ended        how many of R's nodes are done with it
 //   failures         rounds that ended in a failure: what --max-restarts counts (torchrun counts
@@ -45,8 +46,9 @@
 // exit for a failure.
 // Leaving: a ddprun that receives SIGTERM writes R's regroup ("node ... leaves"), forwards the
 // signal to its workers (they checkpoint with everyone else), and exits; the others go on.
-// The node hosting the store can go too: the others move it (Note [Moving the store] in
-// elastic.cpp), where torchrun's c10d backend loses the job with that node.
+// The node hosting the store can go too, once the others have read the regroup (at most
+// kFailureLinger): the others move the store (Note [Moving the store] in elastic.cpp), where
+// torchrun's c10d backend loses the job with that node.
 #pragma once
 
 #include <memory>
