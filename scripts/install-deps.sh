@@ -17,8 +17,12 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev python3-torch openmpi-bin
   # multi-host tests: network namespaces, veth, tc (iproute2); unshare (util-linux)
   iproute2 util-linux
+  # a real one-node Slurm cluster in the tests (tests/support/slurm.h)
+  slurm-wlm munge
   # the trainer's data and plots
   dataset-fashion-mnist gnuplot-nox
+  # the tools' man pages, from their --help (cmake/ManPages.cmake)
+  help2man
 )
 
 # The list alone, one a line (scripts/test-libtorch2.sh installs the same in its trixie root).

@@ -54,6 +54,10 @@ struct DistEnv {
   // is a single process and nothing was set: then no socket is ever opened.
   std::string master_addr;
   int master_port = 0;
+  // Where master_addr came from, for errors: empty for MASTER_ADDR (or the single-node
+  // default); e.g. "the first node of SLURM_STEP_NODELIST='gpu[07-08]'" when a launcher's node
+  // list gave it (such a name must resolve: the rendezvous checks it at once).
+  std::string master_addr_source;
   // torchrun's agent already hosts the store on MASTER_ADDR:MASTER_PORT: every rank, rank 0
   // included, connects as a client (TORCHELASTIC_USE_AGENT_STORE=True).
   bool use_agent_store = false;

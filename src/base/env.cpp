@@ -2,10 +2,12 @@
 #include "ddp/env.h"
 
 #include <algorithm>
+#include <cctype>    // std::isdigit
 #include <charconv>  // std::from_chars
 #include <cmath>     // std::isfinite
 #include <cstdlib>   // strtod
 #include <functional>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -177,22 +179,87 @@ void parse_pmi(const EnvMap& env, DistEnv& out) {
   fill_master_endpoint(env, out, out.local_world_size == out.world_size, job ? *job : "", "");
 }
 
+// Slurm's tasks-per-node list, "2(x3),1" -> {2, 2, 2, 1}; nullopt when malformed.
+std::optional<std::vector<int>> expand_tasks_per_node(const std::string& spec) {
+  std::vector<int> out;
+  size_t i = 0;
+  auto number = [&]() -> std::optional<long long> {
+    const size_t start = i;
+    while (i < spec.size() && std::isdigit(static_cast<unsigned char>(spec[i]))) ++i;
+    if (i == start || i - start > 7) return std::nullopt;
+    return std::stoll(spec.substr(start, i - start));
+  };
+  while (i < spec.size()) {
+    const std::optional<long long> tasks = number();
+    if (!tasks || *tasks < 1) return std::nullopt;
+    long long times = 1;
+    if (spec.compare(i, 2, "(x") == 0) {
+      i += 2;
+      const std::optional<long long> n = number();
+      if (!n || *n < 1 || i >= spec.size() || spec[i] != ')') return std::nullopt;
+      ++i;
+      times = *n;
+    }
+    if (static_cast<long long>(out.size()) + times > kMaxWorld) return std::nullopt;
+    out.insert(out.end(), static_cast<size_t>(times), static_cast<int>(*tasks));
+    if (i == spec.size()) break;
+    if (spec[i] != ',') return std::nullopt;
+    ++i;
+    if (i == spec.size()) return std::nullopt;
+  }
+  if (out.empty()) return std::nullopt;
+  return out;
+}
+
+// srun's step: SLURM_STEP_* describe this step (an sbatch job's SLURM_NTASKS and
+// SLURM_NTASKS_PER_NODE describe the allocation and reach a smaller step unchanged).
 void parse_slurm(const EnvMap& env, DistEnv& out) {
   out.contract = LaunchContract::kSlurm;
   const auto hint = "set by Slurm's srun";
   out.world_size = require_int(env, "SLURM_STEP_NUM_TASKS", 1, kMaxWorld, hint);
   out.rank = require_int(env, "SLURM_PROCID", 0, out.world_size - 1, hint);
   const int nodes = get_int(env, "SLURM_STEP_NUM_NODES", 1, kMaxWorld, hint).value_or(1);
-  // Tasks per node: Slurm spreads tasks as evenly as it can; with an even split this is exact.
-  out.local_world_size = get_int(env, "SLURM_NTASKS_PER_NODE", 1, kMaxWorld, hint)
-                             .value_or((out.world_size + nodes - 1) / nodes);
+  DDP_CHECK(nodes <= out.world_size, ConfigError,
+            "invalid environment: SLURM_STEP_NUM_NODES={} exceeds SLURM_STEP_NUM_TASKS={} (a "
+            "step has at least one task per node)",
+            nodes, out.world_size);
+  out.group_rank = get_int(env, "SLURM_NODEID", 0, nodes - 1, hint).value_or(0);
   out.local_rank = get_int(env, "SLURM_LOCALID", 0, kMaxWorld, hint).value_or(0);
-  out.group_rank = get_int(env, "SLURM_NODEID", 0, kMaxWorld, hint).value_or(0);
+  // Tasks on this node: the step's list, exact for any distribution; else an even split.
+  if (const std::string* spec = find(env, "SLURM_STEP_TASKS_PER_NODE")) {
+    const std::optional<std::vector<int>> per_node = expand_tasks_per_node(*spec);
+    DDP_CHECK(per_node, ConfigError,
+              "invalid environment: SLURM_STEP_TASKS_PER_NODE='{}' is not a Slurm task list "
+              "(e.g. 2(x3),1) ({})",
+              *spec, hint);
+    long long total = 0;
+    for (int n : *per_node) total += n;
+    DDP_CHECK(static_cast<int>(per_node->size()) == nodes && total == out.world_size, ConfigError,
+              "invalid environment: SLURM_STEP_TASKS_PER_NODE='{}' lists {} task(s) on {} "
+              "node(s), but SLURM_STEP_NUM_TASKS={} and SLURM_STEP_NUM_NODES={}: the variables "
+              "come from different steps (was one of them exported into this step by hand?)",
+              *spec, total, per_node->size(), out.world_size, nodes);
+    out.local_world_size = (*per_node)[static_cast<size_t>(out.group_rank)];
+  } else {
+    out.local_world_size = (out.world_size + nodes - 1) / nodes;
+  }
+  DDP_CHECK(out.local_rank < out.local_world_size, ConfigError,
+            "invalid environment: SLURM_LOCALID={} but this node runs {} task(s) of the step "
+            "(SLURM_STEP_TASKS_PER_NODE, node SLURM_NODEID={}); local ranks are 0..{}",
+            out.local_rank, out.local_world_size, out.group_rank, out.local_world_size - 1);
   const std::string* job = find(env, "SLURM_JOB_ID");
-  const std::string* nodelist = find(env, "SLURM_STEP_NODELIST");
-  if (nodelist == nullptr) nodelist = find(env, "SLURM_JOB_NODELIST");
-  fill_master_endpoint(env, out, nodes == 1, job ? *job : "",
-                       nodelist ? first_slurm_host(*nodelist) : std::string());
+  const char* list_name = "SLURM_STEP_NODELIST";
+  const std::string* nodelist = find(env, list_name);
+  if (nodelist == nullptr) {
+    list_name = "SLURM_JOB_NODELIST";
+    nodelist = find(env, list_name);
+  }
+  const std::string first = nodelist ? first_slurm_host(*nodelist) : std::string();
+  fill_master_endpoint(env, out, nodes == 1, job ? *job : "", first);
+  const std::string* addr = find(env, "MASTER_ADDR");
+  if (!first.empty() && nodes > 1 && (addr == nullptr || addr->empty())) {
+    out.master_addr_source = fmt::format("the first node of {}='{}'", list_name, *nodelist);
+  }
 }
 
 // The rendezvous store's variables (include/ddp/env.h; README, "The rendezvous store").

@@ -2,6 +2,7 @@
 #include "base/net.h"
 
 #include <arpa/inet.h>   // htonl, ntohs
+#include <netdb.h>       // getaddrinfo
 #include <netinet/in.h>  // sockaddr_in
 #include <sys/socket.h>  // socket, bind, getsockname
 #include <unistd.h>      // close, gethostname
@@ -19,6 +20,20 @@ std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
   return name;
+}
+
+std::optional<std::string> unresolvable(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc == 0) {
+    ::freeaddrinfo(found);
+    return std::nullopt;
+  }
+  if (rc == EAI_AGAIN) return std::nullopt;
+  if (rc == EAI_SYSTEM) return std::string(std::strerror(errno));
+  return std::string(::gai_strerror(rc));
 }
 
 int pick_free_port() {

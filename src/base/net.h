@@ -1,6 +1,7 @@
 // Small network helpers shared by the library, ddprun and the tests. Torch-free.
 #pragma once
 
+#include <optional>
 #include <string>
 
 namespace ddp::net {
@@ -12,5 +13,9 @@ int pick_free_port();
 
 // This host's name (gethostname), or "unknown-host"; for messages and logs.
 std::string host_name();
+
+// Why `host` does not resolve here (getaddrinfo's reason), or nullopt when it resolves or when
+// the resolver did not answer now (EAI_AGAIN: worth retrying, so not a verdict).
+std::optional<std::string> unresolvable(const std::string& host);
 
 }  // namespace ddp::net

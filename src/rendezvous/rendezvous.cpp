@@ -16,7 +16,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "base/check.h"
-#include "base/net.h"  // host_name
+#include "base/net.h"  // host_name, unresolvable
 #include "c10d/compat.h"
 #include "store/host.h"        // host
 #include "store/c10d_store.h"  // DdpStore, BoundedStore
@@ -42,16 +42,35 @@ std::string who_hosts(const Config& c) {
   return c.rank == 0 ? "rank 0, this process" : "rank 0";
 }
 
+// Where the store's address came from, for messages.
+std::string address_source(const Config& c) {
+  return c.master_addr_source.empty() ? "MASTER_ADDR:MASTER_PORT" : c.master_addr_source;
+}
+
 // The message for a store nobody answered at all (refused, no route, unknown name).
 [[noreturn]] void unreachable(const Config& c, std::string cause) {
   while (!cause.empty() && (cause.back() == '.' || cause.back() == '\n')) cause.pop_back();
   throw RendezvousError(fmt::format(
-      "[rank {}] could not reach the rendezvous store at {} (MASTER_ADDR:MASTER_PORT) within "
-      "{:.1f} s: {}. Rank 0 hosts the store{}: it has not started, has exited, or listens on "
-      "another address or port. Missing ranks: 0 (at least). Check that every rank was given "
-      "the same MASTER_ADDR and MASTER_PORT and that rank 0 is running.",
-      c.rank, endpoint(c), seconds(c.timeout), cause,
+      "[rank {}] could not reach the rendezvous store at {} ({}) within {:.1f} s: {}. Rank 0 "
+      "hosts the store{}: it has not started, has exited, or listens on another address or "
+      "port. Missing ranks: 0 (at least). Check that every rank was given the same MASTER_ADDR "
+      "and MASTER_PORT and that rank 0 is running.",
+      c.rank, endpoint(c), address_source(c), seconds(c.timeout), cause,
       c.use_agent_store ? " (here: the launcher's agent)" : ""));
+}
+
+// A name from a launcher's node list (Slurm's) must resolve, and one that does not will not
+// start to: say so at once, naming the variable. MASTER_ADDR itself is retried until the
+// timeout, as torchrun does: such a name may appear late (a service starting with rank 0).
+void check_listed_name_resolves(const Config& c) {
+  if (c.master_addr_source.empty()) return;
+  const std::optional<std::string> why = net::unresolvable(c.master_addr);
+  if (!why) return;  // resolves, or DNS did not answer now: the connection's retries report it
+  throw ConfigError(fmt::format(
+      "[rank {}] the rendezvous address '{}', {}, does not resolve on this host ({}). Export "
+      "MASTER_ADDR=<the address of rank 0's node> to every task (srun --export=ALL,MASTER_ADDR="
+      "...), or make the node names resolve here (/etc/hosts, DNS).",
+      c.rank, c.master_addr, c.master_addr_source, *why));
 }
 
 // torchrun's agent hosts LibTorch's TCPStore: reached through a TCPStore client, each call of
@@ -233,6 +252,7 @@ c10::intrusive_ptr<::c10d::Store> join(const Config& config) {
   if (config.world_size == 1 && !config.use_agent_store) {
     return c10::make_intrusive<::c10d::HashStore>();
   }
+  check_listed_name_resolves(config);
   auto raw = connect(config);
   auto store = c10::make_intrusive<::c10d::PrefixStore>(config.key_prefix, raw);
   try {

@@ -331,6 +331,70 @@ TEST(DdprunArgs, UsageErrors) {
   EXPECT_USAGE_ERROR(({"--nnodes"}), "--nnodes");  // a flag without its value
 }
 
+// Note [ddprun under srun]: one ddprun per node of a Slurm step.
+EnvMap slurm_task(int node, int nodes, const std::string& tasks_per_node, int local = 0) {
+  return {{"SLURM_PROCID", std::to_string(node)},
+          {"SLURM_STEP_NUM_TASKS", std::to_string(nodes)},
+          {"SLURM_STEP_NUM_NODES", std::to_string(nodes)},
+          {"SLURM_NODEID", std::to_string(node)},
+          {"SLURM_LOCALID", std::to_string(local)},
+          {"SLURM_STEP_TASKS_PER_NODE", tasks_per_node},
+          {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+          {"SLURM_JOB_ID", "77"}};
+}
+
+TEST(DdprunArgs, UnderSrunOneDdprunPerNode) {
+  // One node: nothing to take from Slurm.
+  LaunchConfig c = parse({"--nproc-per-node", "2", "prog"}, slurm_task(0, 1, "1"));
+  EXPECT_EQ(c.nnodes, 1);
+  EXPECT_EQ(c.master_addr, kDefaultMasterAddr);
+  EXPECT_EQ(c.master_addr_source, "");
+
+  // Two nodes: the node rank and the store's host come from the step.
+  CommandLine cl = parse_command_line({"--nnodes", "2", "--nproc-per-node", "2", "prog"},
+                                      slurm_task(1, 2, "1(x2)"), kHost);
+  EXPECT_EQ(cl.config.node_rank, 1);
+  EXPECT_EQ(cl.config.master_addr, "gpu07");
+  EXPECT_EQ(cl.config.master_addr_source, "the first node of SLURM_STEP_NODELIST='gpu[07-08]'");
+  EXPECT_FALSE(cl.config.elastic);
+  ASSERT_EQ(cl.notes.size(), 2u);
+  EXPECT_NE(cl.notes[0].find("node rank 1 from Slurm (SLURM_NODEID"), std::string::npos);
+  // The flags win.
+  c = parse({"--nnodes", "2", "--node-rank", "0", "--master-addr", "head", "prog"},
+            slurm_task(1, 2, "1(x2)"));
+  EXPECT_EQ(c.node_rank, 0);
+  EXPECT_EQ(c.master_addr, "head");
+  EXPECT_EQ(c.master_addr_source, "");
+  // Inside a torchrun-style launch the Slurm variables are the outer job's: not ours to read.
+  EnvMap inner = slurm_task(0, 2, "2,1");
+  inner["RANK"] = "0";
+  inner["WORLD_SIZE"] = "1";
+  EXPECT_EQ(parse({"prog"}, inner).nnodes, 1);
+  // Elastic: a range that includes the step's nodes; ranks given out at each round.
+  c = parse({"--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "prog"},
+            slurm_task(1, 2, "1(x2)"));
+  EXPECT_TRUE(c.elastic);
+}
+
+TEST(DdprunArgs, UnderSrunWhatCannotWorkIsRefused) {
+  EnvMap two_on_one = slurm_task(0, 1, "2", 1);  // srun -n 2 ddprun on one node
+  two_on_one["SLURM_PROCID"] = "1";
+  two_on_one["SLURM_STEP_NUM_TASKS"] = "2";
+  EXPECT_USAGE_ERROR(({"--nproc-per-node", "2", "prog"}, two_on_one),
+                     "Slurm started 2 ddprun tasks on this node",
+                     "SLURM_STEP_TASKS_PER_NODE=2", "srun --ntasks-per-node=1 ddprun");
+  EXPECT_USAGE_ERROR(({"prog"}, slurm_task(1, 2, "1(x2)")), "--nnodes 1 (the default)",
+                     "SLURM_STEP_NUM_NODES=2", "pass --nnodes 2");
+  EXPECT_USAGE_ERROR(({"--nnodes", "3", "prog"}, slurm_task(1, 2, "1(x2)")), "--nnodes 3,",
+                     "runs ddprun on 2 node(s)");
+  EXPECT_USAGE_ERROR(({"--nnodes", "3:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1",
+                       "prog"},
+                      slurm_task(1, 2, "1(x2)")),
+                     "--nnodes 3:4", "SLURM_STEP_NUM_NODES=2");
+  EXPECT_USAGE_ERROR(({"prog"}, slurm_task(0, 2, "2(x3)")), "inconsistent",
+                     "SLURM_STEP_TASKS_PER_NODE='2(x3)'");
+}
+
 TEST(DdprunArgs, HelpDocumentsEveryFlagAndDefault) {
   CommandLine cl = parse_command_line({"--help"}, {}, kHost);
   ASSERT_TRUE(cl.help);

@@ -262,6 +262,57 @@ TEST(Env, SlurmStep) {
   EXPECT_EQ(parse_dist_env(env).master_addr, "alpha");
 }
 
+// The step's own task list decides the tasks on this node: an sbatch job's
+// SLURM_NTASKS_PER_NODE reaches a smaller step unchanged and must not count.
+TEST(Env, SlurmTasksOnThisNodeComeFromTheStep) {
+  EnvMap env = {{"SLURM_PROCID", "6"},           {"SLURM_STEP_NUM_TASKS", "7"},
+                {"SLURM_STEP_NUM_NODES", "4"},   {"SLURM_NODEID", "3"},
+                {"SLURM_LOCALID", "0"},          {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"},
+                {"SLURM_NTASKS_PER_NODE", "4"},  {"SLURM_STEP_NODELIST", "n[1-4]"},
+                {"SLURM_JOB_ID", "12"}};
+  DistEnv e = parse_dist_env(env);
+  EXPECT_EQ(e.local_world_size, 1);
+  EXPECT_EQ(e.group_rank, 3);
+  EXPECT_EQ(e.master_addr, "n1");
+  EXPECT_EQ(e.master_addr_source, "the first node of SLURM_STEP_NODELIST='n[1-4]'");
+  env["SLURM_NODEID"] = "1";
+  env["SLURM_LOCALID"] = "1";
+  EXPECT_EQ(parse_dist_env(env).local_world_size, 2);
+  env["MASTER_ADDR"] = "head";  // given: no node list involved
+  EXPECT_EQ(parse_dist_env(env).master_addr, "head");
+  EXPECT_EQ(parse_dist_env(env).master_addr_source, "");
+  env.erase("MASTER_ADDR");
+
+  // A one-node step: loopback, no node name to resolve.
+  EnvMap one = {{"SLURM_PROCID", "1"},         {"SLURM_STEP_NUM_TASKS", "2"},
+                {"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_LOCALID", "1"},
+                {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_STEP_TASKS_PER_NODE", "2"},
+                {"SLURM_STEP_NODELIST", "vm"}};
+  e = parse_dist_env(one);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.master_addr, "127.0.0.1");
+  EXPECT_EQ(e.master_addr_source, "");
+
+  // Variables of different steps, or a task list that is not one.
+  env["SLURM_STEP_TASKS_PER_NODE"] = "2(x4)";
+  expect_config_error(env, {"SLURM_STEP_TASKS_PER_NODE='2(x4)'", "8 task(s) on 4 node(s)",
+                            "SLURM_STEP_NUM_TASKS=7"});
+  for (const char* bad : {"", "2(x", "2(x0)", "0", "2,,1", "2,", "x", "2(y3)", "99999999"}) {
+    env["SLURM_STEP_TASKS_PER_NODE"] = bad;
+    expect_config_error(env, {"is not a Slurm task list"});
+  }
+  env["SLURM_STEP_TASKS_PER_NODE"] = "2(x3),1";
+  env["SLURM_NODEID"] = "3";
+  env["SLURM_LOCALID"] = "1";
+  expect_config_error(env, {"SLURM_LOCALID=1", "runs 1 task(s)"});
+  env["SLURM_LOCALID"] = "0";
+  env["SLURM_NODEID"] = "4";
+  expect_config_error(env, {"SLURM_NODEID=4", "out of range"});
+  env["SLURM_NODEID"] = "0";
+  env["SLURM_STEP_NUM_NODES"] = "8";
+  expect_config_error(env, {"SLURM_STEP_NUM_NODES=8 exceeds SLURM_STEP_NUM_TASKS=7"});
+}
+
 TEST(Env, SlurmBatchScriptIsASingleProcess) {
   // sbatch sets SLURM_PROCID for the batch script itself; only srun makes a step.
   DistEnv e = parse_dist_env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}});

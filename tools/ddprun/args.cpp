@@ -126,6 +126,76 @@ void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
   }
 }
 
+// Note [ddprun under srun]
+// An HPC user runs one ddprun per node of a Slurm step (srun --ntasks-per-node=1 ddprun ...),
+// as torchrun users do. ddprun then takes from the step what a multi-node command line would
+// otherwise have to spell out: the node rank (SLURM_NODEID) and, without --master-addr or
+// --rdzv-endpoint, the first node of the step's node list as the store's host. What cannot work
+// is refused before anything starts: several ddprun tasks on one node (each would start the
+// node's workers: two jobs on one port), or --nnodes other than the step's node count (each
+// node would wait for nodes that never come, or run a job of its own).
+void apply_slurm(const RawFlags& raw, const EnvMap& env, CommandLine& out) {
+  LaunchConfig& c = out.config;
+  // Inside a torchrun-style launch (RANK set) the Slurm variables are the outer job's.
+  if (env.contains("RANK") || env.contains("WORLD_SIZE") || !env.contains("SLURM_PROCID") ||
+      !env.contains("SLURM_STEP_NUM_TASKS")) {
+    return;
+  }
+  DistEnv step;
+  try {
+    step = parse_dist_env(env);
+  } catch (const ConfigError& e) {
+    throw UsageError(fmt::format("ddprun runs as a task of a Slurm step, whose variables are "
+                                 "inconsistent: {}",
+                                 e.what()));
+  }
+  if (step.contract != LaunchContract::kSlurm) return;
+  int nodes = 1;  // parse_dist_env checked it is an integer in range
+  if (auto it = env.find("SLURM_STEP_NUM_NODES"); it != env.end()) nodes = std::stoi(it->second);
+  if (step.local_world_size > 1) {
+    const auto per_node = env.find("SLURM_STEP_TASKS_PER_NODE");
+    throw UsageError(fmt::format(
+        "Slurm started {} ddprun tasks on this node (task {} of the step; "
+        "SLURM_STEP_TASKS_PER_NODE={}), but ddprun starts the node's {} worker(s) itself: run "
+        "one ddprun per node (srun --ntasks-per-node=1 ddprun ...), or let srun start the ranks "
+        "without ddprun (srun -n N PROGRAM ...)",
+        step.local_world_size, step.rank,
+        per_node == env.end() ? std::string("(unset)") : per_node->second, c.nproc_per_node));
+  }
+  if (c.elastic) {
+    if (nodes < c.min_nodes || nodes > c.nnodes) {
+      throw UsageError(fmt::format(
+          "--nnodes {}:{}, but the Slurm step runs ddprun on {} node(s) "
+          "(SLURM_STEP_NUM_NODES={}): give a range that includes it",
+          c.min_nodes, c.nnodes, nodes, nodes));
+    }
+    return;  // node ranks are given out at each round
+  }
+  if (c.nnodes != nodes) {
+    throw UsageError(fmt::format(
+        "--nnodes {}{}, but the Slurm step runs ddprun on {} node(s) (SLURM_STEP_NUM_NODES={}): "
+        "pass --nnodes {} (e.g. --nnodes $SLURM_STEP_NUM_NODES), or srun -N {}",
+        c.nnodes, raw.given("nnodes") ? "" : " (the default)", nodes, nodes, nodes, c.nnodes));
+  }
+  if (nodes == 1) return;
+  if (!raw.given("node_rank")) {
+    c.node_rank = step.group_rank;
+    out.notes.push_back(
+        fmt::format("node rank {} from Slurm (SLURM_NODEID; --node-rank sets another)",
+                    c.node_rank));
+  } else if (c.node_rank != step.group_rank) {
+    out.notes.push_back(fmt::format("--node-rank {} differs from Slurm's SLURM_NODEID={}",
+                                    c.node_rank, step.group_rank));
+  }
+  if (!raw.given("master_addr") && !raw.given("rdzv_endpoint") && !step.master_addr.empty() &&
+      !step.master_addr_source.empty()) {
+    c.master_addr = step.master_addr;
+    c.master_addr_source = step.master_addr_source;
+    out.notes.push_back(fmt::format("the store's host: {}, {} (--master-addr sets another)",
+                                    c.master_addr, c.master_addr_source));
+  }
+}
+
 void apply_supervision(const RawFlags& raw, LaunchConfig& c) {
   if (auto* v = raw.get("max_restarts")) {
     c.max_restarts = parse_int(v->source, v->text, 0, 1 << 20, "a number of restarts >= 0");
@@ -345,6 +415,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const EnvMa
   raw.resolve(env);
   apply_topology(raw, host, out.config);
   apply_rendezvous(raw, out);
+  apply_slurm(raw, env, out);
   apply_supervision(raw, out.config);
   apply_backend(raw, out.config);
   apply_output(raw, out.config);

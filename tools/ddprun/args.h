@@ -101,6 +101,9 @@ struct LaunchConfig {
 
   // --- where rank 0 hosts the store (MASTER_ADDR/MASTER_PORT) and the run's name
   std::string master_addr = kDefaultMasterAddr;
+  // Where master_addr came from when no flag gave it (Slurm's node list): ddprun checks that
+  // such a name resolves before it starts, and names the variable when it does not.
+  std::string master_addr_source;
   int master_port = kDefaultMasterPort;
   bool pick_free_port = false;  // --standalone or port 0: pick one on 127.0.0.1 per attempt
   std::string run_id = kDefaultRunId;

@@ -59,7 +59,7 @@
 
 #include <fmt/format.h>
 
-#include "base/net.h"  // pick_free_port, host_name
+#include "base/net.h"  // pick_free_port, host_name, unresolvable
 #include "ddp/env.h"   // current_environment
 #include "output.h"    // Stream, RunDirectory, note
 #include "rounds.h"    // Rounds: restarting several nodes together
@@ -598,6 +598,14 @@ RunResult run(const LaunchConfig& config) {
                     127);
   }
 
+  if (!config.master_addr_source.empty()) {  // Note [ddprun under srun] in args.cpp
+    if (std::optional<std::string> why = net::unresolvable(config.master_addr)) {
+      throw UsageError(fmt::format(
+          "the store's host '{}', {}, does not resolve on this node ({}): pass --master-addr "
+          "<the address of node 0> (or --rdzv-endpoint), or make the node names resolve here",
+          config.master_addr, config.master_addr_source, *why));
+    }
+  }
   ensure_standard_fds();
   const rlimit fd_limit = raise_fd_limit();
   const std::string run_id = config.random_run_id ? random_run_id() : config.run_id;
