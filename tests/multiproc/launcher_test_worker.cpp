@@ -10,6 +10,7 @@
 //   lines N TEXT         N lines "TEXT <i>" on stdout, i = 0..N-1, one write each
 //   print-env VAR...     "VAR=value" (or "VAR=<unset>") per VAR on stdout; the VARs run up to
 //                        the next action word
+//   print-cpus           "CPUS=<the CPUs of its affinity mask>" on stdout, e.g. "CPUS=0,1"
 //   sleep S              sleep S seconds (fractions allowed)
 //   exit N               exit with code N
 //   kill-self SIG        send SIG to itself: KILL, SIGKILL or 9
@@ -38,6 +39,7 @@
 // A malformed script exits 98 with a message on stderr. Output goes straight to write(2), one
 // call per line, so nothing waits in a stdio buffer when the worker is killed.
 #include <fcntl.h>     // open
+#include <sched.h>     // sched_getaffinity
 #include <signal.h>    // kill, signal
 #include <sys/stat.h>  // stat
 #include <unistd.h>    // write, fork, getpid
@@ -52,6 +54,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
 #include "ddp/error.h"          // ddp::record_error
@@ -211,6 +214,19 @@ const std::map<std::string, ActionDef> kActions = {
           const char* v = std::getenv(var.c_str());
           put(STDOUT_FILENO, fmt::format("{}={}\n", var, v != nullptr ? v : "<unset>"));
         }
+      }}},
+    {"print-cpus",
+     {0,
+      [](const Args&) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        std::vector<int> ids;
+        if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+          for (int i = 0; i < CPU_SETSIZE; ++i) {
+            if (CPU_ISSET(i, &set)) ids.push_back(i);
+          }
+        }
+        put(STDOUT_FILENO, fmt::format("CPUS={}\n", fmt::join(ids, ",")));
       }}},
     {"sleep", {1, [](const Args& a) { sleep_s(std::atof(a[0].c_str())); }}},
     {"exit", {1, [](const Args& a) { std::exit(std::atoi(a[0].c_str())); }}},

@@ -3,11 +3,13 @@
 // Every run has its own deadline (Command::timeout_s): a hang fails the test. Tests that kill
 // things check afterwards, through the pids the workers wrote, that no process survived.
 #include <netinet/in.h>  // sockaddr_in
+#include <sched.h>       // sched_getaffinity
 #include <signal.h>      // kill
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>  // close
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -21,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <gtest/gtest.h>
 
 #include "base/net.h"  // pick_free_port
@@ -252,6 +256,55 @@ TEST_F(DdprunTest, UserOmpNumThreadsIsKept) {
   ASSERT_TRUE(r.exited(0)) << r.describe();
   EXPECT_TRUE(contains(r.out, "[rank 1]: OMP_NUM_THREADS=3\n")) << r.out;
   EXPECT_FALSE(contains(r.err, "OMP_NUM_THREADS")) << r.err;
+}
+
+// Note [CPU binding]: --cpu-bind cores pins each worker to its own block of ddprun's CPUs and
+// sets OMP_NUM_THREADS to its size; none leaves every worker on all of them.
+TEST_F(DdprunTest, CpuBindCoresPinsEachWorkerToItsOwnCpus) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof mine, &mine), 0);
+  std::vector<int> all;
+  for (int i = 0; i < CPU_SETSIZE; ++i) {
+    if (CPU_ISSET(i, &mine)) all.push_back(i);
+  }
+  const std::string every = fmt::format("{}", fmt::join(all, ","));
+  auto cpus_of = [](const std::string& out, int rank) {
+    const std::string p = "[rank " + std::to_string(rank) + "]: CPUS=";
+    const size_t at = out.find(p);
+    if (at == std::string::npos) return std::string("(none)");
+    return out.substr(at + p.size(), out.find('\n', at) - at - p.size());
+  };
+  const int n = static_cast<int>(std::min<size_t>(all.size(), 4));
+  Command cmd = command({"--nproc-per-node", std::to_string(n), "--cpu-bind", "cores"},
+                        {"print-cpus", "print-env", "OMP_NUM_THREADS"});
+  cmd.unset_env.push_back("OMP_NUM_THREADS");
+  Result bound = ddp::testing::run_command(cmd);
+  ASSERT_TRUE(bound.exited(0)) << bound.describe();
+  EXPECT_TRUE(contains(bound.err, "--cpu-bind cores")) << bound.err;
+  std::vector<int> seen;
+  for (int rank = 0; rank < n; ++rank) {
+    const std::string list = cpus_of(bound.out, rank);
+    ASSERT_NE(list, "(none)") << bound.out;
+    std::vector<int> ids;
+    std::stringstream in(list);
+    for (std::string id; std::getline(in, id, ',');) ids.push_back(std::stoi(id));
+    EXPECT_FALSE(ids.empty());
+    EXPECT_TRUE(contains(bound.out, fmt::format("[rank {}]: OMP_NUM_THREADS={}\n", rank,
+                                                ids.size())))
+        << bound.out;
+    seen.insert(seen.end(), ids.begin(), ids.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end())
+      << "two workers share a CPU: " << bound.out;
+  EXPECT_TRUE(std::includes(all.begin(), all.end(), seen.begin(), seen.end()))
+      << "a CPU outside ddprun's mask: " << bound.out;
+
+  cmd = command({"--nproc-per-node", std::to_string(n)}, {"print-cpus"});
+  Result free = ddp::testing::run_command(cmd);
+  ASSERT_TRUE(free.exited(0)) << free.describe();
+  for (int rank = 0; rank < n; ++rank) EXPECT_EQ(cpus_of(free.out, rank), every) << free.out;
 }
 
 // Second node of two, three workers each: global ranks 3..5, prefixes follow them.

@@ -2,12 +2,17 @@
 // root-cause rule (summary.h), and PATH lookup (process.h). No processes are started.
 #include <sys/wait.h>  // W* macros, to build wait statuses
 
+#include <unistd.h>    // getpid
+
 #include <csignal>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include "args.h"
 #include "process.h"  // resolve_program, ExecError
@@ -804,6 +809,114 @@ TEST(DdprunSummary, ResolveProgram) {
     EXPECT_EQ(e.exit_code(), 126);
   }
 }
+
+
+// Note [CPU binding]: --cpu-bind's plans on made-up machines, and sysfs read as the kernel
+// lays it out.
+namespace cpu_binding {
+
+// `nodes` NUMA nodes x `cores` cores each x `smt` hardware threads, numbered as Linux does on
+// x86 (sibling threads of core c are c and c + all cores).
+std::vector<Cpu> machine(int nodes, int cores, int smt) {
+  std::vector<Cpu> out;
+  const int total_cores = nodes * cores;
+  for (int t = 0; t < smt; ++t) {
+    for (int c = 0; c < total_cores; ++c) {
+      out.push_back({.id = t * total_cores + c, .package = c / cores, .core = c % cores,
+                     .numa = c / cores});
+    }
+  }
+  return out;
+}
+
+TEST(DdprunCpuBind, FlagAndNone) {
+  EXPECT_EQ(parse({"prog"}).cpu_bind, CpuBind::kNone);
+  EXPECT_EQ(parse({"--cpu-bind", "cores", "prog"}).cpu_bind, CpuBind::kCores);
+  EXPECT_EQ(parse({"--cpu_bind=numa", "prog"}).cpu_bind, CpuBind::kNuma);
+  EXPECT_EQ(parse({"prog"}, {{"PET_CPU_BIND", "cores"}}).cpu_bind, CpuBind::kCores);
+  EXPECT_USAGE_ERROR(({"--cpu-bind", "socket", "prog"}), "--cpu-bind", "expected none, cores or numa");
+  EXPECT_TRUE(plan_cpu_binding(CpuBind::kNone, machine(2, 4, 2), 4).workers.empty());
+}
+
+TEST(DdprunCpuBind, CoresGivesWholeCoresInEqualBlocks) {
+  // 2 nodes x 4 cores x 2 threads = CPUs 0-15; core c's siblings are c and c + 8.
+  BindingPlan p = plan_cpu_binding(CpuBind::kCores, machine(2, 4, 2), 4);
+  ASSERT_EQ(p.workers.size(), 4u);
+  EXPECT_EQ(p.workers[0].cpus, (std::vector<int>{0, 1, 8, 9}));
+  EXPECT_EQ(p.workers[1].cpus, (std::vector<int>{2, 3, 10, 11}));
+  EXPECT_EQ(p.workers[3].cpus, (std::vector<int>{6, 7, 14, 15}));
+  EXPECT_EQ(p.workers[3].threads, 4);
+  EXPECT_NE(p.note.find("whole cores"), std::string::npos) << p.note;
+  EXPECT_NE(p.note.find("local rank 1 on CPUs 2-3,10-11,"), std::string::npos) << p.note;
+  // 3 workers on 8 cores: blocks of 2, 3, 3 cores, none split.
+  p = plan_cpu_binding(CpuBind::kCores, machine(2, 4, 2), 3);
+  EXPECT_EQ(p.workers[0].cpus, (std::vector<int>{0, 1, 8, 9}));
+  EXPECT_EQ(p.workers[1].threads, 6);
+  EXPECT_EQ(p.workers[2].threads, 6);
+  // This project's machine: 2 cores, no SMT; 2 workers get one each.
+  p = plan_cpu_binding(CpuBind::kCores, machine(1, 2, 1), 2);
+  EXPECT_EQ(p.workers[0].cpus, std::vector<int>{0});
+  EXPECT_EQ(p.workers[1].cpus, std::vector<int>{1});
+  EXPECT_EQ(p.workers[1].threads, 1);
+}
+
+TEST(DdprunCpuBind, FewerCoresOrCpusThanWorkers) {
+  // 2 cores x 2 threads, 4 workers: one hardware thread each.
+  BindingPlan p = plan_cpu_binding(CpuBind::kCores, machine(1, 2, 2), 4);
+  EXPECT_EQ(p.workers[0].cpus, std::vector<int>{0});
+  EXPECT_EQ(p.workers[1].cpus, std::vector<int>{2});  // core 0's sibling
+  EXPECT_EQ(p.workers[2].cpus, std::vector<int>{1});
+  EXPECT_NE(p.note.find("single hardware threads"), std::string::npos) << p.note;
+  // 2 CPUs, 3 workers: they share, round-robin, one thread each.
+  p = plan_cpu_binding(CpuBind::kCores, machine(1, 2, 1), 3);
+  EXPECT_EQ(p.workers[2].cpus, std::vector<int>{0});
+  EXPECT_EQ(p.workers[2].threads, 1);
+  EXPECT_NE(p.note.find("workers share CPUs"), std::string::npos) << p.note;
+}
+
+TEST(DdprunCpuBind, NumaSpreadsWorkersOverNodes) {
+  BindingPlan p = plan_cpu_binding(CpuBind::kNuma, machine(2, 4, 2), 4);
+  EXPECT_EQ(p.workers[0].cpus, (std::vector<int>{0, 1, 2, 3, 8, 9, 10, 11}));
+  EXPECT_EQ(p.workers[1].cpus, p.workers[0].cpus);
+  EXPECT_EQ(p.workers[2].cpus, (std::vector<int>{4, 5, 6, 7, 12, 13, 14, 15}));
+  EXPECT_EQ(p.workers[2].threads, 4);  // 8 CPUs of node 1 shared by 2 workers
+  EXPECT_NE(p.note.find("node 1 (CPUs 4-7,12-15): 2 worker(s)"), std::string::npos) << p.note;
+  p = plan_cpu_binding(CpuBind::kNuma, machine(1, 2, 1), 2);
+  EXPECT_EQ(p.workers[1].cpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(p.workers[1].threads, 1);
+  EXPECT_NE(p.note.find("one NUMA node"), std::string::npos) << p.note;
+}
+
+TEST(DdprunCpuBind, ReadsTheTopologyFromSysfsAndTheAffinityMask) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / fmt::format("ddprun_sysfs_{}", ::getpid());
+  auto put = [](const fs::path& file, const std::string& text) {
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << text << "\n";
+  };
+  for (int id : {0, 1, 2, 3}) {
+    const fs::path cpu = root / fmt::format("cpu{}", id);
+    put(cpu / "topology" / "physical_package_id", std::to_string(id / 2));
+    put(cpu / "topology" / "core_id", std::to_string(id % 2));
+    fs::create_directories(cpu / fmt::format("node{}", id / 2));
+  }
+  fs::create_directories(root / "cpu9");  // no topology files: a core of its own, node 0
+  std::vector<Cpu> cpus = read_cpus({1, 2, 9}, root.string());
+  ASSERT_EQ(cpus.size(), 3u);
+  EXPECT_EQ(cpus[0].id, 1);
+  EXPECT_EQ(cpus[0].core, 1);
+  EXPECT_EQ(cpus[1].package, 1);
+  EXPECT_EQ(cpus[1].numa, 1);
+  EXPECT_EQ(cpus[2].numa, 0);
+  fs::remove_all(root);
+  // This machine: the real mask and sysfs give one entry per allowed CPU.
+  const std::vector<int> allowed = allowed_cpus();
+  ASSERT_FALSE(allowed.empty());
+  EXPECT_EQ(read_cpus(allowed).size(), allowed.size());
+  EXPECT_EQ(format_cpu_list({5, 0, 1, 2, 7, 8}), "0-2,5,7-8");
+}
+
+}  // namespace cpu_binding
 
 }  // namespace
 }  // namespace ddp::launcher

@@ -225,6 +225,11 @@ void apply_backend(const RawFlags& raw, LaunchConfig& c) {
     }
     c.backend = v->text;
   }
+  if (auto* v = raw.get("cpu_bind")) {
+    const std::optional<CpuBind> mode = parse_cpu_bind(v->text);
+    if (!mode) bad_value(v->source, v->text, "expected none, cores or numa");
+    c.cpu_bind = *mode;
+  }
 }
 
 void check_ranks_exist(const std::string& source, const std::string& text, const StdSpec& spec,

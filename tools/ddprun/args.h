@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_bind.h"   // CpuBind
 #include "ddp/env.h"    // ddp::EnvMap
 #include "ddp/error.h"  // ddp::ConfigError
 
@@ -117,6 +118,8 @@ struct LaunchConfig {
   std::optional<Seconds> collective_timeout;
   // --- the workers' collective backend (DDP_BACKEND): gloo, shm, nccl or auto; empty: unset
   std::string backend;
+  // --- pinning each worker to its CPUs (Note [CPU binding] in cpu_bind.h)
+  CpuBind cpu_bind = CpuBind::kNone;
 
   // --- supervision
   int max_restarts = kDefaultMaxRestarts;

@@ -101,6 +101,10 @@ constexpr FlagDef kFlags[] = {
     {"grace_period", "", "SECONDS", kExtensions,
      "Time a worker gets between SIGTERM and SIGKILL when the group is stopped. "
      "[default: 10]"},
+    {"cpu_bind", "", "none|cores|numa", kExtensions,
+     "Pin each worker to its share of ddprun's CPUs: cores, a block of whole physical cores; "
+     "numa, the CPUs of one NUMA node (workers spread over the nodes). OMP_NUM_THREADS, unless "
+     "exported, is then the CPUs the worker has. [default: none]"},
 };
 
 constexpr const char* kDescription =

@@ -159,6 +159,7 @@ struct SharedState {
   const std::string& program_path;
   const rlimit& fd_limit;
   std::string host;
+  BindingPlan binding;  // each local worker's CPUs (--cpu-bind); empty: none
 };
 
 class WorkerGroup {
@@ -280,10 +281,13 @@ void WorkerGroup::start(Worker& w) {
   ExecImage image;
   image.path = s_.program_path;
   image.argv = s_.config.worker_argv;
-  for (const auto& [k, v] :
-       worker_environment(s_.config, group_, w.local_rank, w.error_file, s_.base_env)) {
-    image.envp.push_back(k + "=" + v);
+  EnvMap env = worker_environment(s_.config, group_, w.local_rank, w.error_file, s_.base_env);
+  if (!s_.binding.workers.empty()) {  // Note [CPU binding] in cpu_bind.h
+    const Binding& b = s_.binding.workers.at(static_cast<size_t>(w.local_rank));
+    image.cpus = b.cpus;
+    if (!s_.base_env.contains("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = std::to_string(b.threads);
   }
+  for (const auto& [k, v] : env) image.envp.push_back(k + "=" + v);
   image.name = fmt::format("rank {}", w.rank);
   SpawnedWorker spawned = spawn_worker(image, s_.signals.original_mask(), s_.fd_limit);
   w.pid = spawned.pid;
@@ -551,8 +555,13 @@ std::string WorkerGroup::summary(int attempt, int attempts,
 
 // ---------------------------------------------------------------------------------------------
 
-void print_startup_notes(const LaunchConfig& config, const EnvMap& base, const RunDirectory& dir) {
-  if (sets_omp_num_threads(config, base)) {
+void print_startup_notes(const LaunchConfig& config, const EnvMap& base, const RunDirectory& dir,
+                         const BindingPlan& binding) {
+  if (!binding.note.empty()) {
+    note(binding.note + (base.contains("OMP_NUM_THREADS")
+                             ? "; OMP_NUM_THREADS as exported"
+                             : "; OMP_NUM_THREADS = the worker's CPUs"));
+  } else if (sets_omp_num_threads(config, base)) {
     note(
         fmt::format("setting OMP_NUM_THREADS=1 for each of the {} workers on this node so they do "
                     "not oversubscribe the CPUs; export OMP_NUM_THREADS=<n> to choose another "
@@ -613,8 +622,11 @@ RunResult run(const LaunchConfig& config) {
   RunDirectory run_dir(config, run_id);
   SignalChannel signals;  // blocked from here on: before the first fork
   SubreaperScope subreaper;
-  SharedState shared{config, signals, run_dir, base_env, program_path, fd_limit, net::host_name()};
-  print_startup_notes(config, base_env, run_dir);
+  SharedState shared{config,   signals,           run_dir, base_env, program_path,
+                     fd_limit, net::host_name(),
+                     plan_cpu_binding(config.cpu_bind, read_cpus(allowed_cpus()),
+                                      config.nproc_per_node)};
+  print_startup_notes(config, base_env, run_dir, shared.binding);
 
   // Rounds: this node's attempts, the same on every node of the job (Note [Restart rounds]).
   std::unique_ptr<Rounds> rounds = make_rounds(config, base_env, run_id, secret);

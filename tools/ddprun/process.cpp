@@ -2,6 +2,7 @@
 #include "process.h"
 
 #include <fcntl.h>         // open, fcntl, O_* flags
+#include <sched.h>         // sched_setaffinity
 #include <sys/prctl.h>     // PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER
 #include <sys/signalfd.h>  // signalfd
 #include <sys/stat.h>      // stat
@@ -128,7 +129,8 @@ std::vector<char*> c_array(const std::vector<std::string>& strings) {
 // The child's side of spawn_worker(): system calls only, then exec or _exit.
 [[noreturn]] void exec_child(const char* path, char* const* argv, char* const* envp,
                              const std::string& failure_prefix, pid_t parent, int out_fd,
-                             int err_fd, const sigset_t& mask, const rlimit& fd_limit) {
+                             int err_fd, const sigset_t& mask, const rlimit& fd_limit,
+                             const cpu_set_t* cpus) {
   ::setpgid(0, 0);  // own process group: a worker's children are stopped with it
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(1);  // ddprun died before the prctl took effect
@@ -139,6 +141,14 @@ std::vector<char*> c_array(const std::vector<std::string>& strings) {
   ::signal(SIGPIPE, SIG_DFL);
   ::sigprocmask(SIG_SETMASK, &mask, nullptr);
   ::setrlimit(RLIMIT_NOFILE, &fd_limit);
+  if (cpus != nullptr && ::sched_setaffinity(0, sizeof *cpus, cpus) != 0) {
+    const char* why = std::strerror(errno);
+    static constexpr char kWhat[] = "ddprun: cannot bind the worker to its CPUs (--cpu-bind): ";
+    (void)!::write(STDERR_FILENO, kWhat, sizeof kWhat - 1);
+    (void)!::write(STDERR_FILENO, why, std::strlen(why));
+    (void)!::write(STDERR_FILENO, "\n", 1);
+    ::_exit(126);
+  }
 
   ::execve(path, argv, envp);
 
@@ -168,12 +178,17 @@ SpawnedWorker spawn_worker(const ExecImage& image, const sigset_t& child_mask,
   ::fcntl(out_r.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
 
+  cpu_set_t cpus;  // made before fork: the child only calls async-signal-safe functions
+  CPU_ZERO(&cpus);
+  for (int id : image.cpus) {
+    if (id >= 0 && id < CPU_SETSIZE) CPU_SET(id, &cpus);
+  }
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw_errno(fmt::format("cannot start {} (fork)", image.name));
   if (pid == 0) {
     exec_child(image.path.c_str(), argv.data(), envp.data(), failure_prefix, parent, out_w.get(),
-               err_w.get(), child_mask, fd_limit);
+               err_w.get(), child_mask, fd_limit, image.cpus.empty() ? nullptr : &cpus);
   }
   ::setpgid(pid, pid);  // also here, so a stop right after fork reaches the new group
   return SpawnedWorker{pid, std::move(out_r), std::move(err_r)};

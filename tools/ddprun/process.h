@@ -114,6 +114,7 @@ struct ExecImage {
   std::vector<std::string> argv;  // argv[0] as the user wrote it
   std::vector<std::string> envp;  // "KEY=value"
   std::string name;               // "rank 3", for ddprun's errors
+  std::vector<int> cpus;          // its CPU affinity (--cpu-bind); empty: ddprun's own
 };
 
 // A started worker: its pid, which is also its process group's id, and the read ends
