@@ -96,6 +96,7 @@ class Optimizer;
 namespace ddp {
 
 class ProcessGroup;
+class ZeroRedundancyOptimizer;
 
 // Any checkpoint failure: an I/O error reading or writing (the message names the file and the
 // system error).
@@ -128,6 +129,9 @@ inline constexpr const char* kLastCheckpointName = "last.ckpt";
 struct CheckpointRefs {
   torch::nn::Module* model = nullptr;            // required: parameters and buffers
   torch::optim::Optimizer* optimizer = nullptr;  // optional: state and param-group options
+  // Or, instead of `optimizer`, a sharded one: save() consolidates its state on rank 0 (a
+  // collective); load() gives each rank its part, at any world size (Note [ZeRO checkpoints]).
+  ZeroRedundancyOptimizer* zero_optimizer = nullptr;
   DistributedSampler* sampler = nullptr;         // optional: its state()
   bool rng = true;                               // save/restore the default generators
 };

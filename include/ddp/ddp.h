@@ -19,3 +19,4 @@
 #include "ddp/sampler.h"                    // DistributedSampler, SamplerOptions, SamplerState
 #include "ddp/sync_batch_norm.h"            // SyncBatchNorm, convert_sync_batchnorm
 #include "ddp/threads.h"                    // set_num_threads: LibTorch's and the BLAS's
+#include "ddp/zero_redundancy_optimizer.h"  // ZeroRedundancyOptimizer: sharded optimizer state

@@ -21,6 +21,7 @@
 #include "checkpoint/state.h"
 #include "ddp/checkpoint.h"
 #include "ddp/config.h"  // DDP_VERSION
+#include "ddp/zero_redundancy_optimizer.h"  // type_name, load_state_dict
 
 namespace ddp {
 namespace ckpt {
@@ -53,6 +54,8 @@ c10::optional<c10::Device> model_device(torch::nn::Module& model) {
 void check_save_args(const CheckpointRefs& refs, const CheckpointMeta& meta) {
   DDP_CHECK(refs.model != nullptr, ConfigError,
             "checkpoint save: CheckpointRefs::model is required (the module to save)");
+  DDP_CHECK(refs.optimizer == nullptr || refs.zero_optimizer == nullptr, ConfigError,
+            "checkpoint: CheckpointRefs takes an optimizer or a zero_optimizer, not both");
   check_json(meta.hparams_json, "hparams_json");
 }
 
@@ -62,7 +65,9 @@ Encoded encode_checkpoint(const CheckpointRefs& refs, CheckpointMeta meta,
   FileMeta fm;
   fm.model = fingerprint(*refs.model);
   meta.sampler = refs.sampler ? std::optional<SamplerState>(refs.sampler->state()) : std::nullopt;
-  meta.optimizer_type = refs.optimizer ? optimizer_type_name(*refs.optimizer) : "";
+  meta.optimizer_type = refs.optimizer        ? optimizer_type_name(*refs.optimizer)
+                        : refs.zero_optimizer ? refs.zero_optimizer->type_name()
+                                              : "";
   if (refs.optimizer) fm.optimizer_groups = group_sizes(*refs.optimizer);
   meta.rng_states = static_cast<int>(rng_states.size());
   meta.num_threads = at::get_num_threads();
@@ -134,6 +139,16 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& file, const Checkp
                                      fmt::join(fm.optimizer_groups, ", "), fmt::join(sizes, ", ")));
     }
   }
+  if (refs.zero_optimizer) {
+    const std::string& type = refs.zero_optimizer->type_name();
+    if (m.optimizer_type.empty()) {
+      ckpt::incompatible(file, "it holds no optimizer state (it was saved without an optimizer)");
+    }
+    if (type != m.optimizer_type) {
+      ckpt::incompatible(file, fmt::format("it holds {} state but this run's optimizer is {}",
+                                           m.optimizer_type, type));
+    }
+  }
   if (refs.sampler) {
     if (!m.sampler) ckpt::incompatible(file, "it holds no sampler state (saved without a sampler)");
     try {
@@ -162,6 +177,7 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& file, const Checkp
 
   // Phase 2: apply.
   ckpt::apply_model(*refs.model, payload);
+  if (refs.zero_optimizer) refs.zero_optimizer->load_state_dict(payload.zero_optimizer);
   if (refs.optimizer) {
     try {
       ckpt::apply_optimizer(*refs.optimizer, payload);

@@ -24,6 +24,7 @@
 #include "ddp/checkpoint.h"
 #include "ddp/process_group.h"
 #include "ddp/relayed_error.h"                  // Relayed: a failure announced by another rank
+#include "ddp/zero_redundancy_optimizer.h"      // consolidate_state_dict
 #include "process_group/transport/transport.h"  // capabilities_of
 
 namespace ddp {
@@ -210,6 +211,9 @@ SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointM
     std::string mine = ckpt::capture_rng();
     rng = group ? all_gather_bytes(*group, mine) : std::vector<std::string>{std::move(mine)};
   }
+
+  // A sharded optimizer's state, gathered on rank 0 (every rank takes part).
+  if (refs.zero_optimizer) refs.zero_optimizer->consolidate_state_dict(0);
 
   std::exception_ptr error;
   if (!group || group->rank() == 0) {

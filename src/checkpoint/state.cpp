@@ -20,6 +20,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include "base/check.h"
+#include "ddp/zero_redundancy_optimizer.h"  // state_dict: the sharded optimizer's state
 
 namespace ddp::ckpt {
 namespace {
@@ -267,6 +268,11 @@ std::string build_payload(const CheckpointRefs& refs, const std::vector<std::str
     ar.write("optimizer_groups", groups_ar);
   }
 
+  if (refs.zero_optimizer) {  // consolidated on rank 0 by the caller (Checkpointer::save)
+    ar.write("zero_optimizer", bytes_tensor(refs.zero_optimizer->state_dict()),
+             /*is_buffer=*/true);
+  }
+
   torch::serialize::OutputArchive rng_ar(cu);
   for (size_t r = 0; r < rng_states.size(); ++r) {
     rng_ar.write(fmt::format("rank/{}", r), bytes_tensor(rng_states[r]), /*is_buffer=*/true);
@@ -312,8 +318,14 @@ Payload read_payload(const std::string& file, const std::string& bytes, const Fi
     }
 
     p.has_optimizer = !meta.meta.optimizer_type.empty();
-    if (p.has_optimizer && (!ar.try_read("optimizer", p.optimizer) ||
-                            !ar.try_read("optimizer_groups", p.optimizer_groups))) {
+    if (meta.meta.optimizer_type.starts_with(kZeroTypePrefix)) {
+      at::Tensor zero;
+      if (!ar.try_read("zero_optimizer", zero, /*is_buffer=*/true)) {
+        throw bad("it lacks the sharded optimizer state its metadata lists");
+      }
+      p.zero_optimizer = tensor_bytes(zero);
+    } else if (p.has_optimizer && (!ar.try_read("optimizer", p.optimizer) ||
+                                   !ar.try_read("optimizer_groups", p.optimizer_groups))) {
       throw bad("it lacks the optimizer state its metadata lists");
     }
 

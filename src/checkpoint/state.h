@@ -27,6 +27,8 @@ std::string explain_mismatch(const std::vector<TensorSig>& saved,
 
 std::string optimizer_type_name(const torch::optim::Optimizer& optimizer);  // demangled
 std::vector<int64_t> group_sizes(const torch::optim::Optimizer& optimizer);
+// What the metadata records of a ZeroRedundancyOptimizer: its type name starts with this.
+inline constexpr std::string_view kZeroTypePrefix = "ddp::ZeroRedundancyOptimizer(";
 
 // This process's default generators (CPU, and each CUDA device's), packed into bytes.
 std::string capture_rng();
@@ -37,6 +39,7 @@ struct Payload {
   bool has_optimizer = false;
   torch::serialize::InputArchive optimizer;         // Optimizer::save's archive
   torch::serialize::InputArchive optimizer_groups;  // "group/<i>": each group's options
+  std::string zero_optimizer;  // ZeroRedundancyOptimizer's consolidated state, if saved so
   std::string rng;                                  // packed (capture_rng), empty if none
   std::string blob;
 };

@@ -216,6 +216,57 @@ TEST_F(TrainTest, ResumedAtMoreRanksKeepsTheSchedule) {
   resume_at_another_world_size(*this, dir_, 3);
 }
 
+// --zero (Note [ZeRO-1]): the optimizer state sharded over the ranks trains the same bytes as
+// the unsharded optimizer; its checkpoint resumes bitwise at the same size and, consolidated,
+// at another size exactly as the unsharded run's checkpoint does; the two kinds of checkpoint
+// are not mixed up.
+TEST_F(TrainTest, ZeroShardsTheOptimizerAndItsCheckpointsResumeAtAnySize) {
+  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1", "--no-plots",
+                                           "--seed", "4"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = common;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  Result plain = run_command(train("plain", common));
+  ASSERT_TRUE(plain.exited(0)) << plain.describe();
+  Result zero = run_command(train("zero", with({"--zero"})));
+  ASSERT_TRUE(zero.exited(0)) << zero.describe();
+  EXPECT_NE(zero.out.find("adamw (ZeRO-1: state sharded over 2 ranks)"), std::string::npos)
+      << zero.out;
+  ddp::testing::expect_same_weights(dir_ / "plain" / "model_state.pt", dir_ / "zero" / "model_state.pt");
+
+  // Stopped at step 10, resumed at the same size: the uninterrupted run's bytes.
+  ASSERT_TRUE(run_command(train("cut", with({"--zero", "--max-steps", "10"}))).exited(0));
+  Result rest = run_command(train("cut", with({"--zero", "--resume", "auto"})));
+  ASSERT_TRUE(rest.exited(0)) << rest.describe();
+  EXPECT_NE(rest.out.find("resumed from"), std::string::npos) << rest.out;
+  ddp::testing::expect_same_weights(dir_ / "zero" / "model_state.pt", dir_ / "cut" / "model_state.pt");
+
+  // Resumed at 3 ranks: the consolidated state re-sharded gives what the unsharded
+  // optimizer's checkpoint gives at 3 ranks.
+  for (const std::string mode : {"plain3", "zero3"}) {
+    const bool z = mode == "zero3";
+    std::vector<std::string> first = with({"--max-steps", "10"});
+    if (z) first.push_back("--zero");
+    ASSERT_TRUE(run_command(train(mode, first)).exited(0));
+    std::vector<std::string> then = with({"--resume", "auto"});
+    if (z) then.push_back("--zero");
+    Result r = run_command(train(mode, then, 3));
+    ASSERT_TRUE(r.exited(0)) << r.describe();
+    EXPECT_NE(r.out.find("written at world size 2, now 3"), std::string::npos) << r.out;
+  }
+  ddp::testing::expect_same_weights(dir_ / "plain3" / "model_state.pt", dir_ / "zero3" / "model_state.pt");
+
+  // A checkpoint of the other kind: refused, naming both.
+  Result mixed = run_command(train("cut", with({"--resume", "auto", "--epochs", "2"})));
+  EXPECT_FALSE(mixed.exited(0)) << mixed.describe();
+  EXPECT_NE(mixed.err.find("it holds ddp::ZeroRedundancyOptimizer(torch::optim::AdamW) state "
+                           "but this run's optimizer is torch::optim::AdamW"),
+            std::string::npos)
+      << mixed.describe();
+}
+
 TEST_F(TrainTest, ResumingAFinishedRunReportsItAndTrainsNothing) {
   const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1", "--no-plots"};
   Result done = run_command(train("run", common));

@@ -114,6 +114,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"scale_lr", scale_lr},
           {"precision", to_string(precision)},
           {"sync_bn", sync_bn},
+          {"zero", zero},
           {"seed", seed},
           {"max_steps", max_steps},
           {"device", to_string(device)},
@@ -171,6 +172,9 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
                  "fp32 | bf16 (autocast; CPU or CUDA) | fp16 (CUDA only, with a gradient scaler)")
       ->check(CLI::IsMember(precision.allowed()));
   app.add_flag("--sync-bn", c.sync_bn, "BatchNorm statistics over all ranks (ddp::SyncBatchNorm)");
+  app.add_flag("--zero", c.zero,
+               "shard the optimizer state over the ranks (ddp::ZeroRedundancyOptimizer, ZeRO-1); "
+               "its checkpoints resume at any world size");
   app.add_option("--seed", c.seed, "seed for initialisation, shuffling and dropout")
       ->check(integer_at_least<int64_t>(0));
   app.add_option("--max-steps", c.max_steps, "stop after N optimizer steps (0: all epochs)")

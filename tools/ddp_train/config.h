@@ -54,6 +54,7 @@ struct TrainConfig {
   bool scale_lr = false;       // lr *= world size (linear scaling rule)
   Precision precision = Precision::kFp32;  // bf16: autocast; fp16: CUDA, grad scaler
   bool sync_bn = false;                    // BatchNorm statistics over all ranks
+  bool zero = false;  // optimizer state sharded over the ranks (ddp::ZeroRedundancyOptimizer)
   uint64_t seed = 0;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: run all epochs)
   // Execution.

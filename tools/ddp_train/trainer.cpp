@@ -124,6 +124,22 @@ void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
+// --zero: the same optimizer, its state sharded over the ranks (Note [ZeRO-1]).
+std::unique_ptr<ZeroRedundancyOptimizer> make_zero_optimizer(const TrainConfig& c,
+                                                              std::vector<torch::Tensor> params,
+                                                              std::shared_ptr<ProcessGroup> pg) {
+  if (c.optimizer == Optimizer::kAdamW) {
+    return std::make_unique<ZeroRedundancyOptimizer>(
+        ZeroRedundancyOptimizer::make<torch::optim::AdamW>(
+            std::move(params), torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay),
+            std::move(pg)));
+  }
+  return std::make_unique<ZeroRedundancyOptimizer>(ZeroRedundancyOptimizer::make<torch::optim::SGD>(
+      std::move(params),
+      torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay),
+      std::move(pg)));
+}
+
 // bf16 autocast for the forward pass (CPU or CUDA), restored on scope exit.
 class Autocast {
  public:
@@ -258,7 +274,8 @@ class Run {
   std::unique_ptr<DataLoader> loader_;
   std::shared_ptr<ModelImpl> net_;
   std::unique_ptr<DistributedDataParallel<ModelImpl>> model_;
-  std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;        // or, with --zero:
+  std::unique_ptr<ZeroRedundancyOptimizer> zero_opt_;
   std::optional<GradScaler> scaler_;
   int64_t steps_per_epoch_ = 0;
   WarmupCosine schedule_;
@@ -353,7 +370,11 @@ Run::Run(const TrainConfig& c) : c_(c) {
   model_ = std::make_unique<DistributedDataParallel<ModelImpl>>(net_, DDPOptions{});
   if (c_.comm_hook == CommHook::kFp16) model_->register_comm_hook(comm_hooks::fp16_compress());
   if (c_.comm_hook == CommHook::kBf16) model_->register_comm_hook(comm_hooks::bf16_compress());
-  opt_ = make_optimizer(c_, model_->parameters());
+  if (c_.zero) {
+    zero_opt_ = make_zero_optimizer(c_, model_->parameters(), pg_);
+  } else {
+    opt_ = make_optimizer(c_, model_->parameters());
+  }
   if (c_.precision == Precision::kFp16) scaler_.emplace();
 
   const int64_t batches_per_epoch = (sampler_.num_samples() + c_.batch_size - 1) / c_.batch_size;
@@ -378,7 +399,10 @@ Run::Run(const TrainConfig& c) : c_(c) {
       std::make_unique<Checkpointer>(dir_ / "checkpoints",
                                      CheckpointerOptions{.keep = c_.keep,
                                                          .model_label = "--model " + c_.model});
-  refs_ = {.model = net_.get(), .optimizer = opt_.get(), .sampler = &sampler_};
+  refs_ = {.model = net_.get(),
+           .optimizer = opt_.get(),
+           .zero_optimizer = zero_opt_.get(),
+           .sampler = &sampler_};
 }
 
 void Run::resume() {
@@ -517,15 +541,24 @@ double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
 
 void Run::optimizer_step(int64_t schedule_step) {
   lr_ = schedule_.at(schedule_step);
-  set_lr(*opt_, lr_);
+  auto step = [&] { zero_opt_ ? zero_opt_->step() : static_cast<void>(opt_->step()); };
+  if (zero_opt_) {
+    zero_opt_->set_lr(lr_);
+  } else {
+    set_lr(*opt_, lr_);
+  }
   if (scaler_) {
     const bool finite = scaler_->unscale_and_check(model_->parameters(), *pg_);
-    if (finite) opt_->step();
+    if (finite) step();
     scaler_->update(finite);
   } else {
-    opt_->step();
+    step();
   }
-  opt_->zero_grad();
+  if (zero_opt_) {
+    zero_opt_->zero_grad();
+  } else {
+    opt_->zero_grad();
+  }
   ++step_;
   ddp::set_training_step(step_);  // hang reports name the step of each collective
 }
@@ -691,7 +724,10 @@ int Run::execute() {
       "run folder {}",
       c_.model, train_set_->size(), test_set_->size(), pg_->size(), pg_->size() == 1 ? "" : "s",
       device_text(), pg_->backend(),
-      c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs, to_string(c_.optimizer),
+      c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs,
+      zero_opt_ ? fmt::format("{} (ZeRO-1: state sharded over {} rank{})",
+                              to_string(c_.optimizer), pg_->size(), pg_->size() == 1 ? "" : "s")
+                : std::string(to_string(c_.optimizer)),
       schedule_.peak, to_string(c_.precision), dir_.string()));
   progress_->line(inspect_blas().summary());
   preemption_.emplace();

@@ -1,0 +1,429 @@
+// ddp::ZeroRedundancyOptimizer: Notes [ZeRO-1] and [ZeRO checkpoints] in the header.
+#include "ddp/zero_redundancy_optimizer.h"
+
+#include <cxxabi.h>  // abi::__cxa_demangle: the optimizer's type name
+
+#include <algorithm>
+#include <cstdlib>  // free
+#include <cstring>  // memcpy
+#include <limits>
+#include <map>
+#include <numeric>  // iota
+#include <sstream>
+#include <type_traits>
+
+#include <fmt/format.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "ddp/distributed.h"  // default_group
+#include "ddp/error.h"
+
+namespace ddp {
+namespace {
+
+using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+
+// LibTorch keys an optimizer's state by the parameter's TensorImpl: its address as a string in
+// 1.x, the pointer itself in 2.x.
+template <class Key = StateMap::key_type>
+Key state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+// PyTorch's _partition_parameters: largest first (a stable sort), each to the rank holding the
+// fewest elements so far (the first such rank).
+std::vector<int> partition(const std::vector<at::Tensor>& params, int world) {
+  std::vector<size_t> order(params.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  std::vector<int> owner(params.size(), 0);
+  for (size_t i : order) {
+    const auto least = std::min_element(load.begin(), load.end());
+    owner[i] = static_cast<int>(least - load.begin());
+    *least += params[i].numel();
+  }
+  return owner;
+}
+
+constexpr int64_t kFormatVersion = 1;
+
+std::string demangle(const char* mangled) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string out = status == 0 && name != nullptr ? name : mangled;
+  std::free(name);
+  return out;
+}
+
+at::Tensor bytes_tensor(const std::string& bytes) {
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::string tensor_bytes(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel()));
+}
+
+int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
+  c10::IValue v;
+  if (!a.try_read(key, v) || !v.isInt()) {
+    throw Error(fmt::format("ZeroRedundancyOptimizer::load_state_dict: not a ZeRO state (no "
+                            "'{}'): pass what state_dict() or shard_state() returned",
+                            key));
+  }
+  return v.toInt();
+}
+
+}  // namespace
+
+struct ZeroRedundancyOptimizer::Impl {
+  std::vector<at::Tensor> params;
+  std::shared_ptr<ProcessGroup> group;
+  int rank = 0;
+  int world = 1;
+  std::vector<int> owner;      // of each parameter
+  std::vector<size_t> owned;   // this rank's, ascending
+  std::unique_ptr<torch::optim::Optimizer> optimizer;  // over `owned`; null if none
+  StateFactory make_state;
+  StateTensors state_tensors;
+  double lr = std::numeric_limits<double>::quiet_NaN();  // set_lr's, for a rank without params
+
+  // One broadcast buffer per owner and dtype/device: its parameters flattened.
+  struct Bucket {
+    int owner = 0;
+    std::vector<size_t> members;
+    at::Tensor buffer;
+  };
+  std::vector<Bucket> buckets;
+
+  std::string type_name;
+  std::string consolidated;  // on rank `to` after consolidate_state_dict
+  int consolidated_on = -1;
+
+  void load_part(torch::serialize::InputArchive& part, std::vector<bool>& covered);
+};
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
+                                                 OptimizerFactory make_optimizer,
+                                                 StateFactory make_state,
+                                                 StateTensors state_tensors,
+                                                 std::shared_ptr<ProcessGroup> group,
+                                                 const std::type_info* type)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  if (params.empty()) {
+    throw ConfigError("ZeroRedundancyOptimizer: no parameters to optimize");
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined()) {
+      throw ConfigError(fmt::format("ZeroRedundancyOptimizer: parameter {} is undefined", i));
+    }
+  }
+  if (!make_optimizer || !make_state) {
+    throw ConfigError("ZeroRedundancyOptimizer: the optimizer and state factories are required");
+  }
+  m.group = group ? std::move(group) : default_group();
+  if (!m.group) {
+    throw ConfigError(
+        "ZeroRedundancyOptimizer: no process group: call ddp::init_process_group() first, or "
+        "pass a group");
+  }
+  m.params = std::move(params);
+  m.rank = m.group->rank();
+  m.world = m.group->size();
+  m.owner = partition(m.params, m.world);
+  std::vector<at::Tensor> shard;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    if (m.owner[i] == m.rank) {
+      m.owned.push_back(i);
+      shard.push_back(m.params[i]);
+    }
+  }
+  if (!shard.empty()) m.optimizer = make_optimizer(std::move(shard));
+  if (m.optimizer && !m.optimizer->param_groups().empty()) {
+    m.lr = m.optimizer->param_groups().front().options().get_lr();
+  }
+  m.make_state = std::move(make_state);
+  m.state_tensors = std::move(state_tensors);
+  if (type == nullptr && m.optimizer) type = &typeid(*m.optimizer);
+  m.type_name = fmt::format("ddp::ZeroRedundancyOptimizer({})",
+                            type != nullptr ? demangle(type->name()) : "?");
+
+  // Buckets in a fixed order every rank agrees on: by owner, then dtype and device.
+  std::map<std::tuple<int, int, std::string>, Impl::Bucket> by_key;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const at::Tensor& p = m.params[i];
+    auto& b = by_key[{m.owner[i], static_cast<int>(p.scalar_type()), p.device().str()}];
+    b.owner = m.owner[i];
+    b.members.push_back(i);
+  }
+  for (auto& [key, b] : by_key) {
+    int64_t n = 0;
+    for (size_t i : b.members) n += m.params[i].numel();
+    const at::Tensor& first = m.params[b.members.front()];
+    b.buffer = at::empty({n}, first.options().requires_grad(false));
+    m.buckets.push_back(std::move(b));
+  }
+}
+
+ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(ZeroRedundancyOptimizer&&) noexcept = default;
+ZeroRedundancyOptimizer& ZeroRedundancyOptimizer::operator=(ZeroRedundancyOptimizer&&) noexcept =
+    default;
+
+void ZeroRedundancyOptimizer::step() {
+  Impl& m = *impl_;
+  torch::NoGradGuard no_grad;
+  if (m.optimizer) m.optimizer->step();
+  if (m.world == 1) return;
+  std::vector<Work> pending;
+  pending.reserve(m.buckets.size());
+  for (Impl::Bucket& b : m.buckets) {
+    if (b.owner == m.rank) {
+      int64_t at = 0;
+      for (size_t i : b.members) {
+        const at::Tensor& p = m.params[i];
+        b.buffer.narrow(0, at, p.numel()).copy_(p.detach().reshape({-1}));
+        at += p.numel();
+      }
+    }
+    pending.push_back(m.group->broadcast(b.buffer, b.owner));
+  }
+  for (Work& w : pending) w.wait();
+  for (Impl::Bucket& b : m.buckets) {
+    if (b.owner == m.rank) continue;
+    int64_t at = 0;
+    for (size_t i : b.members) {
+      at::Tensor& p = m.params[i];
+      p.detach().copy_(b.buffer.narrow(0, at, p.numel()).view(p.sizes()));
+      at += p.numel();
+    }
+  }
+}
+
+void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
+  for (at::Tensor& p : impl_->params) {
+    at::Tensor& g = p.mutable_grad();
+    if (!g.defined()) continue;
+    if (set_to_none) {
+      g.reset();
+    } else {
+      g.detach_();
+      g.zero_();
+    }
+  }
+}
+
+void ZeroRedundancyOptimizer::set_lr(double lr) {
+  impl_->lr = lr;
+  if (!impl_->optimizer) return;
+  for (auto& g : impl_->optimizer->param_groups()) g.options().set_lr(lr);
+}
+
+double ZeroRedundancyOptimizer::lr() const { return impl_->lr; }
+
+const std::string& ZeroRedundancyOptimizer::type_name() const { return impl_->type_name; }
+
+int ZeroRedundancyOptimizer::owner(size_t index) const { return impl_->owner.at(index); }
+const std::vector<size_t>& ZeroRedundancyOptimizer::owned() const { return impl_->owned; }
+torch::optim::Optimizer* ZeroRedundancyOptimizer::optimizer() { return impl_->optimizer.get(); }
+
+int64_t ZeroRedundancyOptimizer::state_bytes() const {
+  const Impl& m = *impl_;
+  if (!m.optimizer || !m.state_tensors) return 0;
+  int64_t bytes = 0;
+  for (const auto& [key, state] : m.optimizer->state()) {
+    for (const at::Tensor& t : m.state_tensors(*state)) {
+      if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+    }
+  }
+  return bytes;
+}
+
+std::string ZeroRedundancyOptimizer::shard_state() const {
+  const Impl& m = *impl_;
+  torch::serialize::OutputArchive a;
+  a.write("zero_version", c10::IValue(kFormatVersion));
+  a.write("world_size", c10::IValue(static_cast<int64_t>(m.world)));
+  a.write("rank", c10::IValue(static_cast<int64_t>(m.rank)));
+  a.write("count", c10::IValue(static_cast<int64_t>(m.params.size())));
+  std::vector<int64_t> owned(m.owned.begin(), m.owned.end());
+  std::vector<int64_t> numels;
+  for (size_t i : m.owned) numels.push_back(m.params[i].numel());
+  a.write("owned", at::tensor(owned, at::kLong), /*is_buffer=*/true);
+  a.write("numels", at::tensor(numels, at::kLong), /*is_buffer=*/true);
+  if (m.optimizer && !m.optimizer->param_groups().empty()) {
+    torch::serialize::OutputArchive options;
+    m.optimizer->param_groups().front().options().serialize(options);
+    a.write("options", options);
+    const auto& states = m.optimizer->state();
+    for (size_t i : m.owned) {
+      auto it = states.find(state_key(m.params[i]));
+      if (it == states.end()) continue;  // never stepped (no gradient yet)
+      torch::serialize::OutputArchive s;
+      it->second->serialize(s);
+      a.write(fmt::format("state_{}", i), s);
+    }
+  }
+  std::ostringstream out;
+  a.save_to(out);
+  return out.str();
+}
+
+void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+  Impl& m = *impl_;
+  if (to < 0 || to >= m.world) {
+    throw ConfigError(fmt::format(
+        "ZeroRedundancyOptimizer::consolidate_state_dict: rank {} is not in the group (world "
+        "size {})",
+        to, m.world));
+  }
+  // As PyTorch: each rank's part broadcast in turn (rank `to` keeps them, the others drop each
+  // at once), so no rank but `to` ever holds more than one other rank's state.
+  const std::string mine = shard_state();
+  torch::serialize::OutputArchive bundle;
+  bundle.write("zero_bundle", c10::IValue(static_cast<int64_t>(m.world)));
+  for (int r = 0; r < m.world; ++r) {
+    std::string part;
+    if (r == m.rank) {
+      part = mine;
+    }
+    if (m.world > 1) {
+      at::Tensor size = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+      m.group->broadcast(size, r).wait();
+      const int64_t n = size.item<int64_t>();
+      // Bytes travel as int64 words: every transport reduces and moves those.
+      at::Tensor words = at::zeros({(n + 7) / 8}, at::kLong);
+      if (r == m.rank && n > 0) std::memcpy(words.data_ptr(), mine.data(), mine.size());
+      m.group->broadcast(words, r).wait();
+      if (m.rank == to && r != m.rank) {
+        part.assign(static_cast<const char*>(words.data_ptr()), static_cast<size_t>(n));
+      }
+    }
+    if (m.rank == to) bundle.write(fmt::format("part_{}", r), bytes_tensor(part), true);
+  }
+  if (m.rank == to) {
+    std::ostringstream out;
+    bundle.save_to(out);
+    m.consolidated = out.str();
+    m.consolidated_on = to;
+  } else {
+    m.consolidated.clear();
+    m.consolidated_on = to;
+  }
+}
+
+std::string ZeroRedundancyOptimizer::state_dict() const {
+  const Impl& m = *impl_;
+  if (m.consolidated_on < 0) {
+    throw Error(
+        "ZeroRedundancyOptimizer::state_dict: call consolidate_state_dict(to) on every rank "
+        "first (a collective); the consolidated state is then on rank `to`");
+  }
+  if (m.consolidated_on != m.rank) {
+    throw Error(fmt::format(
+        "ZeroRedundancyOptimizer::state_dict: the state was consolidated on rank {}, not on "
+        "this rank ({})",
+        m.consolidated_on, m.rank));
+  }
+  return m.consolidated;
+}
+
+void ZeroRedundancyOptimizer::Impl::load_part(torch::serialize::InputArchive& part,
+                                              std::vector<bool>& covered) {
+  const int64_t version = read_int(part, "zero_version");
+  if (version != kFormatVersion) {
+    throw Error(fmt::format(
+        "ZeroRedundancyOptimizer::load_state_dict: state format {} (this build reads {})",
+        version, kFormatVersion));
+  }
+  const int64_t count = read_int(part, "count");
+  if (count != static_cast<int64_t>(params.size())) {
+    throw Error(fmt::format(
+        "ZeroRedundancyOptimizer::load_state_dict: the state is of {} parameters, this "
+        "optimizer has {}: not the same model",
+        count, params.size()));
+  }
+  at::Tensor owned_t, numels_t;
+  part.read("owned", owned_t, true);
+  part.read("numels", numels_t, true);
+  const auto owned_in = owned_t.accessor<int64_t, 1>();
+  const auto numels_in = numels_t.accessor<int64_t, 1>();
+  torch::serialize::InputArchive options;
+  const bool has_options = part.try_read("options", options);
+  bool options_read = false;
+  for (int64_t k = 0; k < owned_t.numel(); ++k) {
+    const int64_t i = owned_in[k];
+    if (i < 0 || i >= count) {
+      throw Error(fmt::format("ZeroRedundancyOptimizer::load_state_dict: parameter index {} "
+                              "out of range",
+                              i));
+    }
+    const auto idx = static_cast<size_t>(i);
+    if (numels_in[k] != params[idx].numel()) {
+      throw Error(fmt::format(
+          "ZeroRedundancyOptimizer::load_state_dict: parameter {} has {} elements in the "
+          "state but {} here: not the same model",
+          i, numels_in[k], params[idx].numel()));
+    }
+    if (owner[idx] != rank) continue;
+    covered[idx] = true;
+    if (has_options && !options_read && optimizer) {
+      for (auto& g : optimizer->param_groups()) g.options().serialize(options);
+      lr = optimizer->param_groups().front().options().get_lr();
+      options_read = true;
+    }
+    torch::serialize::InputArchive s;
+    if (!part.try_read(fmt::format("state_{}", i), s)) {
+      optimizer->state().erase(state_key(params[idx]));  // it had none: neither has it now
+      continue;
+    }
+    std::unique_ptr<torch::optim::OptimizerParamState> state = make_state();
+    state->serialize(s);
+    optimizer->state()[state_key(params[idx])] = std::move(state);
+  }
+}
+
+void ZeroRedundancyOptimizer::load_state_dict(const std::string& state) {
+  Impl& m = *impl_;
+  const c10::optional<torch::Device> device =
+      m.params.front().device().is_cpu() ? c10::nullopt
+                                         : c10::optional<torch::Device>(m.params.front().device());
+  torch::serialize::InputArchive top;
+  top.load_from(state.data(), state.size(), device);
+  std::vector<bool> covered(m.params.size(), false);
+  c10::IValue parts;
+  if (top.try_read("zero_bundle", parts) && parts.isInt()) {
+    for (int64_t r = 0; r < parts.toInt(); ++r) {
+      at::Tensor bytes;
+      top.read(fmt::format("part_{}", r), bytes, true);
+      const std::string blob = tensor_bytes(bytes);
+      torch::serialize::InputArchive part;
+      part.load_from(blob.data(), blob.size(), device);
+      m.load_part(part, covered);
+    }
+  } else {
+    m.load_part(top, covered);
+  }
+  for (size_t i : m.owned) {
+    if (!covered[i]) {
+      throw Error(fmt::format(
+          "ZeroRedundancyOptimizer::load_state_dict: the state does not cover parameter {}, "
+          "which rank {} of {} owns: a shard is only loadable at the world size it was saved "
+          "at; load the consolidated state (consolidate_state_dict, then state_dict on that "
+          "rank) to resume at another size",
+          i, m.rank, m.world));
+    }
+  }
+}
+
+}  // namespace ddp
