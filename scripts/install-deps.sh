@@ -21,8 +21,9 @@ PACKAGES=(
   slurm-wlm munge
   # the trainer's data and plots
   dataset-fashion-mnist gnuplot-nox
-  # the tools' man pages, from their --help (cmake/ManPages.cmake)
-  help2man
+  # the tools' man pages, from their --help (cmake/ManPages.cmake); the Debian packages
+  # (cpack -G DEB: dpkg-shlibdeps, dpkg-scanpackages; cmake/Packaging.cmake)
+  help2man dpkg-dev
 )
 
 # The list alone, one a line (scripts/test-libtorch2.sh installs the same in its trixie root).

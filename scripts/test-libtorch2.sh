@@ -47,6 +47,8 @@ CCACHE_IN=/var/cache/ccache
 NAME=${DDP_SCRIPT_NAME:-test-libtorch2}
 log() { echo "$NAME: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# mounts_below, unmount_below, make_root, mount_system
+source "$SRC/scripts/lib/debian-root.sh"
 
 mode=test
 case "${1:-}" in
@@ -67,6 +69,9 @@ trixie_name() {
     cuda:libtorch-dev) echo libtorch-cuda-dev ;;
     cuda:python3-torch) echo python3-torch-cuda ;;
     cuda:libgloo-dev) echo libgloo-cuda-dev ;;
+    # The real Slurm cluster (tests/slurm) runs in the bookworm suite only: its daemons belong
+    # on the host, not in a chroot; the suite here skips it.
+    *:slurm-wlm | *:munge) echo "" ;;
     *) echo "$1" ;;
   esac
 }
@@ -77,21 +82,6 @@ EXTRA_PACKAGES=()
 COMPONENTS=main
 [[ $FLAVOR == cuda ]] && COMPONENTS="main contrib non-free"
 
-# Anything still mounted at or below a path (deepest first).
-mounts_below() {
-  local dir
-  dir=$(realpath -m "$1")
-  awk -v d="$dir" '{ gsub(/\\040/, " ", $5); if ($5 == d || index($5, d "/") == 1) print $5 }' \
-    /proc/self/mountinfo | sort -r
-}
-
-unmount_below() {
-  local m
-  for m in $(mounts_below "$1"); do
-    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
-  done
-}
-
 mkdir -p "$CACHE" "$CCACHE_HOST"
 exec 9>"$ROOT.lock"
 if ! flock -n 9; then
@@ -99,60 +89,21 @@ if ! flock -n 9; then
   flock 9
 fi
 
-# --- 1. debootstrap on the host ---------------------------------------------------------------
-if ! command -v debootstrap >/dev/null; then
-  log "installing debootstrap"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends debootstrap
-fi
-
-# --- 2. the trixie root ------------------------------------------------------------------------
+# --- 1. debootstrap on the host (if missing); 2. the trixie root (if not made yet) -------------
 trap 'unmount_below "$ROOT"; unmount_below "$ROOT.new"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 unmount_below "$ROOT"  # left over by a run that was killed -9
 
-if [[ ! -f $ROOT/.ddp-debootstrap-done ]]; then
-  [[ -e $ROOT ]] && die "$ROOT exists but is not a finished root: remove it (rm -rf --one-file-system)"
-  new=$ROOT.new
-  unmount_below "$new"
-  [[ -z $(mounts_below "$new") ]] || die "cannot clear $new: still mounted"
-  rm -rf --one-file-system "$new"
-  script=$SUITE
-  # bookworm's debootstrap may predate trixie's script; trixie bootstraps like sid.
-  [[ -e /usr/share/debootstrap/scripts/$SUITE ]] || script=/usr/share/debootstrap/scripts/sid
-  log "creating the $SUITE root in $ROOT (debootstrap, a few minutes)"
-  start=$SECONDS
-  debootstrap --variant=minbase --components=main "$SUITE" "$new" "$MIRROR" "$script" \
-    >"$CACHE/debootstrap.log" 2>&1 || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
-  unmount_below "$new"
-  cat >"$new/etc/apt/sources.list" <<EOF
-deb $MIRROR $SUITE $COMPONENTS
-deb $MIRROR $SUITE-updates $COMPONENTS
-EOF
-  # No daemons start inside the root while packages install.
-  printf '#!/bin/sh\nexit 101\n' >"$new/usr/sbin/policy-rc.d"
-  chmod +x "$new/usr/sbin/policy-rc.d"
-  touch "$new/.ddp-debootstrap-done"
-  mv "$new" "$ROOT"
-  log "root created in $((SECONDS - start)) s"
-fi
+make_root "$ROOT" "$SUITE" "$MIRROR" main "$CACHE/debootstrap.log" \
+  "deb $MIRROR $SUITE $COMPONENTS
+deb $MIRROR $SUITE-updates $COMPONENTS"
 
 # --- 4. mounts ---------------------------------------------------------------------------------
 mkdir -p "$ROOT$SRC_IN" "$ROOT$CCACHE_IN" "$ROOT$BUILD_IN"
-# The root is a mount point of its own, first (the mounts below go on top of it): `ip netns exec`
-# runs `mount --make-rslave /`, which fails on a / that is not a mount (the multi-host tests).
-mount --bind "$ROOT" "$ROOT"
-mount -t proc proc "$ROOT/proc"
-mount --bind /sys "$ROOT/sys"
-mount --bind /dev "$ROOT/dev"
-mount --bind /dev/pts "$ROOT/dev/pts"
-mount --bind /dev/shm "$ROOT/dev/shm"
+mount_system "$ROOT"
 mount --bind "$SRC" "$ROOT$SRC_IN"
 mount --bind "$CCACHE_HOST" "$ROOT$CCACHE_IN"
-cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
-cp /etc/hosts "$ROOT/etc/hosts"
 
 in_root() {
   chroot "$ROOT" /usr/bin/env -i \
@@ -185,7 +136,10 @@ install_cudnn_standin() {
 
 # --- 3. packages -------------------------------------------------------------------------------
 packages=("${EXTRA_PACKAGES[@]}")
-for p in $("$SRC/scripts/install-deps.sh" --print-packages); do packages+=("$(trixie_name "$p")"); done
+for p in $("$SRC/scripts/install-deps.sh" --print-packages); do
+  name=$(trixie_name "$p")
+  if [[ -n $name ]]; then packages+=("$name"); fi
+done
 [[ $FLAVOR == cuda ]] && install_cudnn_standin
 missing=()
 for p in "${packages[@]}"; do

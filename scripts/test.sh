@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: install, build, run every test; then the same suite
-# against LibTorch 2.6 in a Debian trixie root (scripts/test-libtorch2.sh; skipped with
-# DDP_SKIP_LIBTORCH2=1, or when not root). Fails if either fails.
+# The whole test suite, from a fresh machine: install, build, run every test; then the Debian
+# packages installed by apt into a clean bookworm root (scripts/test-deb.sh; skipped with
+# DDP_SKIP_DEB=1, or when not root); then the same suite against LibTorch 2.6 in a Debian trixie
+# root (scripts/test-libtorch2.sh; skipped with DDP_SKIP_LIBTORCH2=1, or when not root). Fails if
+# any fails.
 # Extra arguments go to ctest (both runs), e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,8 +27,30 @@ if ((libtorch2)); then
   scripts/test-libtorch2.sh --prepare >"$prepare_log" 2>&1 &
   prepare_pid=$!
 fi
-trap '[[ -n $prepare_pid ]] && kill "$prepare_pid" 2>/dev/null; rm -f "$prepare_log"' EXIT
+# The same for the Debian packages' clean bookworm root (debootstrap and downloads, ~1 min here).
+deb=1
+if [[ ${DDP_SKIP_DEB:-0} == 1 ]]; then
+  deb=0
+  echo "test.sh: Debian package test skipped (DDP_SKIP_DEB=1)"
+elif [[ $# -gt 0 ]]; then
+  deb=0
+  echo "test.sh: Debian package test skipped (ctest arguments given)"
+elif [[ $(id -u) -ne 0 ]]; then
+  deb=0
+  echo "test.sh: Debian package test skipped: scripts/test-deb.sh needs root (debootstrap, chroot)"
+fi
+deb_log=$(mktemp /tmp/ddp-deb-prepare.XXXXXX)
+deb_pid=
+if ((deb)); then
+  scripts/test-deb.sh --prepare >"$deb_log" 2>&1 &
+  deb_pid=$!
+fi
+trap '[[ -n $prepare_pid ]] && kill "$prepare_pid" 2>/dev/null
+      [[ -n $deb_pid ]] && kill "$deb_pid" 2>/dev/null; rm -f "$prepare_log" "$deb_log"' EXIT
 
+# Paths relative to the tree in ccache's keys: build-deb/ (scripts/test-deb.sh) reuses build/'s
+# objects instead of compiling LibTorch code again (~7 min on 2 cores).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 scripts/build.sh  # its install-deps.sh finds everything installed
 BUILD_DIR=${DDP_BUILD_DIR:-build}
 # Serial: the collective and multi-process tests start several ranks each on a 2-core machine.
@@ -42,6 +66,21 @@ if [[ ${DDP_SKIP_SANITIZE:-0} == 1 || $# -gt 0 ]]; then
   echo "test.sh: sanitizer step skipped (DDP_SKIP_SANITIZE=1 or ctest arguments given)"
 else
   scripts/sanitize.sh all --torch-free || rc=1
+fi
+
+# The Debian packages: built in build-deb/ (ccache shares build/'s objects), installed by apt in
+# a throwaway copy of the clean root, used there (a few minutes).
+if ((deb)); then
+  prepared=0
+  wait "$deb_pid" || prepared=$?
+  deb_pid=
+  if ((prepared)); then
+    tail -n 40 "$deb_log"
+    echo "test.sh: preparing the Debian package test's root failed (exit $prepared)" >&2
+    rc=1
+  else
+    scripts/test-deb.sh || rc=1
+  fi
 fi
 
 if ((libtorch2)); then
