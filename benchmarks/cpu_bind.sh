@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ddprun --cpu-bind cores against none (Note [CPU binding] in tools/ddprun/cpu_bind.h), side by
 # side: N ranks of `ddp-bench train` (classic-cnn and mlp-1024) and of `ddp-bench collectives`
-# (all_reduce over shm, 4 MiB), on an idle machine and with another job on the cores (one
+# (all_reduce over shm, 4 MiB, after the smaller sizes warm its buffers), on an idle machine and with another job on the cores (one
 # unpinned busy process, as a neighbour's job would be), alternating the two bindings for R
 # rounds; medians, and the ratio cores/none (above 1: binding wins).
 #
@@ -49,9 +49,9 @@ measure() {  # measure CONDITION BINDING
   done
   rm -f "$tmp/coll.csv"
   env -u OMP_NUM_THREADS "$ddprun" --standalone --nproc-per-node "$n" --cpu-bind "$bind" \
-      "$bench" collectives --backend shm --ops all_reduce --min-bytes 4M --max-bytes 4M \
+      "$bench" collectives --backend shm --ops all_reduce --min-bytes 256K --max-bytes 4M \
       --iters 50 --csv "$tmp/coll.csv" >/dev/null 2>&1
-  awk -F, -v c="$cond" -v b="$bind" '$1 == "shm" { print c "," b ",all_reduce 4 MiB busbw GB/s," $10 }' \
+  awk -F, -v c="$cond" -v b="$bind" '$1 == "shm" && $5 == 4194304 { print c "," b ",all_reduce 4 MiB busbw GB/s," $10 }' \
       "$tmp/coll.csv" >> "$raw"
 }
 
