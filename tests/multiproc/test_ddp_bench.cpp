@@ -174,6 +174,26 @@ TEST_F(BenchTest, TrainWithBucketViewsAndASmallerCap) {
   EXPECT_NE(r.out.find("2 ranks x 1 thread"), std::string::npos) << r.out;
 }
 
+// --zero: the optimizer state sharded (Note [ZeRO-1]); mlp-1024's two large weights land on
+// different ranks, so the fullest rank holds one of them (4.19 MB of momentum), not both.
+TEST_F(BenchTest, TrainWithZeroShardsTheOptimizerState) {
+  Result plain = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
+                                       "--steps", "2", "--warmup", "1"}));
+  ASSERT_TRUE(plain.exited(0)) << plain.describe();
+  EXPECT_NE(plain.out.find("optimizer state 7.455 MB on the fullest rank, 14.910 MB over 2 ranks"),
+            std::string::npos)
+      << plain.out;
+  Result zero = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
+                                      "--steps", "2", "--warmup", "1", "--zero"}));
+  ASSERT_TRUE(zero.exited(0)) << zero.describe();
+  EXPECT_NE(zero.out.find("optimizer: ZeroRedundancyOptimizer(SGD)"), std::string::npos)
+      << zero.out;
+  EXPECT_NE(zero.out.find("optimizer state 4.194 MB on the fullest rank, 7.455 MB over 2 ranks "
+                          "(ZeRO-1)"),
+            std::string::npos)
+      << zero.out;
+}
+
 TEST_F(BenchTest, TrainWithoutDdpIsTheCeiling) {
   const fs::path csv = dir_ / "n.csv";
   Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",

@@ -96,6 +96,10 @@ void add_train(CLI::App& app, TrainOptions& t) {
                 "(no copy in or out)");
   sub->add_option("--bucket-cap-mb", t.bucket_cap_mb, "DDPOptions::bucket_cap_mb")
       ->check(CLI::Range(0.001, 4096.0));
+  sub->add_flag("--zero", t.zero,
+                "the optimizer as a ddp::ZeroRedundancyOptimizer (ZeRO-1): its state sharded over "
+                "the ranks, the updated parameters broadcast (in the optimizer column); prints "
+                "the optimizer state's bytes per rank");
   sub->add_option("--repeats", t.repeats,
                   "rounds of every configuration, alternating; medians are reported")
       ->check(CLI::PositiveNumber);

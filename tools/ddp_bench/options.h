@@ -52,6 +52,7 @@ struct TrainOptions {
   bool no_ddp = false;   // only N ranks training alone, without DDP: the ceiling
   bool gradient_as_bucket_view = false;  // DDPOptions' (PyTorch's default: false)
   double bucket_cap_mb = 25;             // DDPOptions' (PyTorch's default: 25)
+  bool zero = false;  // SGD as a ZeroRedundancyOptimizer: its state sharded over the ranks
   int repeats = 1;       // rounds of all configurations, alternating; medians
   std::string label;     // first CSV column (default: the configuration)
   std::string csv;       // appended to (header when new); empty: none

@@ -106,7 +106,14 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
                                 .gradient_as_bucket_view = o.gradient_as_bucket_view});
   }
   auto model = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : net->forward(x); };
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+  const auto sgd = torch::optim::SGDOptions(o.lr).momentum(o.momentum);
+  std::optional<torch::optim::SGD> opt;
+  std::optional<ZeroRedundancyOptimizer> zero;  // --zero, with DDP (Note [ZeRO-1])
+  if (o.zero && ddp) {
+    zero.emplace(ZeroRedundancyOptimizer::make<torch::optim::SGD>(net->parameters(), sgd, group));
+  } else {
+    opt.emplace(net->parameters(), sgd);
+  }
   BatchStream batches(std::move(data), pg, per_rank, o, device);
 
   // Sums over the timed steps, on this rank.
@@ -128,8 +135,13 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
     loss.backward();
     sync();
     const auto t3 = Clock::now();
-    opt.step();
-    opt.zero_grad();
+    if (zero) {
+      zero->step();
+      zero->zero_grad();
+    } else {
+      opt->step();
+      opt->zero_grad();
+    }
     sync();
     const auto t4 = Clock::now();
     if (step < o.warmup) continue;
@@ -155,6 +167,27 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   pg.all_reduce(wall, ReduceOp::kMax).wait();
   sums = sums.cpu();
   const double w = wall.item<double>();
+  if (ddp) {  // the optimizer state this rank holds: with --zero about 1/world of it
+    int64_t bytes = 0;
+    if (zero) {
+      bytes = zero->state_bytes();
+    } else {
+      for (const auto& [key, state] : opt->state()) {
+        for (const at::Tensor& t : ZeroOptimizerTraits<torch::optim::SGD>::tensors(*state)) {
+          if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+        }
+      }
+    }
+    at::Tensor total = at::full({1}, static_cast<double>(bytes), at::kDouble).to(device);
+    at::Tensor most = total.clone();
+    pg.all_reduce(total, ReduceOp::kSum).wait();
+    pg.all_reduce(most, ReduceOp::kMax).wait();
+    if (pg.rank() == 0) {
+      std::printf("# %s: optimizer state %.3f MB on the fullest rank, %.3f MB over %d rank%s%s\n",
+                  label.c_str(), most.item<double>() / 1e6, total.item<double>() / 1e6, n,
+                  n > 1 ? "s" : "", zero ? " (ZeRO-1)" : "");
+    }
+  }
   auto ms = [&](int i) { return sums[i].item<double>() / n / o.steps * 1e3; };
   return {.label = label,
           .model = o.model,
@@ -240,11 +273,12 @@ int run_train(const TrainOptions& o) {
   say(
       fmt::format("# ddp-bench train: {} on Fashion-MNIST, global batch {} ({} per rank), {} "
                   "rank{} x {} thread{} on {}, backend {}, SGD lr {} momentum {}, {} steps after "
-                  "{} warm-up{}; DDP buckets of {} MB{}",
+                  "{} warm-up{}; DDP buckets of {} MB{}{}",
                   o.model, o.global_batch, o.global_batch / n, n, n > 1 ? "s" : "", threads,
                   threads > 1 ? "s" : "", device.str(), pg->backend(), o.lr, o.momentum, o.steps,
                   o.warmup, o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : "",
-                  o.bucket_cap_mb, o.gradient_as_bucket_view ? ", gradients as bucket views" : ""));
+                  o.bucket_cap_mb, o.gradient_as_bucket_view ? ", gradients as bucket views" : "",
+                  o.zero ? "; optimizer: ZeroRedundancyOptimizer(SGD)" : ""));
   say("# ms per step: data, forward, backward compute, exposed communication (DDP's wait after "
       "backward), optimizer");
   say(train_table_header());
