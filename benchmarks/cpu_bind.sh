@@ -20,12 +20,7 @@ while getopts "n:r:s:o:h" opt; do
 done
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${DDP_BUILD_DIR:-$root/build}
-tool() {  # tool RELATIVE_PATH NAME: the built binary, else the installed one
-  if [[ -x $build/$1 ]]; then echo "$build/$1"
-  elif command -v "$2" >/dev/null; then command -v "$2"
-  else echo "cpu_bind.sh: $2 not found in $build nor on PATH" >&2; exit 1; fi
-}
+source "$root/benchmarks/tools.sh"  # tool: the built binary, else the installed one
 bench=$(tool tools/ddp_bench/ddp-bench ddp-bench)
 ddprun=$(tool tools/ddprun/ddprun ddprun)
 

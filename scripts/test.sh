@@ -13,14 +13,23 @@ scripts/install-deps.sh
 
 # The trixie root (debootstrap + packages: downloads and unpacking, ~10 min from scratch) is made
 # or updated while the bookworm build below uses the CPUs.
-libtorch2=1
-if [[ ${DDP_SKIP_LIBTORCH2:-0} == 1 ]]; then
-  libtorch2=0
-  echo "test.sh: LibTorch 2.x suite skipped (DDP_SKIP_LIBTORCH2=1)"
-elif [[ $(id -u) -ne 0 ]]; then
-  libtorch2=0
-  echo "test.sh: LibTorch 2.x suite skipped: scripts/test-libtorch2.sh needs root (debootstrap, chroot)"
-fi
+# runs WHAT SKIP_VARIABLE SCRIPT [ARGS...]: 1 when the step runs, else 0 with the reason said.
+runs() {
+  local what=$1 var=$2 script=$3
+  shift 3
+  if [[ ${!var:-0} == 1 ]]; then
+    echo "test.sh: $what skipped ($var=1)" >&2
+  elif [[ $# -gt 0 ]]; then
+    echo "test.sh: $what skipped (ctest arguments given)" >&2
+  elif [[ $(id -u) -ne 0 ]]; then
+    echo "test.sh: $what skipped: $script needs root (debootstrap, chroot)" >&2
+  else
+    echo 1
+    return
+  fi
+  echo 0
+}
+libtorch2=$(runs "LibTorch 2.x suite" DDP_SKIP_LIBTORCH2 scripts/test-libtorch2.sh)
 prepare_log=$(mktemp /tmp/ddp-libtorch2-prepare.XXXXXX)
 prepare_pid=
 if ((libtorch2)); then
@@ -28,17 +37,7 @@ if ((libtorch2)); then
   prepare_pid=$!
 fi
 # The same for the Debian packages' clean bookworm root (debootstrap and downloads, ~1 min here).
-deb=1
-if [[ ${DDP_SKIP_DEB:-0} == 1 ]]; then
-  deb=0
-  echo "test.sh: Debian package test skipped (DDP_SKIP_DEB=1)"
-elif [[ $# -gt 0 ]]; then
-  deb=0
-  echo "test.sh: Debian package test skipped (ctest arguments given)"
-elif [[ $(id -u) -ne 0 ]]; then
-  deb=0
-  echo "test.sh: Debian package test skipped: scripts/test-deb.sh needs root (debootstrap, chroot)"
-fi
+deb=$(runs "Debian package test" DDP_SKIP_DEB scripts/test-deb.sh "$@")
 deb_log=$(mktemp /tmp/ddp-deb-prepare.XXXXXX)
 deb_pid=
 if ((deb)); then
@@ -70,31 +69,35 @@ fi
 
 # The Debian packages: built in build-deb/ (ccache shares build/'s objects), installed by apt in
 # a throwaway copy of the clean root, used there (a few minutes).
-if ((deb)); then
-  prepared=0
-  wait "$deb_pid" || prepared=$?
-  deb_pid=
-  if ((prepared)); then
-    tail -n 40 "$deb_log"
-    echo "test.sh: preparing the Debian package test's root failed (exit $prepared)" >&2
-    rc=1
-  else
-    scripts/test-deb.sh || rc=1
+# prepared PID LOG WHAT: waits for a background --prepare; 0 when it succeeded, else shows the
+# end of its log and returns its exit status.
+prepared() {
+  local status=0
+  wait "$1" || status=$?
+  if ((status)); then
+    tail -n 40 "$2"
+    echo "test.sh: preparing $3 failed (exit $status)" >&2
   fi
+  return $status
+}
+
+if ((deb)); then
+  if prepared "$deb_pid" "$deb_log" "the Debian package test's root"; then
+    scripts/test-deb.sh || rc=1
+  else
+    rc=1
+  fi
+  deb_pid=
 fi
 
 if ((libtorch2)); then
   echo "test.sh: LibTorch 1.13 (bookworm) suite exit $rc; now the LibTorch 2.6 (trixie) suite"
-  prepared=0
-  wait "$prepare_pid" || prepared=$?
-  prepare_pid=
-  if ((prepared)); then
-    tail -n 40 "$prepare_log"
-    echo "test.sh: preparing the trixie root failed (exit $prepared)" >&2
-    rc=1
-  else
+  if prepared "$prepare_pid" "$prepare_log" "the trixie root"; then
     grep -a '^test-libtorch2:' "$prepare_log" || true
     scripts/test-libtorch2.sh "$@" || rc=$?
+  else
+    rc=1
   fi
+  prepare_pid=
 fi
 exit $rc
