@@ -29,7 +29,9 @@ using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().
 template <class Key = StateMap::key_type>
 Key state_key(const at::Tensor& p) {
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream address;  // what c10::guts::to_string of the pointer printed in 1.x
+    address << static_cast<const void*>(p.unsafeGetTensorImpl());
+    return address.str();
   } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }
