@@ -22,7 +22,7 @@
 // shard_state() is this rank's part: for each parameter it owns, the global index, its element
 // count and its optimizer state; the optimizer's options beside. consolidate_state_dict(to)
 // gathers every rank's part on rank `to` (a collective), whose state_dict() then returns all of
-// them as one blob, the consolidated state. load_state_dict() takes a consolidated state saved
+// them as one blob, the consolidated state; the next step() drops that copy. load_state_dict() takes a consolidated state saved
 // at any world size (the parameters are partitioned again, each rank reading the states of the
 // parameters it now owns), or this rank's own shard at the same world size. A parameter the
 // state does not cover, or whose element count differs, is an error naming it.
@@ -110,7 +110,7 @@ class ZeroRedundancyOptimizer {
   // Note [ZeRO checkpoints].
   std::string shard_state() const;
   void consolidate_state_dict(int to = 0);  // a collective
-  std::string state_dict() const;           // on rank `to` after consolidate_state_dict
+  std::string state_dict() const;  // on rank `to` after consolidate_state_dict, until step()
   void load_state_dict(const std::string& state);
 
  private:

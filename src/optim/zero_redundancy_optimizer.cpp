@@ -184,6 +184,10 @@ ZeroRedundancyOptimizer& ZeroRedundancyOptimizer::operator=(ZeroRedundancyOptimi
 
 void ZeroRedundancyOptimizer::step() {
   Impl& m = *impl_;
+  // The consolidated state is a copy of every rank's: kept until training goes on, not beyond
+  // (rank `to` would otherwise hold the whole state ZeRO exists to split).
+  m.consolidated = std::string();
+  m.consolidated_on = -1;
   torch::NoGradGuard no_grad;
   if (m.optimizer) m.optimizer->step();
   if (m.world == 1) return;
@@ -329,7 +333,8 @@ std::string ZeroRedundancyOptimizer::state_dict() const {
   if (m.consolidated_on < 0) {
     throw Error(
         "ZeroRedundancyOptimizer::state_dict: call consolidate_state_dict(to) on every rank "
-        "first (a collective); the consolidated state is then on rank `to`");
+        "first (a collective); the consolidated state is then on rank `to` until the next "
+        "step()");
   }
   if (m.consolidated_on != m.rank) {
     throw Error(fmt::format(

@@ -209,6 +209,9 @@ TEST(Zero, CheckpointsResumeBitwiseAtTheSameSizeAndConsolidatedAtAnother) {
                                 } else {
                                   EXPECT_THROW(z.state_dict(), ddp::Error);
                                 }
+                                // Training on drops the consolidated copy.
+                                z.step();
+                                EXPECT_THROW(z.state_dict(), ddp::Error);
                               });
     ASSERT_FALSE(consolidated.empty());
     const std::vector<at::Tensor>& at_cut = cut[0];
