@@ -97,6 +97,9 @@ namespace ddp {
 
 class ProcessGroup;
 class ZeroRedundancyOptimizer;
+namespace comm_hooks {
+class PowerSGDState;
+}
 
 // Any checkpoint failure: an I/O error reading or writing (the message names the file and the
 // system error).
@@ -134,6 +137,11 @@ struct CheckpointRefs {
   ZeroRedundancyOptimizer* zero_optimizer = nullptr;
   DistributedSampler* sampler = nullptr;         // optional: its state()
   bool rng = true;                               // save/restore the default generators
+  // The PowerSGD hook's state (iteration, generator, P, Q, error feedback): each rank's, as
+  // the error feedback is per rank. save() gathers them (a collective: every rank passes its
+  // own or none); load() gives each rank its own, or, at another world size, rank 0's without
+  // the error feedback. Same world size: the resumed run compresses exactly as the original.
+  comm_hooks::PowerSGDState* powersgd = nullptr;
 };
 
 // What a checkpoint records besides the tensors.
@@ -152,6 +160,7 @@ struct CheckpointMeta {
   std::optional<SamplerState> sampler;  // rank 0's sampler state, when a sampler was given
   std::string optimizer_type;           // e.g. "torch::optim::AdamW"; empty without an optimizer
   int rng_states = 0;                   // generator states saved (one per rank; 0 when rng = false)
+  int powersgd_states = 0;              // PowerSGD states saved (one per rank; 0 without)
   int num_threads = 0;                  // at::get_num_threads() of the writer (see Exact resume)
   std::string torch_version;
   std::string ddp_version;

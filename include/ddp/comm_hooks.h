@@ -20,7 +20,9 @@
 #pragma once
 
 #include <functional>
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +44,12 @@ class Future {
   // once, and if it (or the collective) failed, every later wait() rethrows the same error.
   at::Tensor wait();
   bool is_completed() const;
+
+  // The next stage: the returned Future, once waited for, waits for this one, calls
+  // `next(value)` (which may issue collectives) and waits for the Future it returns. Stages
+  // run on the waiting thread (DDP's end of backward, buckets in order), so every rank issues
+  // a chain's collectives in the same order (Note [Chained futures] in comm_hooks.cpp).
+  Future then(std::function<Future(at::Tensor)> next) const;
 
  private:
   struct State;
@@ -92,6 +100,68 @@ CommHook fp16_compress();
 // on every rank: each rank receives (N-1)/2 float32-buckets' worth of bytes, N/4 of a float32
 // ring all-reduce (half at 2 ranks, equal at 4, more beyond). NCCL reduces bfloat16 natively.
 CommHook bf16_compress();
+
+// PowerSGD (Vogels et al., NeurIPS 2019), as PyTorch's powerSGD_hook with the same parameters
+// and the same arithmetic (Note [PowerSGD] in src/parallel/powersgd.cpp):
+//
+//   auto state = std::make_shared<ddp::comm_hooks::PowerSGDState>(
+//       ddp::comm_hooks::PowerSGDOptions{.matrix_approximation_rank = 2,
+//                                        .start_powerSGD_iter = 100});
+//   model.register_comm_hook(ddp::comm_hooks::powerSGD_hook(state));
+//   ddp::CheckpointRefs refs{..., .powersgd = state.get()};  // error feedback, P, Q, iteration
+//
+// Until start_powerSGD_iter iterations have passed, buckets are all-reduced as usual. Then
+// each gradient viewed as an n x m matrix M (its first dimension by the rest) with
+// (n + m) * rank * min_compression_rate < n * m is sent as two all-reduced factors P = MQ
+// (n x rank) and Q = M^T P (m x rank, after orthogonalizing P); M becomes P Q^T / world. Other
+// gradients (biases, small matrices) are all-reduced together, uncompressed. Error feedback
+// adds what compression lost on this rank to the next iteration's gradient; warm start reuses
+// the previous Q instead of a fresh random one (drawn from a seed that is the same on every
+// rank: random_seed, then numpy's RandomState sequence, as PyTorch draws it).
+struct PowerSGDOptions {
+  int matrix_approximation_rank = 1;
+  int64_t start_powerSGD_iter = 1000;  // > 1 with error feedback or warm start (ConfigError)
+  double min_compression_rate = 2;
+  bool use_error_feedback = true;
+  bool warm_start = true;
+  double orthogonalization_epsilon = 0;  // e.g. 1e-8 when a gradient column may be all zero
+  uint32_t random_seed = 0;
+  bool batch_tensors_with_same_shape = false;  // one batched matmul per shape in a bucket
+};
+
+// The hook's state across iterations: one per model, used by one hook. Not thread-safe
+// beyond what DDP does (the hook runs under DDP's lock; save/load it between iterations).
+class PowerSGDState {
+ public:
+  explicit PowerSGDState(PowerSGDOptions options = {});  // ConfigError on bad options
+  ~PowerSGDState();
+  PowerSGDState(const PowerSGDState&) = delete;
+  PowerSGDState& operator=(const PowerSGDState&) = delete;
+
+  const PowerSGDOptions& options() const;
+  // Iterations seen so far (counted at each iteration's last bucket, as PyTorch's state.iter).
+  int64_t iter() const;
+  struct CompressionStats {
+    double rate = 0;  // before / after; 0 before compression starts
+    int64_t numel_before = 0;
+    int64_t numel_after = 0;
+  };
+  CompressionStats compression_stats() const;
+
+  // This rank's state (iteration, generator, per bucket: error feedback, P and Q) as bytes,
+  // and back. load_state_dict checks everything before it changes anything: ddp::Error naming
+  // what does not fit (other options, a malformed state). keep_error_feedback = false drops
+  // the per-rank errors (a resume at another world size: another rank's error is not ours).
+  std::string state_dict() const;
+  void load_state_dict(const std::string& bytes, bool keep_error_feedback = true);
+
+ private:
+  friend CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state);
 
 }  // namespace comm_hooks
 }  // namespace ddp

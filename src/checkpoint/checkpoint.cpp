@@ -20,7 +20,8 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/state.h"
 #include "ddp/checkpoint.h"
-#include "ddp/config.h"  // DDP_VERSION
+#include "ddp/comm_hooks.h"  // PowerSGDState
+#include "ddp/config.h"      // DDP_VERSION
 #include "ddp/zero_redundancy_optimizer.h"  // type_name, load_state_dict
 
 namespace ddp {
@@ -60,7 +61,8 @@ void check_save_args(const CheckpointRefs& refs, const CheckpointMeta& meta) {
 }
 
 Encoded encode_checkpoint(const CheckpointRefs& refs, CheckpointMeta meta,
-                          const std::vector<std::string>& rng_states) {
+                          const std::vector<std::string>& rng_states,
+                          const std::vector<std::string>& powersgd_states) {
   check_save_args(refs, meta);
   FileMeta fm;
   fm.model = fingerprint(*refs.model);
@@ -70,6 +72,7 @@ Encoded encode_checkpoint(const CheckpointRefs& refs, CheckpointMeta meta,
                                               : "";
   if (refs.optimizer) fm.optimizer_groups = group_sizes(*refs.optimizer);
   meta.rng_states = static_cast<int>(rng_states.size());
+  meta.powersgd_states = static_cast<int>(powersgd_states.size());
   meta.num_threads = at::get_num_threads();
   meta.torch_version = TORCH_VERSION;
   meta.ddp_version = DDP_VERSION;
@@ -78,7 +81,7 @@ Encoded encode_checkpoint(const CheckpointRefs& refs, CheckpointMeta meta,
                              .count();
   fm.blob_bytes = meta.blob.size();
   Encoded out;
-  out.payload = build_payload(refs, rng_states, meta.blob);
+  out.payload = build_payload(refs, rng_states, powersgd_states, meta.blob);
   meta.blob.clear();  // in the payload, not the metadata
   fm.meta = std::move(meta);
   out.head = encode_head(encode_metadata(fm), out.payload);
@@ -91,7 +94,9 @@ void save_checkpoint(const std::filesystem::path& file, const CheckpointRefs& re
                      const CheckpointMeta& meta) {
   std::vector<std::string> rng;
   if (refs.rng) rng.push_back(ckpt::capture_rng());
-  const ckpt::Encoded e = ckpt::encode_checkpoint(refs, meta, rng);
+  std::vector<std::string> powersgd;
+  if (refs.powersgd) powersgd.push_back(refs.powersgd->state_dict());
+  const ckpt::Encoded e = ckpt::encode_checkpoint(refs, meta, rng, powersgd);
   ckpt::write_atomic(file, {e.head, e.payload}, {});
 }
 
@@ -174,9 +179,25 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& file, const Checkp
   }
   out.rng_exact = restore_rng && cuda_exact && options.rank < m.rng_states &&
                   m.world_size == options.world_size;
+  // PowerSGD: this rank's own state when the world size is the same, else rank 0's (P, Q,
+  // iteration and generator are the same on every rank) without the error feedback.
+  const bool powersgd_own = m.world_size == options.world_size && options.rank < m.powersgd_states;
+  if (refs.powersgd) {
+    if (payload.powersgd.empty()) {
+      ckpt::incompatible(file, "it holds no PowerSGD state (saved without the PowerSGD hook, or "
+                               "without CheckpointRefs::powersgd)");
+    }
+    try {
+      comm_hooks::PowerSGDState dry_run(refs.powersgd->options());
+      dry_run.load_state_dict(payload.powersgd, powersgd_own);
+    } catch (const Error& e) {
+      ckpt::incompatible(file, e.what());
+    }
+  }
 
   // Phase 2: apply.
   ckpt::apply_model(*refs.model, payload);
+  if (refs.powersgd) refs.powersgd->load_state_dict(payload.powersgd, powersgd_own);
   if (refs.zero_optimizer) refs.zero_optimizer->load_state_dict(payload.zero_optimizer);
   if (refs.optimizer) {
     try {

@@ -22,6 +22,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/state.h"
 #include "ddp/checkpoint.h"
+#include "ddp/comm_hooks.h"                      // PowerSGDState::state_dict
 #include "ddp/process_group.h"
 #include "ddp/relayed_error.h"                  // Relayed: a failure announced by another rank
 #include "ddp/zero_redundancy_optimizer.h"      // consolidate_state_dict
@@ -212,6 +213,13 @@ SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointM
     rng = group ? all_gather_bytes(*group, mine) : std::vector<std::string>{std::move(mine)};
   }
 
+  // Every rank's PowerSGD state: the error feedback is each rank's own.
+  std::vector<std::string> powersgd;
+  if (refs.powersgd) {
+    std::string mine = refs.powersgd->state_dict();
+    powersgd = group ? all_gather_bytes(*group, mine) : std::vector<std::string>{std::move(mine)};
+  }
+
   // A sharded optimizer's state, gathered on rank 0 (every rank takes part).
   if (refs.zero_optimizer) refs.zero_optimizer->consolidate_state_dict(0);
 
@@ -219,7 +227,7 @@ SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointM
   if (!group || group->rank() == 0) {
     try {
       remove_stale_temp_files();
-      const ckpt::Encoded e = ckpt::encode_checkpoint(refs, meta, rng);
+      const ckpt::Encoded e = ckpt::encode_checkpoint(refs, meta, rng, powersgd);
       ckpt::write_atomic(out.path, {e.head, e.payload}, options_.fault_hook);
       if (options_.save_last) {
         const fs::path last = last_path();

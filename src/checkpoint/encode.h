@@ -19,8 +19,10 @@ struct Encoded {
 void check_save_args(const CheckpointRefs& refs, const CheckpointMeta& meta);
 
 // Fills the library's fields of `meta` (sampler, optimizer type, RNG count, versions, time)
-// and encodes the file. `rng_states`: one packed state per rank (empty when refs.rng is false).
+// and encodes the file. `rng_states`: one packed state per rank (empty when refs.rng is false);
+// `powersgd_states`: one PowerSGDState::state_dict() per rank (empty without refs.powersgd).
 Encoded encode_checkpoint(const CheckpointRefs& refs, CheckpointMeta meta,
-                          const std::vector<std::string>& rng_states);
+                          const std::vector<std::string>& rng_states,
+                          const std::vector<std::string>& powersgd_states);
 
 }  // namespace ddp::ckpt

@@ -67,6 +67,7 @@ std::string encode_metadata(const FileMeta& m) {
                         ? json(nullptr)
                         : json{{"type", c.optimizer_type}, {"group_sizes", m.optimizer_groups}}},
       {"rng_states", c.rng_states},
+      {"powersgd_states", c.powersgd_states},
       {"blob_bytes", m.blob_bytes},
       {"num_threads", c.num_threads},
       {"torch_version", c.torch_version},
@@ -92,6 +93,7 @@ FileMeta decode_metadata(const std::string& text) {
     j.at("optimizer").at("group_sizes").get_to(m.optimizer_groups);
   }
   j.at("rng_states").get_to(c.rng_states);
+  c.powersgd_states = j.value("powersgd_states", 0);  // absent in files from before PowerSGD
   j.at("blob_bytes").get_to(m.blob_bytes);
   j.at("num_threads").get_to(c.num_threads);
   j.at("torch_version").get_to(c.torch_version);

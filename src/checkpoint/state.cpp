@@ -237,6 +237,7 @@ void restore_rng(std::string_view packed) {
 }
 
 std::string build_payload(const CheckpointRefs& refs, const std::vector<std::string>& rng_states,
+                          const std::vector<std::string>& powersgd_states,
                           const std::string& blob) {
   torch::serialize::OutputArchive ar;
   auto cu = ar.compilation_unit();
@@ -278,6 +279,13 @@ std::string build_payload(const CheckpointRefs& refs, const std::vector<std::str
     rng_ar.write(fmt::format("rank/{}", r), bytes_tensor(rng_states[r]), /*is_buffer=*/true);
   }
   ar.write("rng", rng_ar);
+  if (!powersgd_states.empty()) {
+    torch::serialize::OutputArchive psgd_ar(cu);
+    for (size_t r = 0; r < powersgd_states.size(); ++r) {
+      psgd_ar.write(fmt::format("rank/{}", r), bytes_tensor(powersgd_states[r]), true);
+    }
+    ar.write("powersgd", psgd_ar);
+  }
   ar.write("blob", bytes_tensor(blob), /*is_buffer=*/true);
 
   std::ostringstream os;
@@ -338,6 +346,17 @@ Payload read_payload(const std::string& file, const std::string& bytes, const Fi
         throw bad(fmt::format("it lacks the generator state of rank {}", r));
       }
       p.rng = tensor_bytes(t);
+    }
+
+    if (meta.meta.powersgd_states > 0) {
+      torch::serialize::InputArchive psgd_ar;
+      at::Tensor t;
+      const int r = rng_rank % meta.meta.powersgd_states;
+      if (!ar.try_read("powersgd", psgd_ar) ||
+          !psgd_ar.try_read(fmt::format("rank/{}", r), t, /*is_buffer=*/true)) {
+        throw bad(fmt::format("it lacks the PowerSGD state of rank {}", r));
+      }
+      p.powersgd = tensor_bytes(t);
     }
 
     at::Tensor blob;

@@ -41,10 +41,12 @@ struct Payload {
   torch::serialize::InputArchive optimizer_groups;  // "group/<i>": each group's options
   std::string zero_optimizer;  // ZeroRedundancyOptimizer's consolidated state, if saved so
   std::string rng;                                  // packed (capture_rng), empty if none
+  std::string powersgd;  // PowerSGDState::state_dict() of rank rng_rank % count, if saved
   std::string blob;
 };
 
 std::string build_payload(const CheckpointRefs& refs, const std::vector<std::string>& rng_states,
+                          const std::vector<std::string>& powersgd_states,
                           const std::string& blob);
 
 // Parses `bytes` (already checksummed) and checks it against `meta`: throws

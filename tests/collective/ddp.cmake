@@ -19,3 +19,11 @@ set_tests_properties(test_ddp_equivalence_hier PROPERTIES LABELS collective TIME
 
 # ZeroRedundancyOptimizer: sharded optimizer state, equal to the unsharded optimizer.
 ddp_add_test(NAME test_zero SOURCES test_zero.cpp LABEL collective LIBS ddp TIMEOUT 300)
+
+# The PowerSGD hook: equal to python3-torch's powerSGD_hook on the same gradients; resume.
+ddp_add_test(NAME test_powersgd SOURCES test_powersgd.cpp LABEL collective LIBS ddp TIMEOUT 300)
+target_compile_definitions(test_powersgd PRIVATE
+  DDP_POWERSGD_REFERENCE="${CMAKE_CURRENT_SOURCE_DIR}/powersgd_reference.py")
+add_test(NAME test_powersgd_shm COMMAND test_powersgd)
+set_tests_properties(test_powersgd_shm PROPERTIES LABELS collective TIMEOUT 300
+  ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};DDP_TEST_BACKEND=shm")

@@ -139,6 +139,12 @@ TEST_F(TrainTest, HelpAndBadFlags) {
            {{"--epochs", "99999999999999999999"},
             "ddp-train: --epochs: must be a positive integer no larger than 1000000, got "
             "99999999999999999999 (see ddp-train --help)\n"},
+           {{"--comm-hook", "powersgd:0"},
+            "ddp-train: --comm-hook: powersgd:RANK needs a whole number from 1 to 1024, not '0' "
+            "(see ddp-train --help)\n"},
+           {{"--comm-hook", "powersgd", "--powersgd-start", "1"},
+            "ddp-train: --powersgd-start: must be an integer of at least 2, got 1 (see "
+            "ddp-train --help)\n"},
            {{"--grad-accum", "2000000"},
             "ddp-train: --grad-accum: must be a positive integer no larger than 1000000, got "
             "2000000 (see ddp-train --help)\n"}}) {
@@ -265,6 +271,46 @@ TEST_F(TrainTest, ZeroShardsTheOptimizerAndItsCheckpointsResumeAtAnySize) {
                            "but this run's optimizer is torch::optim::AdamW"),
             std::string::npos)
       << mixed.describe();
+}
+
+// --comm-hook powersgd:RANK (Note [PowerSGD]): compression changes the weights once it starts,
+// and a run stopped after it started resumes to the uninterrupted run's bytes (error feedback,
+// P and Q come back from the checkpoint); a checkpoint without PowerSGD state is refused.
+TEST_F(TrainTest, PowerSGDTrainsAndItsCheckpointsResumeBitwise) {
+  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1", "--no-plots",
+                                           "--seed", "5", "--train-subset", "6400",
+                                           "--test-subset", "1000"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = common;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  const std::vector<std::string> psgd = {"--comm-hook", "powersgd:2", "--powersgd-start", "10"};
+  Result whole = run_command(train("psgd", with(psgd)));
+  ASSERT_TRUE(whole.exited(0)) << whole.describe();
+  EXPECT_NE(whole.out.find("(PowerSGD rank 2 from step 10)"), std::string::npos) << whole.out;
+  ASSERT_TRUE(run_command(train("plain", common)).exited(0));
+  EXPECT_FALSE(ddp::testing::same_weights(dir_ / "plain" / "model_state.pt",
+                                          dir_ / "psgd" / "model_state.pt"))
+      << "PowerSGD trained the same weights as the plain all-reduce: it never compressed";
+
+  auto cut = psgd;
+  cut.insert(cut.end(), {"--max-steps", "25"});
+  ASSERT_TRUE(run_command(train("cut", with(cut))).exited(0));
+  auto rest_args = psgd;
+  rest_args.insert(rest_args.end(), {"--resume", "auto"});
+  Result rest = run_command(train("cut", with(rest_args)));
+  ASSERT_TRUE(rest.exited(0)) << rest.describe();
+  EXPECT_NE(rest.out.find("resumed from"), std::string::npos) << rest.out;
+  ddp::testing::expect_same_weights(dir_ / "psgd" / "model_state.pt",
+                                    dir_ / "cut" / "model_state.pt");
+
+  // The plain run's checkpoint under PowerSGD: refused, naming what is missing.
+  auto mixed_args = psgd;
+  mixed_args.insert(mixed_args.end(), {"--resume", "auto", "--epochs", "2"});
+  Result mixed = run_command(train("plain", with(mixed_args)));
+  EXPECT_FALSE(mixed.exited(0)) << mixed.describe();
+  EXPECT_NE(mixed.err.find("it holds no PowerSGD state"), std::string::npos) << mixed.describe();
 }
 
 TEST_F(TrainTest, ResumingAFinishedRunReportsItAndTrainsNothing) {

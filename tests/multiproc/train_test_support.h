@@ -92,6 +92,17 @@ inline std::vector<double> column(const std::filesystem::path& csv, const std::s
   return values;
 }
 
+// Whether two model_state.pt files hold the same tensors, bit for bit.
+inline bool same_weights(const std::filesystem::path& a_file, const std::filesystem::path& b_file) {
+  auto a = load_state(a_file);
+  auto b = load_state(b_file);
+  if (a.size() != b.size()) return false;
+  for (const auto& [name, tensor] : a) {
+    if (b.count(name) == 0 || !torch::equal(tensor, b.at(name))) return false;
+  }
+  return true;
+}
+
 // Every parameter and buffer of two model_state.pt files equal bit for bit.
 inline void expect_same_weights(const std::filesystem::path& a_file,
                                 const std::filesystem::path& b_file) {

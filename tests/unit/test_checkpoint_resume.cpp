@@ -288,7 +288,8 @@ TEST(CheckpointRng, EachRankTakesItsOwnState) {
     states.push_back(ckpt::capture_rng());
     next.push_back(torch::rand({4}));
   }
-  const ckpt::Encoded e = ckpt::encode_checkpoint({.model = net.get()}, {.world_size = 3}, states);
+  const ckpt::Encoded e =
+      ckpt::encode_checkpoint({.model = net.get()}, {.world_size = 3}, states, {});
   ckpt::write_atomic(dir / "ranks.ckpt", {e.head, e.payload}, {});
 
   for (int r = 0; r < 3; ++r) {

@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -21,7 +22,9 @@ namespace {
 // plan); unset, the type's largest.
 template <typename Int>
 CLI::Validator integer_at_least(Int min, Int max = std::numeric_limits<Int>::max()) {
-  const char* what = min > 0 ? "a positive integer" : "a non-negative integer";
+  const std::string what = min == 1   ? "a positive integer"
+                           : min == 0 ? "a non-negative integer"
+                                      : fmt::format("an integer of at least {}", min);
   return CLI::Validator(
       [min, max, what](std::string& text) -> std::string {
         errno = 0;
@@ -41,6 +44,7 @@ constexpr int64_t kMaxEpochs = 1'000'000;
 constexpr int kMaxThreads = 1024;  // per rank
 constexpr int kMaxWorkers = 256;   // loader threads per rank
 constexpr int kMaxGradAccum = 1'000'000;
+constexpr int kMaxPowerSGDRank = 1024;  // PyTorch's papers use 1-4, up to 32 for NLP
 
 // A finite number in [min, max]; `min_open`: min itself is excluded ("positive").
 CLI::Validator number_in(double min, bool min_open, double max = HUGE_VAL) {
@@ -120,7 +124,10 @@ nlohmann::json TrainConfig::to_json() const {
           {"device", to_string(device)},
           {"threads", threads},
           {"workers", workers},
-          {"comm_hook", to_string(comm_hook)},
+          {"comm_hook", comm_hook == CommHook::kPowerSGD
+                            ? fmt::format("powersgd:{}", powersgd_rank)
+                            : std::string(to_string(comm_hook))},
+          {"powersgd_start", powersgd_start},
           {"output_dir", output_dir},
           {"name", name},
           {"resume", resume},
@@ -188,8 +195,31 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   app.add_option("--workers", c.workers, "data loader threads per rank")
       ->check(integer_at_least<int>(0, kMaxWorkers));
   app.add_option("--comm-hook", comm_hook.text,
-                 "none | fp16 | bf16: all-reduce gradients in half precision (half the bytes)")
+                 "none | fp16 | bf16: all-reduce gradients in half precision (half the bytes) | "
+                 "powersgd[:RANK]: low-rank compression of each weight matrix (PyTorch's "
+                 "PowerSGD, matrix_approximation_rank RANK, default 1)")
+      ->transform(CLI::Validator(
+          [&c](std::string& text) -> std::string {
+            constexpr std::string_view kPrefix = "powersgd:";
+            if (text.rfind(kPrefix, 0) != 0) return "";
+            const std::string rank = text.substr(kPrefix.size());
+            int parsed = 0;
+            const auto [end, ec] = std::from_chars(rank.data(), rank.data() + rank.size(), parsed);
+            if (ec != std::errc() || end != rank.data() + rank.size() || parsed < 1 ||
+                parsed > kMaxPowerSGDRank) {
+              return fmt::format("powersgd:RANK needs a whole number from 1 to {}, not '{}'",
+                                 kMaxPowerSGDRank, rank);
+            }
+            c.powersgd_rank = parsed;
+            text = "powersgd";
+            return "";
+          },
+          "", "powersgd:RANK"))
       ->check(CLI::IsMember(comm_hook.allowed()));
+  app.add_option("--powersgd-start", c.powersgd_start,
+                 "with --comm-hook powersgd: plain all-reduce for the first N optimizer steps "
+                 "(PyTorch's start_powerSGD_iter; at least 2)")
+      ->check(integer_at_least<int64_t>(2));
   app.add_option("--output-dir", c.output_dir,
                  "run folder (default: runs/<name>/version_N, the next free N)");
   app.add_option("--name", c.name, "run name under runs/");

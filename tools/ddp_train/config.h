@@ -16,7 +16,7 @@ namespace ddp::train {
 enum class Optimizer { kAdamW, kSgd };
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class Device { kAuto, kCpu, kCuda };
-enum class CommHook { kNone, kFp16, kBf16 };
+enum class CommHook { kNone, kFp16, kBf16, kPowerSGD };
 
 template <typename E>
 using Names = std::array<std::pair<std::string_view, E>, 3>;
@@ -26,8 +26,11 @@ inline constexpr Names<Precision> kPrecisionNames = {
     {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}}};
 inline constexpr Names<Device> kDeviceNames = {
     {{"auto", Device::kAuto}, {"cpu", Device::kCpu}, {"cuda", Device::kCuda}}};
-inline constexpr Names<CommHook> kCommHookNames = {
-    {{"none", CommHook::kNone}, {"fp16", CommHook::kFp16}, {"bf16", CommHook::kBf16}}};
+inline constexpr std::array<std::pair<std::string_view, CommHook>, 4> kCommHookNames = {
+    {{"none", CommHook::kNone},
+     {"fp16", CommHook::kFp16},
+     {"bf16", CommHook::kBf16},
+     {"powersgd", CommHook::kPowerSGD}}};
 
 std::string_view to_string(Optimizer v);
 std::string_view to_string(Precision v);
@@ -62,6 +65,8 @@ struct TrainConfig {
   int threads = 0;                // intra-op threads per rank (0: OMP_NUM_THREADS or cores/ranks)
   int workers = 1;                // loader threads per rank
   CommHook comm_hook = CommHook::kNone;  // fp16 / bf16: gradients all-reduced compressed
+  int powersgd_rank = 1;                 // --comm-hook powersgd[:RANK]
+  int64_t powersgd_start = 1000;         // plain all-reduce before this iteration (PyTorch's)
   // Output.
   std::string output_dir;  // empty: runs/<name>/version_N (the next free N; with --resume
                            // auto, the newest existing one)

@@ -284,6 +284,8 @@ class Run {
   std::optional<SampleLog> sample_log_;  // --sample-log
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<Checkpointer> checkpoints_;
+  std::shared_ptr<comm_hooks::PowerSGDState> powersgd_;  // --comm-hook powersgd
+  std::string hook_text() const;
   CheckpointRefs refs_;
 
   // Advanced by the loop.
@@ -370,6 +372,11 @@ Run::Run(const TrainConfig& c) : c_(c) {
   model_ = std::make_unique<DistributedDataParallel<ModelImpl>>(net_, DDPOptions{});
   if (c_.comm_hook == CommHook::kFp16) model_->register_comm_hook(comm_hooks::fp16_compress());
   if (c_.comm_hook == CommHook::kBf16) model_->register_comm_hook(comm_hooks::bf16_compress());
+  if (c_.comm_hook == CommHook::kPowerSGD) {
+    powersgd_ = std::make_shared<comm_hooks::PowerSGDState>(comm_hooks::PowerSGDOptions{
+        .matrix_approximation_rank = c_.powersgd_rank, .start_powerSGD_iter = c_.powersgd_start});
+    model_->register_comm_hook(comm_hooks::powerSGD_hook(powersgd_));
+  }
   if (c_.zero) {
     zero_opt_ = make_zero_optimizer(c_, model_->parameters(), pg_);
   } else {
@@ -402,7 +409,8 @@ Run::Run(const TrainConfig& c) : c_(c) {
   refs_ = {.model = net_.get(),
            .optimizer = opt_.get(),
            .zero_optimizer = zero_opt_.get(),
-           .sampler = &sampler_};
+           .sampler = &sampler_,
+           .powersgd = powersgd_.get()};
 }
 
 void Run::resume() {
@@ -715,15 +723,29 @@ std::string Run::device_text() const {
                      c_.device == Device::kAuto ? " (--device auto: no CUDA device)" : "");
 }
 
+// How gradients travel, when not the plain all-reduce: for the header.
+std::string Run::hook_text() const {
+  switch (c_.comm_hook) {
+    case CommHook::kNone:
+      return "";
+    case CommHook::kFp16:
+    case CommHook::kBf16:
+      return fmt::format(" ({} compression)", to_string(c_.comm_hook));
+    case CommHook::kPowerSGD:
+      return fmt::format(" (PowerSGD rank {} from step {})", c_.powersgd_rank, c_.powersgd_start);
+  }
+  return "";
+}
+
 int Run::execute() {
   resume();
   if (finished()) return report_finished();
   progress_->line(fmt::format(
       "ddp-train: {} on Fashion-MNIST ({} train / {} test images), {} rank{} x {} over "
-      "{}, batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; "
+      "{}{}, batch {} per rank x {} accumulation, {} steps/epoch, {} epochs, {} lr {:.3g}, {}; "
       "run folder {}",
       c_.model, train_set_->size(), test_set_->size(), pg_->size(), pg_->size() == 1 ? "" : "s",
-      device_text(), pg_->backend(),
+      device_text(), pg_->backend(), hook_text(),
       c_.batch_size, c_.grad_accum, steps_per_epoch_, c_.epochs,
       zero_opt_ ? fmt::format("{} (ZeRO-1: state sharded over {} rank{})",
                               to_string(c_.optimizer), pg_->size(), pg_->size() == 1 ? "" : "s")
