@@ -1,6 +1,7 @@
 // CUDA behaviour (label `gpu`): NCCL at world 1 binding its device and completing through CUDA
 // events, Gloo and shm moving CUDA tensors between two thread-ranks on one device, DDP on CUDA
-// equal to single-process training, fp16 autocast with the gradient scaler. Every test skips,
+// equal to single-process training, fp16 autocast with the gradient scaler, the PowerSGD hook on
+// CUDA following the same hook on the CPU. Every test skips,
 // saying why, where no GPU is visible (ctest then reports it skipped): they run on a GPU machine
 // (scripts/gpu-check) and compile, at least, in every CUDA build (scripts/test-cuda.sh).
 #include <dlfcn.h>     // dladdr
@@ -14,11 +15,14 @@
 #include <limits>
 #include <thread>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include "ddp/comm_hooks.h"
 #include "ddp/config.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/process_group.h"
@@ -303,6 +307,100 @@ TEST(Gpu, AmpFp16WithTheGradScaler) {
   EXPECT_FALSE(scaler.unscale_and_check(params, *pg));
   scaler.update(false);
   EXPECT_EQ(scaler.current(), before * 0.5);
+}
+
+// Matrices of a linear layer, a conv kernel and a classifier, with biases: the loss
+// sum_i (p_i * g_i).sum() gives p_i the gradient g_i.
+struct MatsImpl : torch::nn::Module {
+  MatsImpl() {
+    const std::vector<std::vector<int64_t>> shapes = {{64, 32}, {64}, {16, 4, 3, 3}, {10, 64},
+                                                      {10}};
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      params.push_back(register_parameter(fmt::format("p{}", i), torch::zeros(shapes[i])));
+    }
+  }
+  at::Tensor forward(const std::vector<at::Tensor>& grads) {
+    at::Tensor loss;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      at::Tensor term = (params[i] * grads[i].to(params[i].device())).sum();
+      loss = loss.defined() ? loss + term : term;
+    }
+    return loss;
+  }
+  std::vector<at::Tensor> params;
+};
+TORCH_MODULE(Mats);
+
+std::vector<at::Tensor> mats_gradients(const Mats& net, int step) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(500 + step);
+  std::vector<at::Tensor> g;
+  for (const at::Tensor& p : net->params) g.push_back(at::randn(p.sizes(), gen, at::kFloat));
+  return g;
+}
+
+// The PowerSGD hook with CUDA buckets (NCCL where built, world 1: the hook runs whenever one is
+// registered): Q drawn on the CPU and copied, Gram-Schmidt (rank 1) and QR (rank 4) on the GPU,
+// state on the device. Its averaged gradients follow the same hook's on the CPU, step after
+// step; a state saved from the GPU (state_dict: CPU bytes) loads into a fresh hook, moves back
+// to the device, and continues exactly as the uninterrupted run.
+TEST(Gpu, PowerSgdOnCudaFollowsTheCpuHook) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kSteps = 6, kCut = 3;
+  for (int rank : {1, 4}) {
+    SCOPED_TRACE(fmt::format("matrix_approximation_rank {}", rank));
+    const comm_hooks::PowerSGDOptions options{.matrix_approximation_rank = rank,
+                                              .start_powerSGD_iter = 2};
+    // Averaged gradients of steps [first, kSteps) on `device`; `cut`: stop after kCut steps,
+    // carry the state (and bucket order) into a new wrapper and hook, and go on.
+    auto run = [&](bool cuda, bool cut) {
+      InitOptions o = one_rank_options();
+      o.backend = cuda && DDP_WITH_NCCL ? "nccl" : "gloo";
+      if (cuda) o.device_id = 0;
+      auto pg = make_process_group(o);
+      const c10::Device device = cuda ? kCuda0 : c10::Device(c10::kCPU);
+      Mats net;
+      net->to(device);
+      DDPOptions ddp_options{.process_group = pg};
+      if (cuda) ddp_options.device_ids = {0};
+      auto model = std::make_unique<DistributedDataParallel<MatsImpl>>(net.ptr(), ddp_options);
+      auto state = std::make_shared<comm_hooks::PowerSGDState>(options);
+      model->register_comm_hook(comm_hooks::powerSGD_hook(state));
+      std::vector<std::vector<at::Tensor>> out;
+      for (int step = 0; step < kSteps; ++step) {
+        if (cut && step == kCut) {
+          const auto order = model->bucket_order();
+          const std::string bytes = state->state_dict();
+          model = std::make_unique<DistributedDataParallel<MatsImpl>>(net.ptr(), ddp_options);
+          state = std::make_shared<comm_hooks::PowerSGDState>(options);
+          state->load_state_dict(bytes);
+          model->register_comm_hook(comm_hooks::powerSGD_hook(state));
+          if (!order.empty()) model->restore_bucket_order(order);
+        }
+        net->zero_grad();
+        (*model)(mats_gradients(net, step)).backward();
+        std::vector<at::Tensor> grads;
+        for (const at::Tensor& p : net->params) grads.push_back(p.grad().cpu().clone());
+        out.push_back(std::move(grads));
+      }
+      return out;
+    };
+    const auto cpu = run(false, false);
+    const auto gpu = run(true, false);
+    const auto gpu_cut = run(true, true);
+    for (int step = 0; step < kSteps; ++step) {
+      for (size_t i = 0; i < cpu[step].size(); ++i) {
+        const double scale = std::max(1.0, cpu[step][i].abs().max().item<double>());
+        EXPECT_LE((gpu[step][i] - cpu[step][i]).abs().max().item<double>(), 1e-3 * scale)
+            << "step " << step << " parameter " << i << ": CUDA and CPU hooks part";
+        EXPECT_TRUE(torch::equal(gpu_cut[step][i], gpu[step][i]))
+            << "step " << step << " parameter " << i << ": the resumed hook differs";
+      }
+    }
+    // Compressed: a matrix's averaged gradient is not its own gradient (world 1) after start.
+    Mats probe;
+    EXPECT_FALSE(torch::allclose(gpu[kSteps - 1][0], mats_gradients(probe, kSteps - 1)[0]))
+        << "the hook did not compress";
+  }
 }
 
 }  // namespace
