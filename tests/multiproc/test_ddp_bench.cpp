@@ -194,6 +194,24 @@ TEST_F(BenchTest, TrainWithZeroShardsTheOptimizerState) {
       << zero.out;
 }
 
+// --comm-hook powersgd:1 (Note [PowerSGD]) on mlp-1024: the three weight matrices go as rank-1
+// factors, (1024 + 784) + (1024 + 1024) + (10 + 1024) values, the 2058 bias values as they are.
+TEST_F(BenchTest, TrainWithPowerSGDSaysWhatItSends) {
+  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
+                                   "--steps", "2", "--warmup", "2", "--comm-hook", "powersgd:1"}));
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  EXPECT_NE(r.out.find("comm hook powersgd:1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PowerSGD rank 1 sends 268.2x fewer gradient values (6948 of 1863690 a "
+                       "step)"),
+            std::string::npos)
+      << r.out;
+  Result bad = run_command(bench(1, {"train", "--comm-hook", "powersgd:x"}));
+  EXPECT_EQ(bad.exit_code, 2) << bad.describe();
+  EXPECT_NE(bad.err.find("powersgd:RANK needs a whole number from 1 to 1024, not 'x'"),
+            std::string::npos)
+      << bad.describe();
+}
+
 TEST_F(BenchTest, TrainWithoutDdpIsTheCeiling) {
   const fs::path csv = dir_ / "n.csv";
   Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",

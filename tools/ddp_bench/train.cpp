@@ -105,6 +105,14 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
                                 .bucket_cap_mb = o.bucket_cap_mb,
                                 .gradient_as_bucket_view = o.gradient_as_bucket_view});
   }
+  std::shared_ptr<comm_hooks::PowerSGDState> powersgd;
+  if (ddp && o.comm_hook == "fp16") ddp->register_comm_hook(comm_hooks::fp16_compress());
+  if (ddp && o.comm_hook == "bf16") ddp->register_comm_hook(comm_hooks::bf16_compress());
+  if (ddp && o.comm_hook == "powersgd") {
+    powersgd = std::make_shared<comm_hooks::PowerSGDState>(comm_hooks::PowerSGDOptions{
+        .matrix_approximation_rank = o.powersgd_rank, .start_powerSGD_iter = 2});
+    ddp->register_comm_hook(comm_hooks::powerSGD_hook(powersgd));
+  }
   auto model = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : net->forward(x); };
   const auto sgd = torch::optim::SGDOptions(o.lr).momentum(o.momentum);
   std::optional<torch::optim::SGD> opt;
@@ -187,6 +195,13 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
                   label.c_str(), most.item<double>() / 1e6, total.item<double>() / 1e6, n,
                   n > 1 ? "s" : "", zero ? " (ZeRO-1)" : "");
     }
+  }
+  if (powersgd && pg.rank() == 0) {
+    const auto stats = powersgd->compression_stats();
+    std::printf("# %s: PowerSGD rank %d sends %.1fx fewer gradient values (%lld of %lld a step)\n",
+                label.c_str(), o.powersgd_rank, stats.rate,
+                static_cast<long long>(stats.numel_after / std::max<int64_t>(1, powersgd->iter() - 2)),
+                static_cast<long long>(stats.numel_before / std::max<int64_t>(1, powersgd->iter() - 2)));
   }
   auto ms = [&](int i) { return sums[i].item<double>() / n / o.steps * 1e3; };
   return {.label = label,
@@ -273,12 +288,15 @@ int run_train(const TrainOptions& o) {
   say(
       fmt::format("# ddp-bench train: {} on Fashion-MNIST, global batch {} ({} per rank), {} "
                   "rank{} x {} thread{} on {}, backend {}, SGD lr {} momentum {}, {} steps after "
-                  "{} warm-up{}; DDP buckets of {} MB{}{}",
+                  "{} warm-up{}; DDP buckets of {} MB{}{}{}",
                   o.model, o.global_batch, o.global_batch / n, n, n > 1 ? "s" : "", threads,
                   threads > 1 ? "s" : "", device.str(), pg->backend(), o.lr, o.momentum, o.steps,
                   o.warmup, o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : "",
                   o.bucket_cap_mb, o.gradient_as_bucket_view ? ", gradients as bucket views" : "",
-                  o.zero ? "; optimizer: ZeroRedundancyOptimizer(SGD)" : ""));
+                  o.zero ? "; optimizer: ZeroRedundancyOptimizer(SGD)" : "",
+                  o.comm_hook == "none"       ? ""
+                  : o.comm_hook == "powersgd" ? fmt::format("; comm hook powersgd:{}", o.powersgd_rank)
+                                              : "; comm hook " + o.comm_hook));
   say("# ms per step: data, forward, backward compute, exposed communication (DDP's wait after "
       "backward), optimizer");
   say(train_table_header());
