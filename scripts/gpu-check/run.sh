@@ -543,7 +543,11 @@ write_report() {
     echo "# ddp-cpp GPU check"
     echo
     local tree
-    tree=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null ||
+    # --dirty: the device tool's copy can carry a .git older than the files it copied (seen:
+    # the session's first commit, with files several commits newer); say so rather than
+    # name a commit the tree is not.
+    tree=$(cd "$ROOT" && git describe --always --dirty=" (files differ from this commit)" \
+             --abbrev=7 2>/dev/null ||
       sed -n 's/^# tree: /a tree without .git, whose bundle was made at /p' "$GC_VENDOR/MANIFEST")
     echo "\`scripts/gpu-check/run.sh\` at ${tree:-?}, started" \
       "$(date -u -d "@$GC_START" +'%Y-%m-%d %H:%M UTC'), $(($(secs) - GC_START)) s so far."

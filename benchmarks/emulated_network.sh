@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Data-parallel training across hosts joined by a slow network, emulated on this machine: each
+# host a Linux network namespace with its own hostname (as tests/support/netns.h builds them),
+# all on one bridge, every host's link shaped by tc netem (rate and one-way delay on its
+# egress, so each direction of each host's link carries at most RATE). One ddprun per host
+# (--nnodes H --nproc-per-node P) runs `ddp-bench train` in each configuration below, and
+# PyTorch's DDP (benchmarks/vs_pytorch/torch_ddp.py, the same workload, Gloo) as the reference;
+# configurations alternate within each round; medians over rounds, and each one's ratio to
+# flat Gloo with no hook (ours).
+#
+#   configuration       what
+#   gloo                flat Gloo between all ranks, no hook (the reference ratio 1.00)
+#   auto                the default: shm inside a host, Gloo between hosts (the hierarchy)
+#   auto+bf16           the hierarchy with the bf16 hook (half the bytes)
+#   gloo+powersgd       flat Gloo with PowerSGD rank 1 (compressing from the third step)
+#   auto+powersgd       the hierarchy with PowerSGD rank 1
+#   auto+zero           the hierarchy with ZeroRedundancyOptimizer (SGD state sharded)
+#   pytorch             PyTorch's DistributedDataParallel over Gloo, no hook
+#
+# The cores are shared by every host (H x P ranks on this machine's CPUs), so compute is slower
+# than on real hosts: read the ratios, measured side by side, not the absolute throughputs.
+#
+# Usage: benchmarks/emulated_network.sh [-H HOSTS] [-p RANKS_PER_HOST] [-l "1gbit 10gbit"]
+#          [-d DELAY] [-m "classic-cnn mlp-1024"] [-c "gloo auto ..."] [-r ROUNDS] [-s STEPS]
+#          [-o OUT_PREFIX]
+#   defaults: -H 2 -p 2 -l "1gbit 10gbit" -d 0.2ms -r 3 -s 30, all models and configurations;
+#   writes OUT_PREFIX.csv (every run: link, model, configuration, round, samples/s) and prints
+#   the table (default prefix: emulated_network). Root only (ip netns, tc, unshare). Tools from
+#   $DDP_BUILD_DIR (default build/), else PATH; PyTorch from /usr/bin/python3 (python3-torch).
+set -euo pipefail
+
+hosts=2 per=2 links="1gbit 10gbit" delay=0.2ms rounds=3 steps=30 out=emulated_network
+models="classic-cnn mlp-1024"
+configs="gloo auto auto+bf16 gloo+powersgd auto+powersgd auto+zero pytorch"
+while getopts "H:p:l:d:m:c:r:s:o:h" opt; do
+  case $opt in
+    H) hosts=$OPTARG ;; p) per=$OPTARG ;; l) links=$OPTARG ;; d) delay=$OPTARG ;;
+    m) models=$OPTARG ;; c) configs=$OPTARG ;; r) rounds=$OPTARG ;; s) steps=$OPTARG ;;
+    o) out=$OPTARG ;;
+    *) sed -n '2,31p' "$0"; exit 2 ;;
+  esac
+done
+die() { echo "emulated_network.sh: $*" >&2; exit 1; }
+[[ $(id -u) -eq 0 ]] || die "needs root (ip netns, tc, unshare)"
+command -v tc >/dev/null && command -v ip >/dev/null || die "needs iproute2 (ip, tc)"
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/benchmarks/tools.sh"  # tool: the built binary, else the installed one
+bench=$(tool tools/ddp_bench/ddp-bench ddp-bench)
+ddprun=$(tool tools/ddprun/ddprun ddprun)
+python=/usr/bin/python3
+torch_ddp=$root/benchmarks/vs_pytorch/torch_ddp.py
+
+tag="ddpe$$"
+subnet=$((1 + $$ % 250))
+addr() { echo "10.198.$subnet.$(($1 + 1))"; }
+ns() { echo "${tag}h$1"; }
+tmp=$(mktemp -d)
+
+cleanup() {
+  local n
+  for n in $(ip netns list | cut -d' ' -f1 | grep "^$tag" || true); do
+    ip netns pids "$n" | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$n" 2>/dev/null || true
+  done
+  [[ -n ${KEEP_TMP:-} ]] && echo "# logs kept in $tmp" >&2 || rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# The hosts: namespaces on a bridge in a switch namespace.
+ip netns add "${tag}sw"
+ip -n "${tag}sw" link add br0 type bridge
+ip -n "${tag}sw" link set br0 up
+for ((k = 0; k < hosts; k++)); do
+  ip netns add "$(ns $k)"
+  ip link add "${tag}v$k" type veth peer name "${tag}p$k"
+  ip link set "${tag}v$k" netns "$(ns $k)"
+  ip link set "${tag}p$k" netns "${tag}sw"
+  ip -n "${tag}sw" link set "${tag}p$k" master br0
+  ip -n "${tag}sw" link set "${tag}p$k" up
+  ip -n "$(ns $k)" addr add "$(addr $k)/24" dev "${tag}v$k"
+  ip -n "$(ns $k)" link set "${tag}v$k" up
+  ip -n "$(ns $k)" link set lo up
+done
+
+# Delay needs the kernel's netem qdisc; where it is missing (this VM's kernel has no sch_netem),
+# links are shaped by rate only (tbf, as tests/support/netns.h) and the header says so.
+netem=1
+tc qdisc add dev lo root netem delay 1ms 2>/dev/null && tc qdisc del dev lo root || netem=0
+shape() {  # shape RATE: every host's egress
+  local k
+  for ((k = 0; k < hosts; k++)); do
+    if ((netem)); then
+      tc -n "$(ns $k)" qdisc replace dev "${tag}v$k" root netem delay "$delay" rate "$1" \
+         limit 100000
+    else
+      tc -n "$(ns $k)" qdisc replace dev "${tag}v$k" root tbf rate "$1" burst 256kb \
+         latency 50ms
+    fi
+  done
+}
+
+port=29650
+# run_job LABEL LAUNCHER WORKER...: one launcher per host (ddprun, or PyTorch's torchrun for
+# PyTorch's side: ddprun's multi-node agent store is ddp-cpp's own, not a TCPStore that
+# PyTorch's env:// can join), each in its namespace under its own hostname, with
+# GLOO_SOCKET_IFNAME naming the host's link (PyTorch's Gloo falls back to loopback when the
+# hostname does not resolve); waits for all (at most 600 s). Rank 0 appends to $tmp/run.csv.
+run_job() {
+  local label=$1 launcher=$2 k pids=() rc=0 launch
+  shift 2
+  port=$((port + 1))
+  for ((k = 0; k < hosts; k++)); do
+    if [[ $launcher == torchrun ]]; then
+      launch=("$python" -m torch.distributed.run --redirects 1 --tee 1)
+    else
+      launch=("$ddprun")
+    fi
+    timeout 600 ip netns exec "$(ns $k)" unshare --uts sh -c 'hostname "$0" && exec "$@"' \
+      "$(ns $k)" env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME="${tag}v$k" \
+      "${launch[@]}" --nnodes "$hosts" --nproc_per_node "$per" --node_rank "$k" \
+      --master_addr "$(addr 0)" --master_port "$port" "$@" >"$tmp/$label.host$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for k in "${pids[@]}"; do wait "$k" || rc=$?; done
+  if ((rc != 0)); then
+    echo "# $label failed (exit $rc); host 0's log:" >&2
+    tail -5 "$tmp/$label.host0.log" >&2
+  fi
+  return 0
+}
+
+# measure LINK MODEL CONFIG ROUND: appends "link,model,config,round,samples/s" to $raw.
+raw=$out.csv
+echo "link,model,configuration,round,samples_per_s" > "$raw"
+measure() {
+  local link=$1 model=$2 config=$3 round=$4 backend hook args
+  rm -f "$tmp/run.csv"
+  if [[ $config == pytorch ]]; then
+    run_job "$config" torchrun "$torch_ddp" --model "$model" --steps "$steps" --warmup 5 \
+      --label pytorch --csv "$tmp/run.csv"
+  else
+    backend=${config%%+*}
+    hook=none
+    args=()
+    case $config in
+      *+bf16) hook=bf16 ;;
+      *+powersgd) hook=powersgd:1 ;;
+      *+zero) args+=(--zero) ;;
+    esac
+    run_job "$config" ddprun "$bench" train --model "$model" --steps "$steps" --warmup 5 \
+      --backend "$backend" --comm-hook "$hook" "${args[@]}" --label "$config" \
+      --csv "$tmp/run.csv"
+  fi
+  local value=nan
+  [[ -s $tmp/run.csv ]] && value=$(awk -F, 'NR > 1 { v = $8 } END { print v }' "$tmp/run.csv")
+  echo "$link,$model,$config,$round,$value" >> "$raw"
+}
+
+((netem)) || delay="none (no netem in this kernel)"
+echo "# emulated_network.sh: $hosts hosts x $per ranks, links $links, delay $delay, $rounds" \
+     "rounds, $steps steps; $(nproc) CPUs: $(lscpu | sed -n 's/^Model name: *//p')"
+read -r -a config_list <<< "$configs"
+for link in $links; do
+  shape "$link"
+  for ((r = 1; r <= rounds; r++)); do
+    # Alternate the order of the configurations from one round to the next.
+    order=("${config_list[@]}")
+    if ((r % 2 == 0)); then
+      order=()
+      for ((i = ${#config_list[@]} - 1; i >= 0; i--)); do order+=("${config_list[i]}"); done
+    fi
+    for model in $models; do
+      for config in "${order[@]}"; do measure "$link" "$model" "$config" "$r"; done
+    done
+    echo "# $link: round $r/$rounds done"
+  done
+done
+
+# Medians (upper middle) per link, model and configuration; ratio to flat Gloo (ours).
+echo
+printf '%-8s %-12s %-16s %12s %10s\n' link model configuration samples/s "vs gloo"
+awk -F, 'NR > 1 { k = $1 "|" $2 "|" $3; v[k] = v[k] " " $5; order[k] = NR }
+  function median(list,   a, n, i, j, t) {
+    n = split(list, a, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+    return n ? a[int(n / 2) + 1] : "nan"
+  }
+  END {
+    for (k in v) {
+      split(k, p, "|")
+      m = median(v[k]); base = median(v[p[1] "|" p[2] "|gloo"])
+      printf "%-8s %-12s %-16s %12.1f %10.2f\n", p[1], p[2], p[3], m, (base > 0 ? m / base : 0)
+    }
+  }' "$raw" | sort -k1,1 -k2,2 -k4,4nr
+echo "# every run: $raw"
