@@ -337,26 +337,21 @@ Payload read_payload(const std::string& file, const std::string& bytes, const Fi
       throw bad("it lacks the optimizer state its metadata lists");
     }
 
-    if (meta.meta.rng_states > 0) {
-      torch::serialize::InputArchive rng_ar;
+    // Per-rank bytes saved under NAME/rank/<r>, one for each of `count` ranks: this rank's
+    // (rng_rank modulo the count).
+    auto per_rank = [&](const char* name, int count, const char* what) {
+      torch::serialize::InputArchive sub;
       at::Tensor t;
-      const int r = rng_rank % meta.meta.rng_states;
-      if (!ar.try_read("rng", rng_ar) ||
-          !rng_ar.try_read(fmt::format("rank/{}", r), t, /*is_buffer=*/true)) {
-        throw bad(fmt::format("it lacks the generator state of rank {}", r));
+      const int r = rng_rank % count;
+      if (!ar.try_read(name, sub) ||
+          !sub.try_read(fmt::format("rank/{}", r), t, /*is_buffer=*/true)) {
+        throw bad(fmt::format("it lacks the {} of rank {}", what, r));
       }
-      p.rng = tensor_bytes(t);
-    }
-
+      return tensor_bytes(t);
+    };
+    if (meta.meta.rng_states > 0) p.rng = per_rank("rng", meta.meta.rng_states, "generator state");
     if (meta.meta.powersgd_states > 0) {
-      torch::serialize::InputArchive psgd_ar;
-      at::Tensor t;
-      const int r = rng_rank % meta.meta.powersgd_states;
-      if (!ar.try_read("powersgd", psgd_ar) ||
-          !psgd_ar.try_read(fmt::format("rank/{}", r), t, /*is_buffer=*/true)) {
-        throw bad(fmt::format("it lacks the PowerSGD state of rank {}", r));
-      }
-      p.powersgd = tensor_bytes(t);
+      p.powersgd = per_rank("powersgd", meta.meta.powersgd_states, "PowerSGD state");
     }
 
     at::Tensor blob;

@@ -3,11 +3,10 @@
 
 #include <unistd.h>  // sysconf
 
-#include <charconv>
-
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "comm_hook_flag.h"
 #include "ddp/error.h"
 #include "models.h"
 #include "pattern.h"
@@ -105,22 +104,7 @@ void add_train(CLI::App& app, TrainOptions& t) {
   sub->add_option("--comm-hook", t.comm_hook,
                   "none | fp16 | bf16 | powersgd[:RANK] (PyTorch's PowerSGD, compressing from "
                   "the third step; prints the compression rate)")
-      ->transform(CLI::Validator(
-          [&t](std::string& text) -> std::string {
-            constexpr std::string_view kPrefix = "powersgd:";
-            if (text.rfind(kPrefix, 0) != 0) return "";
-            const std::string rank = text.substr(kPrefix.size());
-            int parsed = 0;
-            const auto [end, ec] = std::from_chars(rank.data(), rank.data() + rank.size(), parsed);
-            if (ec != std::errc() || end != rank.data() + rank.size() || parsed < 1 ||
-                parsed > 1024) {
-              return "powersgd:RANK needs a whole number from 1 to 1024, not '" + rank + "'";
-            }
-            t.powersgd_rank = parsed;
-            text = "powersgd";
-            return "";
-          },
-          "", "powersgd:RANK"))
+      ->transform(tools::powersgd_rank_transform(&t.powersgd_rank))
       ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}));
   sub->add_option("--repeats", t.repeats,
                   "rounds of every configuration, alternating; medians are reported")

@@ -2,7 +2,6 @@
 #include "config.h"
 
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -10,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "comm_hook_flag.h"
 #include "ddp/error.h"
 
 namespace ddp::train {
@@ -44,7 +44,6 @@ constexpr int64_t kMaxEpochs = 1'000'000;
 constexpr int kMaxThreads = 1024;  // per rank
 constexpr int kMaxWorkers = 256;   // loader threads per rank
 constexpr int kMaxGradAccum = 1'000'000;
-constexpr int kMaxPowerSGDRank = 1024;  // PyTorch's papers use 1-4, up to 32 for NLP
 
 // A finite number in [min, max]; `min_open`: min itself is excluded ("positive").
 CLI::Validator number_in(double min, bool min_open, double max = HUGE_VAL) {
@@ -198,23 +197,7 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
                  "none | fp16 | bf16: all-reduce gradients in half precision (half the bytes) | "
                  "powersgd[:RANK]: low-rank compression of each weight matrix (PyTorch's "
                  "PowerSGD, matrix_approximation_rank RANK, default 1)")
-      ->transform(CLI::Validator(
-          [&c](std::string& text) -> std::string {
-            constexpr std::string_view kPrefix = "powersgd:";
-            if (text.rfind(kPrefix, 0) != 0) return "";
-            const std::string rank = text.substr(kPrefix.size());
-            int parsed = 0;
-            const auto [end, ec] = std::from_chars(rank.data(), rank.data() + rank.size(), parsed);
-            if (ec != std::errc() || end != rank.data() + rank.size() || parsed < 1 ||
-                parsed > kMaxPowerSGDRank) {
-              return fmt::format("powersgd:RANK needs a whole number from 1 to {}, not '{}'",
-                                 kMaxPowerSGDRank, rank);
-            }
-            c.powersgd_rank = parsed;
-            text = "powersgd";
-            return "";
-          },
-          "", "powersgd:RANK"))
+      ->transform(tools::powersgd_rank_transform(&c.powersgd_rank))
       ->check(CLI::IsMember(comm_hook.allowed()));
   app.add_option("--powersgd-start", c.powersgd_start,
                  "with --comm-hook powersgd: plain all-reduce for the first N optimizer steps "
