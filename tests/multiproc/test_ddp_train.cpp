@@ -145,6 +145,9 @@ TEST_F(TrainTest, HelpAndBadFlags) {
            {{"--comm-hook", "powersgd", "--powersgd-start", "1"},
             "ddp-train: --powersgd-start: must be an integer of at least 2, got 1 (see "
             "ddp-train --help)\n"},
+           {{"--powersgd-start", "50"},
+            "ddp-train: --powersgd-start applies to --comm-hook powersgd[:RANK] only (see "
+            "ddp-train --help)\n"},
            {{"--grad-accum", "2000000"},
             "ddp-train: --grad-accum: must be a positive integer no larger than 1000000, got "
             "2000000 (see ddp-train --help)\n"}}) {

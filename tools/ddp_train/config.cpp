@@ -199,7 +199,7 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
                  "PowerSGD, matrix_approximation_rank RANK, default 1)")
       ->transform(tools::powersgd_rank_transform(&c.powersgd_rank))
       ->check(CLI::IsMember(comm_hook.allowed()));
-  app.add_option("--powersgd-start", c.powersgd_start,
+  CLI::Option* powersgd_start = app.add_option("--powersgd-start", c.powersgd_start,
                  "with --comm-hook powersgd: plain all-reduce for the first N optimizer steps "
                  "(PyTorch's start_powerSGD_iter; at least 2)")
       ->check(integer_at_least<int64_t>(2));
@@ -235,6 +235,10 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   precision.apply();
   device.apply();
   comm_hook.apply();
+  if (powersgd_start->count() > 0 && c.comm_hook != CommHook::kPowerSGD) {
+    throw ConfigError(
+        "--powersgd-start applies to --comm-hook powersgd[:RANK] only (see ddp-train --help)");
+  }
   return true;
 }
 

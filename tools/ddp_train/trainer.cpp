@@ -663,10 +663,17 @@ void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::ti
       last_eval_.count, seconds_since(started), samples_per_s,
       pg_->size() > 1 ? fmt::format(", comm {:.0f}% of step", 100 * comm_share) : ""));
   if (pg_->size() > 1 && comm_share > kCommShareAdvice) {
+    // PowerSGD's P and Q all-reduces run in that wait by design (Note [Chained futures]).
+    const char* hook_advice = c_.comm_hook == CommHook::kNone
+                                  ? ", or --comm-hook bf16 (half the bytes) or powersgd"
+                              : c_.comm_hook == CommHook::kPowerSGD
+                                  ? " (with PowerSGD, its second and third all-reduces of "
+                                    "each bucket wait here by design)"
+                                  : "";
     progress_->line(fmt::format(
         "note: {:.0f}% of each step waits for gradient communication after backward; try a "
-        "larger --batch-size, --grad-accum K, or --comm-hook bf16 (half the bytes)",
-        100 * comm_share));
+        "larger --batch-size or --grad-accum K{}",
+        100 * comm_share, hook_advice));
   }
   if (log_) {
     log_->append({.step = step_,
