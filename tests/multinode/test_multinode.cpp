@@ -4,6 +4,8 @@
 // link taken down mid-training fails every rank within the collective timeout, naming the rank
 // across the link, and leaves no process; a slow link slows training but does not fail it.
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <optional>
 
 #include <fmt/format.h>
@@ -43,13 +45,15 @@ class MultiNode : public ::testing::Test {
 
   // ddprun on host k of `hosts`, 2 workers, host 0's address as the master.
   Subprocess node(const Hosts& hosts, int k, int port, std::vector<std::string> program,
-                  std::vector<std::string> extra = {}, double timeout_s = 180) {
+                  std::vector<std::string> extra = {}, double timeout_s = 180,
+                  std::map<std::string, std::string> env = {}) {
     std::vector<std::string> argv = {kDdprun, "--nnodes", "2", "--node-rank", std::to_string(k),
                                      "--nproc-per-node", "2", "--master-addr", hosts.address(0),
                                      "--master-port", std::to_string(port)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.insert(argv.end(), program.begin(), program.end());
-    return hosts.start(k, argv, {{"DDP_DEBUG", "info"}}, timeout_s);
+    env.emplace("DDP_DEBUG", "info");
+    return hosts.start(k, argv, env, timeout_s);
   }
 
   fs::path dir_;
@@ -74,6 +78,56 @@ TEST_F(MultiNode, TrainingAcrossHostsEqualsOneHost) {
   for (const auto& [name, tensor] : a) {
     ASSERT_EQ(b.count(name), 1u) << name;
     EXPECT_LE((tensor - b[name]).abs().max().item<double>(), 1e-5) << name;
+  }
+}
+
+// PyTorch programs across hosts under ddprun, as under torchrun: their TCPStore clients cannot
+// use ddprun's agent store, so global rank 0 hosts theirs (Note [Restart rounds]), whether
+// PROGRAM is the script or the interpreter (`ddprun ... /usr/bin/python3 x.py`; the latter was
+// a worker's std::bad_alloc inside PyTorch's TCPStore client).
+TEST_F(MultiNode, PyTorchProgramsRunAcrossHostsUnderDdprun) {
+  if (::access("/usr/bin/python3", X_OK) != 0 ||
+      testing::run_command({.argv = {"/usr/bin/python3", "-c", "import torch.distributed"},
+                            .timeout_s = 60})
+              .exit_code != 0) {
+    GTEST_SKIP() << "needs python3-torch";
+  }
+  const fs::path script = dir_ / "allreduce.py";
+  {
+    std::ofstream py(script);
+    py << "import torch, torch.distributed as dist\n"
+          "dist.init_process_group('gloo')\n"
+          "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+          "dist.all_reduce(t)\n"
+          "print(f'rank {dist.get_rank()} of {dist.get_world_size()}: sum {t.item():.0f}')\n"
+          "dist.destroy_process_group()\n";
+  }
+  Hosts hosts(2);
+  int port = 29510;
+  for (const auto& program : std::vector<std::vector<std::string>>{
+           {script.string()}, {"/usr/bin/python3", script.string()}}) {
+    SCOPED_TRACE(program.front());
+    std::vector<Subprocess> nodes;
+    for (int k = 0; k < 2; ++k) {
+      // PyTorch's Gloo binds the address of the hostname, which only these hosts' own
+      // namespaces know: name the link instead.
+      std::string link = hosts.host(k);
+      link.replace(link.rfind('h'), 1, "v");
+      // Debian's python3 first (ddprun runs a .py with the python3 of PATH).
+      nodes.push_back(node(hosts, k, port, program, {}, 120,
+                           {{"GLOO_SOCKET_IFNAME", link},
+                            {"PATH", std::string("/usr/bin:/bin:") + (std::getenv("PATH") ? std::getenv("PATH") : "")}}));
+    }
+    port += 2;
+    std::string out;
+    for (auto& n : nodes) {
+      const Result& r = n.wait();
+      EXPECT_TRUE(r.exited(0)) << r.describe();
+      out += r.out;
+    }
+    for (int rank = 0; rank < 4; ++rank) {
+      EXPECT_NE(out.find(fmt::format("rank {} of 4: sum 10", rank)), std::string::npos) << out;
+    }
   }
 }
 

@@ -261,6 +261,12 @@ TEST(DdprunArgs, PythonPrograms) {
   EXPECT_EQ(parse({"--module", "pkg.mod", "x"}).worker_argv,
             (std::vector<std::string>{"python3", "-u", "-m", "pkg.mod", "x"}));
   EXPECT_USAGE_ERROR(({"-m", "--no-python", "pkg"}), "--module", "--no-python");
+  // Python workers, however started, get a store their TCPStore can reach.
+  EXPECT_TRUE(parse({"train.py"}).python_worker);
+  EXPECT_TRUE(parse({"/usr/bin/python3", "train.py"}).python_worker);
+  EXPECT_TRUE(parse({"--no-python", "python3.11", "-u", "train.py"}).python_worker);
+  EXPECT_FALSE(parse({"./train"}).python_worker);
+  EXPECT_FALSE(parse({"/opt/pythonic/train"}).python_worker);
 }
 
 TEST(DdprunArgs, RdzvEndpoint) {

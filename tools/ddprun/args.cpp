@@ -276,6 +276,8 @@ void apply_program(const RawFlags& raw, std::vector<std::string> rest, LaunchCon
   c.program = rest.front();
   c.module = module;
   c.via_python = module || (!no_python && ends_with(c.program, ".py"));
+  const std::string base = c.program.substr(c.program.find_last_of('/') + 1);
+  c.python_worker = c.via_python || base.rfind("python", 0) == 0;
   c.worker_argv.clear();
   if (c.via_python) {
     c.worker_argv = {kPythonInterpreter, "-u"};

@@ -136,6 +136,10 @@ struct LaunchConfig {
   std::string program;                   // PROGRAM as given
   bool module = false;                   // -m: PROGRAM is a Python module
   bool via_python = false;               // worker_argv starts with "python3 -u" (.py or -m)
+  // The workers are Python: via_python, or PROGRAM is a Python interpreter (`ddprun python3
+  // x.py`, `--no-python python3 ...`). Their TCPStore clients cannot use our agent store
+  // (Note [Restart rounds]).
+  bool python_worker = false;
   std::vector<std::string> worker_argv;  // what to exec: {"python3", "-u", "x.py", "--lr", "1"}
 
   int world_size() const { return nnodes * nproc_per_node; }

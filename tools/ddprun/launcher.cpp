@@ -586,10 +586,11 @@ GroupSpec group_for_round(const LaunchConfig& config, const std::string& run_id,
                                          : m.store_port;
   g.run_id = run_id;
   g.restart_count = round;
-  // Python workers reach a store with a TCPStore client, which cannot talk to ours: their rank
-  // 0 hosts one (PyTorch's env://) on the next port (Note [Restart rounds]).
-  g.agent_store = agent_store && !config.via_python;
-  if (agent_store && config.via_python) g.master_port += 1;
+  // Python workers (a .py, -m, or a Python interpreter as PROGRAM) reach a store with a
+  // TCPStore client, which cannot talk to ours: their rank 0 hosts one (PyTorch's env://) on
+  // the next port (Note [Restart rounds]).
+  g.agent_store = agent_store && !config.python_worker;
+  if (agent_store && config.python_worker) g.master_port += 1;
   return g;
 }
 
