@@ -74,6 +74,7 @@ struct Case {
   PowerSGDOptions options;
   int64_t bucket_bytes = 25 << 20;
   int64_t first_bucket_bytes = 1 << 20;
+  bool bucket_views = false;  // ours with gradient_as_bucket_view (PyTorch's run: without)
 };
 
 // A linear layer, its bias, a conv kernel (16 x 36 as a matrix), a second matrix of the first
@@ -108,6 +109,11 @@ std::vector<Case> cases() {
   c.options.warm_start = false;
   c.options.random_seed = 3;
   out.push_back(c);
+  // Gradients as views into the buckets: the hook writes the result where .grad already is.
+  Case d = b;
+  d.name = "rank4_bucket_views";
+  d.bucket_views = true;
+  out.push_back(d);
   return out;
 }
 
@@ -177,6 +183,7 @@ DistributedDataParallel<ParamsImpl> wrap(Params& net, const Case& c,
   o.process_group = std::move(pg);
   o.bucket_cap_mb = static_cast<double>(c.bucket_bytes) / (1 << 20);
   o.first_bucket_mb = static_cast<double>(c.first_bucket_bytes) / (1 << 20);
+  o.gradient_as_bucket_view = c.bucket_views;
   return DistributedDataParallel<ParamsImpl>(net.ptr(), o);
 }
 
