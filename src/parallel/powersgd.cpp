@@ -17,6 +17,10 @@
 //   - the divisor is the bucket's (the world size, or the ranks still training under
 //     ddp::Join), not always the world size;
 //   - a 0-dimensional or empty gradient is sent uncompressed (PyTorch's view fails on it);
+//   - with orthogonalization_epsilon 0, an all-zero column of P or Q (a gradient matrix that
+//     is zero on every rank) is a ddp::Error saying to set the epsilon, where PyTorch divides
+//     by zero and trains on NaN; P and Q are the same on every rank, so all ranks throw at
+//     the same stage (one check per column: a device sync per column on CUDA);
 //   - state is keyed by bucket index, as PyTorch's, but a bucket whose size no longer matches
 //     its saved state (buckets changed after compression started) is an error naming the
 //     bucket, not a silent shape error;
@@ -60,14 +64,28 @@ int64_t numpy_randint_1e9(std::mt19937& rng) {
   return v;
 }
 
-// Python's _orthogonalize_gram_schmidt on a batch of matrices (B x n x r), in place.
-void gram_schmidt(const at::Tensor& matrices, double epsilon) {
+// Thrown where PyTorch would divide by zero: a column of P or Q that is all zero.
+[[noreturn]] void zero_column(const char* what) {
+  throw Error(fmt::format(
+      "PowerSGD: a column of {} is all zero, so orthogonalizing it would divide by zero and "
+      "turn the averaged gradients into NaN (PyTorch's hook does so silently). A gradient "
+      "matrix is zero on every rank: a parameter that no rank used (find_unused_parameters) or "
+      "a frozen layer. Set PowerSGDOptions::orthogonalization_epsilon (e.g. 1e-8), or leave "
+      "such parameters out of the model's parameters",
+      what));
+}
+
+// Python's _orthogonalize_gram_schmidt on a batch of matrices (B x n x r), in place. `what`
+// names them for the zero-column error (epsilon 0 only). The matrices are the same on every
+// rank (the random or all-reduced Q, the all-reduced P), so every rank throws alike.
+void gram_schmidt(const at::Tensor& matrices, double epsilon, const char* what) {
   const int64_t cols = matrices.size(2);
   for (int64_t i = 0; i < cols; ++i) {
     at::Tensor col = matrices.narrow(2, i, 1);
     at::Tensor norm = at::linalg_vector_norm(col, 2, {1}, /*keepdim=*/true);
     if (epsilon == 0) {
-      col.div_(norm);  // an all-zero column becomes NaN, as in PyTorch: set the epsilon
+      if (norm.eq(0).any().item<bool>()) zero_column(what);
+      col.div_(norm);
     } else {
       col.div_(norm + epsilon);
     }
@@ -79,11 +97,11 @@ void gram_schmidt(const at::Tensor& matrices, double epsilon) {
 }
 
 // Python's _orthogonalize: Gram-Schmidt for rank <= 2 or 16-bit types, else Householder QR.
-void orthogonalize(at::Tensor matrices, double epsilon) {
+void orthogonalize(at::Tensor matrices, double epsilon, const char* what) {
   const int64_t rank = matrices.size(2);
   const auto dtype = matrices.scalar_type();
   if (rank <= 2 || dtype == at::kHalf || dtype == at::kBFloat16) {
-    gram_schmidt(matrices, epsilon);
+    gram_schmidt(matrices, epsilon, what);
   } else {
     at::Tensor r = at::empty({matrices.size(0), rank, rank}, matrices.options());
     at::linalg_qr_out(matrices, r, matrices);
@@ -389,13 +407,13 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
     // Q: the previous iteration's (warm start), or fresh from a seed every rank draws alike.
     const double eps = o.orthogonalization_epsilon;
     if (!randomize) {
-      for (const at::Tensor& q : w->qs) orthogonalize(q, eps);
+      for (const at::Tensor& q : w->qs) orthogonalize(q, eps, "Q (warm start)");
     } else {
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
           static_cast<uint64_t>(numpy_randint_1e9(s.rng)));
       for (const at::Tensor& q : w->qs) {
         q.copy_(at::randn(q.sizes(), gen, q.options().device(at::kCPU)));
-        orthogonalize(q, eps);
+        orthogonalize(q, eps, "the random Q");
       }
     }
     for (size_t i = 0; i < w->matrices.size(); ++i) at::bmm_out(w->ps[i], w->matrices[i], w->qs[i]);
@@ -413,7 +431,7 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
           return Future(w->group->all_reduce(w->p_memory, ReduceOp::kSum), w->p_memory);
         })
         .then([w, eps](at::Tensor) {
-          for (const at::Tensor& p : w->ps) orthogonalize(p, eps);
+          for (const at::Tensor& p : w->ps) orthogonalize(p, eps, "P = sum over ranks of M Q");
           for (size_t i = 0; i < w->matrices.size(); ++i) {
             at::bmm_out(w->qs[i], w->matrices[i].transpose(1, 2), w->ps[i]);
           }

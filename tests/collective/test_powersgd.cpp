@@ -332,6 +332,53 @@ TEST(PowerSGDCheckpoint, ResumeContinuesBitwise) {
   }
 }
 
+// A weight whose gradient is zero on every rank (unused, frozen): with epsilon 0, PyTorch's hook
+// divides by zero and trains on NaN; ours stops every rank at the same stage with an error that
+// names the fix, and with the epsilon set the gradients stay finite.
+TEST(PowerSGDZeroGradient, IsAClearErrorOnEveryRankAndTheEpsilonFixesIt) {
+  torch::set_num_threads(1);
+  Case c{.name = "zero", .shapes = kShapes};
+  c.options.start_powerSGD_iter = 2;
+  for (const double eps : {0.0, 1e-8}) {
+    SCOPED_TRACE(fmt::format("orthogonalization_epsilon {}", eps));
+    c.options.orthogonalization_epsilon = eps;
+    std::vector<std::string> errors(kWorld);
+    std::vector<bool> finite(kWorld, true);
+    const int port = ddp::testing::free_port();
+    auto failed = ddp::testing::run_threads(kWorld, [&](int r) {
+      auto pg = ddp::make_process_group(ddp::testing::thread_rank(r, kWorld, port));
+      Params net(c.shapes);
+      auto model = wrap(net, c, pg);
+      model.register_comm_hook(
+          ddp::comm_hooks::powerSGD_hook(std::make_shared<PowerSGDState>(c.options)));
+      for (int s = 0; s < 4 && errors[r].empty(); ++s) {
+        std::vector<at::Tensor> grads;
+        for (const auto& shape : c.shapes) grads.push_back(torch::randn(shape));
+        grads[0].zero_();  // the first weight: zero on every rank
+        net->zero_grad();
+        try {
+          model(grads).backward();
+        } catch (const ddp::Error& e) {
+          errors[r] = e.what();
+          continue;
+        }
+        for (const at::Tensor& p : net->params) finite[r] = finite[r] && p.grad().isfinite().all().item<bool>();
+      }
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      if (failed[r]) ADD_FAILURE() << "rank " << r << ": " << ddp::testing::message_of(failed[r]);
+      if (eps == 0) {
+        EXPECT_NE(errors[r].find("is all zero"), std::string::npos) << "rank " << r << ": " << errors[r];
+        EXPECT_NE(errors[r].find("orthogonalization_epsilon (e.g. 1e-8)"), std::string::npos)
+            << errors[r];
+      } else {
+        EXPECT_EQ(errors[r], "") << "rank " << r;
+        EXPECT_TRUE(finite[r]) << "rank " << r << " got non-finite gradients";
+      }
+    }
+  }
+}
+
 TEST(PowerSGDState, RefusesOptionsPyTorchRefuses) {
   auto message = [](PowerSGDOptions o) {
     try {
