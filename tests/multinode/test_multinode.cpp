@@ -116,6 +116,9 @@ TEST_F(MultiNode, PyTorchProgramsRunAcrossHostsUnderDdprun) {
       // Debian's python3 first (ddprun runs a .py with the python3 of PATH).
       nodes.push_back(node(hosts, k, port, program, {}, 120,
                            {{"GLOO_SOCKET_IFNAME", link},
+                            // Debian's PyTorch 2.6 is built without libuv, which its env://
+                            // asks for unless told otherwise (1.13 ignores this).
+                            {"USE_LIBUV", "0"},
                             {"PATH", std::string("/usr/bin:/bin:") + (std::getenv("PATH") ? std::getenv("PATH") : "")}}));
     }
     port += 2;
