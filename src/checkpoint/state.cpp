@@ -20,6 +20,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include "base/check.h"
+#include "checkpoint/bytes.h"
 #include "ddp/zero_redundancy_optimizer.h"  // state_dict: the sharded optimizer's state
 
 namespace ddp::ckpt {
@@ -68,17 +69,6 @@ std::vector<GenState> unpack(std::string_view packed, bool& ok) {
   }
   ok = ok && at == packed.size();
   return out;
-}
-
-std::string tensor_bytes(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kCPU).contiguous();
-  return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
-}
-
-at::Tensor bytes_tensor(std::string_view bytes) {
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
 }
 
 at::Generator generator(GenKind kind, int64_t index) {

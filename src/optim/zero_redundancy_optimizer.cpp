@@ -16,6 +16,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include "checkpoint/bytes.h"
 #include "ddp/distributed.h"  // default_group
 #include "ddp/error.h"
 
@@ -64,16 +65,8 @@ std::string demangle(const char* mangled) {
   return out;
 }
 
-at::Tensor bytes_tensor(const std::string& bytes) {
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
-}
-
-std::string tensor_bytes(const at::Tensor& t) {
-  at::Tensor c = t.contiguous();
-  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel()));
-}
+using ckpt::bytes_tensor;
+using ckpt::tensor_bytes;
 
 int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
   c10::IValue v;

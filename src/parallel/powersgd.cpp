@@ -44,6 +44,7 @@
 
 #include "ddp/comm_hooks.h"
 #include "base/check.h"
+#include "checkpoint/bytes.h"
 #include "ddp/error.h"
 
 namespace ddp::comm_hooks {
@@ -108,16 +109,8 @@ void orthogonalize(at::Tensor matrices, double epsilon, const char* what) {
   }
 }
 
-at::Tensor bytes_tensor(const std::string& s) {
-  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
-  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());
-  return t;
-}
-
-std::string tensor_bytes(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous().cpu();
-  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel()));
-}
+using ckpt::bytes_tensor;
+using ckpt::tensor_bytes;
 
 }  // namespace
 
