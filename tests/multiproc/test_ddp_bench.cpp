@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -182,6 +183,12 @@ TEST_F(BenchTest, TrainWithZeroShardsTheOptimizerState) {
   ASSERT_TRUE(plain.exited(0)) << plain.describe();
   EXPECT_NE(plain.out.find("optimizer state 7.455 MB on the fullest rank, 14.910 MB over 2 ranks"),
             std::string::npos)
+      << plain.out;
+  // The bucket profile benchmarks/perf_model.py reads: mlp-1024's buckets after the rebuild
+  // (fc3 and fc2, 1,059,850 values; fc1, 803,840), their launch times and the last gradient's.
+  EXPECT_TRUE(std::regex_search(plain.out,
+                                std::regex(": buckets 4239400,3215360 bytes; launched at "
+                                           "[0-9.]+,[0-9.]+ ms; last gradient at [0-9.]+ ms")))
       << plain.out;
   Result zero = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
                                       "--steps", "2", "--warmup", "1", "--zero"}));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -80,6 +81,30 @@ class BatchStream {
   int64_t epoch_ = 0;
 };
 
+// One line: each bucket's bytes in reduction order and when its communication started (ms after
+// backward's first gradient, mean over the timed steps), and when the last gradient was ready.
+// benchmarks/perf_model.py reads it (the bucket ready times of its step model).
+void print_bucket_profile(const std::string& label, DistributedDataParallel<ModelImpl>& ddp,
+                          ModelImpl& net, const std::vector<double>& launch_sum,
+                          double last_gradient_sum, int steps) {
+  std::map<std::string, int64_t> bytes_of;
+  for (const auto& p : net.named_parameters()) {
+    bytes_of[p.key()] = static_cast<int64_t>(p.value().numel() * p.value().element_size());
+  }
+  std::string bytes, launched;
+  const auto layout = ddp.bucket_layout();
+  for (size_t b = 0; b < layout.size(); ++b) {
+    int64_t sum = 0;
+    for (const auto& name : layout[b]) sum += bytes_of[name];
+    const double at = b < launch_sum.size() ? launch_sum[b] / steps * 1e3 : -1.0;
+    bytes += fmt::format("{}{}", b ? "," : "", sum);
+    launched += fmt::format("{}{:.3f}", b ? "," : "", at);
+  }
+  std::printf("# %s: buckets %s bytes; launched at %s ms; last gradient at %.3f ms\n",
+              label.c_str(), bytes.c_str(), launched.c_str(),
+              last_gradient_sum / steps * 1e3);
+}
+
 // Trains `o.warmup + o.steps` steps of `o.model` on `pg` with `threads` intra-op threads per
 // rank and returns the timed steps' row. Collective over `pg`. `local`: every rank trains its
 // own replica on its shard without DDP (no gradient communication at all): the ceiling any
@@ -126,6 +151,10 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
 
   // Sums over the timed steps, on this rank.
   double data_s = 0, forward_s = 0, backward_s = 0, comm_s = 0, optimizer_s = 0;
+  // Rank 0's bucket profile (what benchmarks/perf_model.py takes): when each bucket's
+  // communication started and when the last gradient was ready, summed over the timed steps.
+  std::vector<double> launch_sum;
+  double last_gradient_sum = 0;
   Clock::time_point timed_start;
   for (int step = 0; step < o.warmup + o.steps; ++step) {
     if (step == o.warmup) {
@@ -157,6 +186,9 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
     if (ddp && n > 1) {
       const IterationStats& s = ddp->last_iteration_stats();
       comm = s.finalize_end_s - s.finalize_start_s;
+      launch_sum.resize(s.bucket_launch_s.size());
+      for (size_t b = 0; b < launch_sum.size(); ++b) launch_sum[b] += s.bucket_launch_s[b];
+      last_gradient_sum += s.last_gradient_s;
     }
     data_s += seconds(t0, t1);
     forward_s += seconds(t1, t2);
@@ -196,6 +228,8 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
                   n > 1 ? "s" : "", zero ? " (ZeRO-1)" : "");
     }
   }
+  if (ddp && n > 1 && pg.rank() == 0) print_bucket_profile(label, *ddp, *net, launch_sum,
+                                                           last_gradient_sum, o.steps);
   if (powersgd && pg.rank() == 0) {
     const auto stats = powersgd->compression_stats();
     std::printf("# %s: PowerSGD rank %d sends %.1fx fewer gradient values (%lld of %lld a step)\n",
