@@ -16,28 +16,37 @@
 #   auto+powersgd       the hierarchy with PowerSGD rank 1
 #   auto+zero           the hierarchy with ZeroRedundancyOptimizer (SGD state sharded)
 #   pytorch             PyTorch's DistributedDataParallel over Gloo, no hook
+#   no-ddp              ours without DDP: each rank trains alone (the compute, no exchange)
+#   pytorch-no-ddp      PyTorch without DDP, likewise
+#
+# Inputs of the performance model (benchmarks/perf_model.py) come out beside the runs: per link,
+# a `ddp-bench collectives` sweep across the hosts (gloo and auto; all_reduce, broadcast,
+# all_gather; float32, and bfloat16 on auto) in OUT_PREFIX.collectives.csv (-C skips it), and every
+# ddp-bench run's bucket profile (bucket bytes, launch times) in OUT_PREFIX.buckets.csv.
 #
 # The cores are shared by every host (H x P ranks on this machine's CPUs), so compute is slower
 # than on real hosts: read the ratios, measured side by side, not the absolute throughputs.
 #
 # Usage: benchmarks/emulated_network.sh [-H HOSTS] [-p RANKS_PER_HOST] [-l "1gbit 10gbit"]
 #          [-d DELAY] [-m "classic-cnn mlp-1024"] [-c "gloo auto ..."] [-r ROUNDS] [-s STEPS]
-#          [-o OUT_PREFIX]
+#          [-o OUT_PREFIX] [-C]
 #   defaults: -H 2 -p 2 -l "1gbit 10gbit" -d 0.2ms -r 3 -s 30, all models and configurations;
-#   writes OUT_PREFIX.csv (every run: link, model, configuration, round, samples/s) and prints
+#   writes OUT_PREFIX.csv (every run: link, model, configuration, round, samples/s, and the
+#   per-step breakdown in ms: step, data, forward, backward, comm, optimizer) and prints
 #   the table (default prefix: emulated_network). Root only (ip netns, tc, unshare). Tools from
 #   $DDP_BUILD_DIR (default build/), else PATH; PyTorch from /usr/bin/python3 (python3-torch).
 set -euo pipefail
 
 hosts=2 per=2 links="1gbit 10gbit" delay=0.2ms rounds=3 steps=30 out=emulated_network
 models="classic-cnn mlp-1024"
-configs="gloo auto auto+bf16 gloo+powersgd auto+powersgd auto+zero pytorch"
-while getopts "H:p:l:d:m:c:r:s:o:h" opt; do
+configs="gloo auto auto+bf16 gloo+powersgd auto+powersgd auto+zero pytorch no-ddp pytorch-no-ddp"
+sweep=1
+while getopts "H:p:l:d:m:c:r:s:o:Ch" opt; do
   case $opt in
     H) hosts=$OPTARG ;; p) per=$OPTARG ;; l) links=$OPTARG ;; d) delay=$OPTARG ;;
     m) models=$OPTARG ;; c) configs=$OPTARG ;; r) rounds=$OPTARG ;; s) steps=$OPTARG ;;
-    o) out=$OPTARG ;;
-    *) sed -n '2,31p' "$0"; exit 2 ;;
+    o) out=$OPTARG ;; C) sweep=0 ;;
+    *) sed -n '2,39p' "$0"; exit 2 ;;
   esac
 done
 die() { echo "emulated_network.sh: $*" >&2; exit 1; }
@@ -132,13 +141,21 @@ run_job() {
 
 # measure LINK MODEL CONFIG ROUND: appends "link,model,config,round,samples/s" to $raw.
 raw=$out.csv
-echo "link,model,configuration,round,samples_per_s" > "$raw"
+echo "link,model,configuration,round,samples_per_s,step_ms,data_ms,forward_ms,backward_ms,comm_ms,optimizer_ms" \
+  > "$raw"
+buckets=$out.buckets.csv
+echo "link,model,configuration,round,bucket_bytes,launched_ms,last_gradient_ms" > "$buckets"
 measure() {
   local link=$1 model=$2 config=$3 round=$4 backend hook args
   rm -f "$tmp/run.csv"
-  if [[ $config == pytorch ]]; then
+  if [[ $config == pytorch* ]]; then
+    args=()
+    [[ $config == *-no-ddp ]] && args+=(--no-ddp)
     run_job "$config" torchrun "$torch_ddp" --model "$model" --steps "$steps" --warmup 5 \
-      --label pytorch --csv "$tmp/run.csv"
+      "${args[@]}" --label "$config" --csv "$tmp/run.csv"
+  elif [[ $config == no-ddp ]]; then
+    run_job "$config" ddprun "$bench" train --model "$model" --steps "$steps" --warmup 5 \
+      --backend gloo --no-ddp --label "$config" --csv "$tmp/run.csv"
   else
     backend=${config%%+*}
     hook=none
@@ -152,9 +169,36 @@ measure() {
       --backend "$backend" --comm-hook "$hook" "${args[@]}" --label "$config" \
       --csv "$tmp/run.csv"
   fi
-  local value=nan
-  [[ -s $tmp/run.csv ]] && value=$(awk -F, 'NR > 1 { v = $8 } END { print v }' "$tmp/run.csv")
+  # samples/s and the per-step breakdown (ms: step, data, forward, backward, comm, optimizer)
+  local value=nan,,,,,,
+  [[ -s $tmp/run.csv ]] &&
+    value=$(awk -F, 'NR > 1 { v = $8; for (i = 9; i <= 14; i++) v = v "," $i } END { print v }' \
+      "$tmp/run.csv")
   echo "$link,$model,$config,$round,$value" >> "$raw"
+  # "# LABEL: buckets B0,B1 bytes; launched at L0,L1 ms; last gradient at G ms" (ddp-bench train)
+  sed -n 's/.*: buckets \([0-9,]*\) bytes; launched at \([-0-9.,]*\) ms; last gradient at \([0-9.]*\) ms$/\1 \2 \3/p' \
+    "$tmp/$config.host0.log" | tail -1 | while read -r b l g; do
+    echo "$link,$model,$config,$round,\"$b\",\"$l\",$g" >> "$buckets"
+  done
+}
+
+# sweep LINK: the collectives across the hosts on this link (the model's alpha-beta fit).
+collectives=$out.collectives.csv
+((sweep)) && echo "link,backend,op,dtype,ranks,bytes,count,iters,time_us,algbw_gbps,busbw_gbps,wrong" \
+  > "$collectives"
+sweep_collectives() {
+  local backend dtypes
+  # bfloat16 on the hierarchy only: the bf16 hook's configurations run there.
+  for backend in gloo auto; do
+    dtypes=float32
+    [[ $backend == auto ]] && dtypes=float32,bfloat16
+    rm -f "$tmp/coll.csv"
+    run_job collectives ddprun "$bench" collectives --backend "$backend" \
+      --ops all_reduce,broadcast,all_gather --dtype "$dtypes" --min-bytes 4K --max-bytes 16M \
+      --iters 10 --warmup 3 --csv "$tmp/coll.csv"
+    [[ -s $tmp/coll.csv ]] && sed "1d; /^memcpy,/d; s/^/$1,/" "$tmp/coll.csv" >> "$collectives"
+  done
+  echo "# $1: collectives swept"
 }
 
 ((netem)) || delay="none (no netem in this kernel)"
@@ -163,6 +207,7 @@ echo "# emulated_network.sh: $hosts hosts x $per ranks, links $links, delay $del
 read -r -a config_list <<< "$configs"
 for link in $links; do
   shape "$link"
+  ((sweep)) && sweep_collectives "$link"
   for ((r = 1; r <= rounds; r++)); do
     # Alternate the order of the configurations from one round to the next.
     order=("${config_list[@]}")
@@ -193,4 +238,6 @@ awk -F, 'NR > 1 { k = $1 "|" $2 "|" $3; v[k] = v[k] " " $5; order[k] = NR }
       printf "%-8s %-12s %-16s %12.1f %10.2f\n", p[1], p[2], p[3], m, (base > 0 ? m / base : 0)
     }
   }' "$raw" | sort -k1,1 -k2,2 -k4,4nr
-echo "# every run: $raw"
+echo "# every run: $raw; bucket profiles: $buckets"
+((sweep)) && echo "# collectives: $collectives"
+echo "# the model: /usr/bin/python3 benchmarks/perf_model.py --prefix $out"

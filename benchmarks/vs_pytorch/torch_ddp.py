@@ -136,7 +136,9 @@ def worker(args):
     data, labels = load_train(args.data_dir)
     torch.manual_seed(args.seed)
     net = MODELS[args.model]().to(device)
-    model = nn.parallel.DistributedDataParallel(
+    # --no-ddp: every rank trains its own replica, no gradient exchange (PyTorch's compute alone,
+    # as `ddp-bench train --no-ddp`; benchmarks/perf_model.py takes it as PyTorch's compute).
+    model = net if args.no_ddp else nn.parallel.DistributedDataParallel(
         net, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     batches = Batches(data, labels, args.batch_size // world, rank, world, args.seed)
@@ -174,7 +176,7 @@ def worker(args):
     w = wall.item()
     if rank == 0:
         row = dict(samples_per_s=args.steps * args.batch_size / w, step_ms=w / args.steps * 1e3)
-        print(f"# pytorch {torch.__version__} DDP ({backend}) on {device}: {args.model}, global batch "
+        print(f"# pytorch {torch.__version__} {'no DDP' if args.no_ddp else 'DDP'} ({backend}) on {device}: {args.model}, global batch "
               f"{args.batch_size}, {world} ranks x {args.threads} thread(s): "
               f"{row['samples_per_s']:.1f} samples/s, {row['step_ms']:.2f} ms/step "
               f"(data {ms[0]:.2f}, forward {ms[1]:.2f}, backward+comm {ms[2]:.2f}, "
@@ -229,6 +231,8 @@ def main():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu (DDP over Gloo) or cuda (cuda:LOCAL_RANK, DDP over NCCL)")
     p.add_argument("--label", default="pytorch")
+    p.add_argument("--no-ddp", action="store_true",
+                   help="each rank trains alone: no DDP, no gradient exchange")
     p.add_argument("--csv", default="", help="append the result row (rank 0)")
     args = p.parse_args()
     if "RANK" in os.environ:
