@@ -160,10 +160,14 @@ TEST_P(HierarchyLayouts, AllReduceEveryDtypeOpAndSize) {
 TEST_P(HierarchyLayouts, ReplicasAreBitIdenticalAndCommBuffersStayInPlace) {
   const auto hosts = GetParam();
   const int n = static_cast<int>(hosts.size());
-  std::vector<at::Tensor> plain(n), in_place(n);
+  std::vector<at::Tensor> plain(n), in_place(n), bf16(n);
   run_on_hosts(hosts, [&](ProcessGroup& pg) {
     torch::manual_seed(7 + pg.rank());
     at::Tensor values = torch::randn({30001}) * 1000;
+    // bfloat16 crosses the rails as bytes, summed once in float32 (bf16_rail_all_reduce).
+    at::Tensor h = values.to(torch::kBFloat16);
+    pg.all_reduce(h, ReduceOp::kSum).wait();
+    bf16[pg.rank()] = h;
     at::Tensor t = values.clone();
     pg.all_reduce(t, ReduceOp::kAvg).wait();
     at::Tensor b = pg.comm_buffer(values.numel(), torch::kFloat);
@@ -174,9 +178,23 @@ TEST_P(HierarchyLayouts, ReplicasAreBitIdenticalAndCommBuffersStayInPlace) {
     plain[pg.rank()] = t;
     in_place[pg.rank()] = b.clone();
   });
+  at::Tensor exact = torch::zeros({30001}, torch::kDouble);
+  at::Tensor magnitude = torch::zeros({30001}, torch::kDouble);
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(7 + r);
+    const at::Tensor v = (torch::randn({30001}) * 1000).to(torch::kBFloat16).to(torch::kDouble);
+    exact += v;
+    magnitude += v.abs();
+  }
+  // Rounded to bfloat16 inside a host (half a unit in the last place, 2^-9 of the partial
+  // sum), then once more between hosts: within 2^-7 of the summands' magnitude.
+  const at::Tensor error = (bf16[0].to(torch::kDouble) - exact).abs();
+  EXPECT_TRUE((error <= magnitude / 128).all().item<bool>())
+      << error.max().item<double>();
   for (int r = 1; r < n; ++r) {
     EXPECT_TRUE(torch::equal(plain[0], plain[r])) << r;
     EXPECT_TRUE(torch::equal(in_place[0], in_place[r])) << r;
+    EXPECT_TRUE(torch::equal(bf16[0], bf16[r])) << r;
   }
 }
 

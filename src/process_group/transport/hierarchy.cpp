@@ -7,8 +7,10 @@
 // between hosts, and all L rails run at once:
 //   all_reduce (n elements): reduce inside the host (in place when the tensor is a comm buffer);
 //     local rank l all-reduces slice l (n/L) over its rail; each local rank shares its slice in
-//     the host. Sums cross the rails (kAvg divides once at the end); bfloat16 crosses in float32
-//     (Gloo in LibTorch 1.13 cannot reduce it).
+//     the host. Sums cross the rails (kAvg divides once at the end). Gloo in LibTorch 1.13
+//     cannot reduce bfloat16, so a bfloat16 slice crosses as bytes (half a float32 ring's):
+//     an all-to-all gives each host 1/H of every host's slice, it sums those H rows in float32
+//     in host order and rounds once, and an all-gather shares the sums (bf16_rail_all_reduce).
 //   broadcast (root on host R, local index r): the root shares the tensor inside host R; rail l
 //     broadcasts slice l from host R; each other host's local ranks share their slices.
 //   all_gather: rail l gathers its ranks' inputs (H of them); the host's ranks then share those
@@ -76,6 +78,31 @@ struct Rails {
   }
 };
 
+// A bfloat16 all-reduce over the rail without Gloo reducing bfloat16 (LibTorch 1.13 cannot),
+// in bfloat16 bytes: the slice padded to H chunks; an all-to-all gives this host chunk `host` of
+// every host's slice; it sums them in float32 in host order and rounds once; an all-gather
+// shares every host's sums. Every rank ends with the same bytes.
+void bf16_rail_all_reduce(Rails& r, const CollectiveDesc& call, at::Tensor& slice,
+                          ReduceOp op) {
+  const int hosts = r.l.hosts();
+  const int64_t n = slice.numel();
+  const int64_t chunk = (n + hosts - 1) / hosts;
+  at::Tensor send = at::zeros({hosts, chunk}, slice.options());
+  send.view(-1).narrow(0, 0, n).copy_(slice);
+  at::Tensor received = at::empty({hosts, chunk}, slice.options());
+  at::Tensor out_bytes = bytes_of(received).view({hosts, -1});
+  at::Tensor in_bytes = bytes_of(send).view({hosts, -1});
+  r.step(call, "exchanges its slice's chunks",
+         [&] { return c10d_ops::all_to_all(*r.rail, out_bytes, in_bytes); });
+  at::Tensor mine = c10d_ops::reduce_rows(received.to(at::kFloat), op).to(at::kBFloat16);
+  at::Tensor gathered = at::empty({hosts, chunk}, slice.options());
+  std::vector<at::Tensor> rows;
+  for (int h = 0; h < hosts; ++h) rows.push_back(bytes_of(gathered[h]));
+  r.step(call, "gathers its slice's sums",
+         [&] { return c10d_ops::all_gather(*r.rail, rows, bytes_of(mine)); });
+  slice.copy_(gathered.view(-1).narrow(0, 0, n));
+}
+
 class HierarchyTransport final : public Transport {
  public:
   HierarchyTransport(std::shared_ptr<shm::Group> local,
@@ -109,10 +136,12 @@ class HierarchyTransport final : public Transport {
       const auto [lo, hi] = part(count, r->l.per_host(), r->l.local);
       if (hi > lo) {
         at::Tensor mine = buf.view(-1).narrow(0, lo, hi - lo);
-        at::Tensor wire = widen ? mine.to(at::kFloat) : mine;
-        r->step(call, "exchanges its slice",
-                [&] { return c10d_ops::all_reduce(*r->rail, wire, across); });
-        if (widen) mine.copy_(wire);
+        if (widen) {
+          bf16_rail_all_reduce(*r, call, mine, across);
+        } else {
+          r->step(call, "exchanges its slice",
+                  [&] { return c10d_ops::all_reduce(*r->rail, mine, across); });
+        }
       }
       for (int p = 0; p < r->l.per_host(); ++p) {
         const auto [plo, phi] = part(count, r->l.per_host(), p);
