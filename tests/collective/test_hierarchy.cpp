@@ -157,6 +157,32 @@ TEST_P(HierarchyLayouts, AllReduceEveryDtypeOpAndSize) {
   });
 }
 
+// DDP-sized tensors (2 and 6 MiB, more than the shm staging chunks): exact results for
+// ordinary tensors (staged) and comm buffers (reduced in place), each reduce op.
+TEST_P(HierarchyLayouts, LargeAllReducesAreExact) {
+  const auto hosts = GetParam();
+  const int n = static_cast<int>(hosts.size());
+  run_on_hosts(hosts, [n](ProcessGroup& pg) {
+    const int r = pg.rank();
+    for (int64_t size : {int64_t{1} << 19, (int64_t{3} << 19) + 7}) {
+      const auto base = torch::arange(size) % 7;
+      for (auto op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg}) {
+        for (bool comm_buffer : {false, true}) {
+          at::Tensor t = comm_buffer ? pg.comm_buffer(size, torch::kFloat)
+                                     : torch::empty({size}, torch::kFloat);
+          t.copy_(base + r);
+          pg.all_reduce(t, op).wait();
+          at::Tensor want = op == ReduceOp::kSum   ? base * n + n * (n - 1) / 2
+                            : op == ReduceOp::kMax ? base + (n - 1)
+                                                   : base.to(torch::kDouble) + (n - 1) / 2.0;
+          EXPECT_TRUE(torch::equal(t, want.to(torch::kFloat)))
+              << size << " " << to_string(op) << (comm_buffer ? " comm buffer" : "");
+        }
+      }
+    }
+  });
+}
+
 TEST_P(HierarchyLayouts, ReplicasAreBitIdenticalAndCommBuffersStayInPlace) {
   const auto hosts = GetParam();
   const int n = static_cast<int>(hosts.size());
