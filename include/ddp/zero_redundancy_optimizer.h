@@ -18,6 +18,22 @@
 // makes, element for element (the optimizers update each parameter on its own). Every rank must
 // call step() together: it is a collective.
 //
+// Note [ZeRO overlapped with DDP]
+// ZeroOptions::overlap_with_ddp, as PyTorch's: the shard's step runs inside DDP's comm hook,
+// bucket by bucket, instead of in step() after backward. Register
+//   model.register_comm_hook(ddp::comm_hooks::hook_with_zero_step(ddp::comm_hooks::allreduce(), zero));
+// with `zero` a shared_ptr to the optimizer; then step() does nothing (PyTorch's does nothing
+// either) and zero_grad() works as usual. Each DDP bucket is owned by one rank, given out as the
+// buckets come (to the rank owning the fewest elements so far, PyTorch's rule); when a bucket's
+// all-reduce is done, its owner steps that bucket's parameters with the averaged gradients (an
+// optimizer per owned bucket) and broadcasts them, so every rank holds every updated parameter
+// when backward returns. As in PyTorch (static_graph false), the first two iterations update
+// nothing: DDP rebuilds its buckets after the first, and the owners are given out on the
+// buckets that stay. The steps run when DDP waits for each bucket (Note [Chained futures]): in
+// bucket order after backward's compute, overlapping the later buckets' all-reduces, not
+// backward itself. Checkpoints (shard_state, consolidate_state_dict, load_state_dict) are not
+// available in this mode yet: they throw ConfigError.
+//
 // Note [ZeRO checkpoints]
 // shard_state() is this rank's part: for each parameter it owns, the global index, its element
 // count and its optimizer state; the optimizer's options beside. consolidate_state_dict(to)
@@ -42,10 +58,24 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
-#include "ddp/error.h"  // what its calls throw
+#include "ddp/comm_hooks.h"  // hook_with_zero_step
+#include "ddp/error.h"       // what its calls throw
 #include "ddp/process_group.h"
 
 namespace ddp {
+
+class ZeroRedundancyOptimizer;
+
+struct ZeroOptions {
+  bool overlap_with_ddp = false;  // Note [ZeRO overlapped with DDP]
+};
+
+namespace comm_hooks {
+// `hook` (e.g. allreduce()) followed, for each bucket, by its owner's optimizer step and the
+// broadcast of its updated parameters (Note [ZeRO overlapped with DDP]). `zero` must be made
+// with ZeroOptions::overlap_with_ddp over the DDP model's parameters, on its process group.
+CommHook hook_with_zero_step(CommHook hook, std::shared_ptr<ZeroRedundancyOptimizer> zero);
+}  // namespace comm_hooks
 
 // What ZeroRedundancyOptimizer needs to know of an optimizer type: its per-parameter state
 // (a fresh one, to load into) and that state's tensors (to count its bytes). Defined below for
@@ -65,7 +95,8 @@ class ZeroRedundancyOptimizer {
   // default group).
   template <class Optimizer, class Options>
   static ZeroRedundancyOptimizer make(std::vector<at::Tensor> params, const Options& options,
-                                      std::shared_ptr<ProcessGroup> group = nullptr) {
+                                      std::shared_ptr<ProcessGroup> group = nullptr,
+                                      ZeroOptions zero_options = {}) {
     using Traits = ZeroOptimizerTraits<Optimizer>;
     return ZeroRedundancyOptimizer(
         std::move(params),
@@ -73,7 +104,7 @@ class ZeroRedundancyOptimizer {
           return std::make_unique<Optimizer>(std::move(shard), options);
         },
         [] { return std::make_unique<typename Traits::State>(); }, &Traits::tensors,
-        std::move(group), &typeid(Optimizer));
+        std::move(group), &typeid(Optimizer), zero_options);
   }
 
   // Any optimizer: `make_optimizer` builds it over a shard, `make_state` makes an empty
@@ -83,13 +114,14 @@ class ZeroRedundancyOptimizer {
   ZeroRedundancyOptimizer(std::vector<at::Tensor> params, OptimizerFactory make_optimizer,
                           StateFactory make_state, StateTensors state_tensors = nullptr,
                           std::shared_ptr<ProcessGroup> group = nullptr,
-                          const std::type_info* type = nullptr);
+                          const std::type_info* type = nullptr, ZeroOptions zero_options = {});
   ~ZeroRedundancyOptimizer();
   ZeroRedundancyOptimizer(ZeroRedundancyOptimizer&&) noexcept;
   ZeroRedundancyOptimizer& operator=(ZeroRedundancyOptimizer&&) noexcept;
 
   // A collective: this rank's optimizer steps its shard, then every rank receives every
-  // updated parameter.
+  // updated parameter. With overlap_with_ddp: nothing (the hook stepped), once the hook is
+  // registered (before that, ConfigError).
   void step();
   void zero_grad(bool set_to_none = true);
 
@@ -97,10 +129,12 @@ class ZeroRedundancyOptimizer {
   void set_lr(double lr);
   double lr() const;
 
-  // The rank whose optimizer steps params[index]; the indices this rank owns.
+  // The rank whose optimizer steps params[index] (with overlap_with_ddp: -1 until its bucket
+  // was given out); the indices this rank owns.
   int owner(size_t index) const;
   const std::vector<size_t>& owned() const;
-  // This rank's optimizer (null when it owns no parameter: more ranks than parameters).
+  // This rank's optimizer (null when it owns no parameter: more ranks than parameters; and
+  // with overlap_with_ddp, where each owned bucket has its own).
   torch::optim::Optimizer* optimizer();
   // Bytes of this rank's optimizer state tensors.
   int64_t state_bytes() const;
@@ -114,6 +148,8 @@ class ZeroRedundancyOptimizer {
   void load_state_dict(const std::string& state);
 
  private:
+  friend CommHook comm_hooks::hook_with_zero_step(CommHook,
+                                                  std::shared_ptr<ZeroRedundancyOptimizer>);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

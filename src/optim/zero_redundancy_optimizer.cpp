@@ -4,6 +4,7 @@
 #include <cxxabi.h>  // abi::__cxa_demangle: the optimizer's type name
 
 #include <algorithm>
+#include <cmath>  // isnan
 #include <cstdlib>  // free
 #include <cstring>  // memcpy
 #include <limits>
@@ -11,11 +12,13 @@
 #include <numeric>  // iota
 #include <sstream>
 #include <type_traits>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include "base/check.h"
 #include "checkpoint/bytes.h"
 #include "ddp/distributed.h"  // default_group
 #include "ddp/error.h"
@@ -104,15 +107,131 @@ struct ZeroRedundancyOptimizer::Impl {
   std::string consolidated;  // on rank `to` after consolidate_state_dict
   int consolidated_on = -1;
 
+  // Note [ZeRO overlapped with DDP]: owners given out per DDP bucket, an optimizer per owned
+  // bucket, stepped inside the hook.
+  bool overlap_requested = false;
+  bool overlap = false;  // requested, at a world size above 1
+  bool hooked = false;   // hook_with_zero_step was made for it
+  OptimizerFactory make_optimizer;
+  std::unordered_map<const c10::TensorImpl*, size_t> index_of;  // param -> index in params
+  struct OverlapBucket {
+    int owner = -1;
+    std::vector<size_t> members;  // in the bucket's order
+    std::unique_ptr<torch::optim::Optimizer> optimizer;  // the owner's
+    at::Tensor flat;                                       // the members, for the broadcast
+  };
+  std::vector<OverlapBucket> overlap_buckets;  // by DDP bucket index
+  std::vector<int64_t> owned_elements;         // per rank, as buckets are given out
+  int64_t iteration = 0;                       // DDP iterations the hook saw
+
   void load_part(torch::serialize::InputArchive& part, std::vector<bool>& covered);
+  OverlapBucket& give_out(size_t index, const std::vector<at::Tensor>& bucket_params);
+  Future step_bucket(size_t index, at::Tensor averaged);
+  void check_not_overlapped(const char* call) const;
 };
+
+void ZeroRedundancyOptimizer::Impl::check_not_overlapped(const char* call) const {
+  if (!overlap) return;
+  throw ConfigError(fmt::format(
+      "ZeroRedundancyOptimizer::{}: not available with overlap_with_ddp yet (each owned DDP "
+      "bucket has its own optimizer); checkpoint without overlap_with_ddp",
+      call));
+}
+
+ZeroRedundancyOptimizer::Impl::OverlapBucket& ZeroRedundancyOptimizer::Impl::give_out(
+    size_t index, const std::vector<at::Tensor>& bucket_params) {
+  std::vector<size_t> members;
+  int64_t elements = 0;
+  for (const at::Tensor& p : bucket_params) {
+    auto it = index_of.find(p.unsafeGetTensorImpl());
+    if (it == index_of.end()) {
+      throw ConfigError(
+          "hook_with_zero_step: DDP's bucket holds a parameter the ZeroRedundancyOptimizer was "
+          "not made with: make it over the DDP model's parameters");
+    }
+    members.push_back(it->second);
+    elements += p.numel();
+  }
+  if (index >= overlap_buckets.size()) overlap_buckets.resize(index + 1);
+  OverlapBucket& b = overlap_buckets[index];
+  if (b.owner >= 0) {
+    DDP_CHECK(b.members == members, ConfigError,
+              "hook_with_zero_step: DDP's bucket {} changed after its owner was chosen (its "
+              "parameters differ): the buckets must stay as they are after the first iteration",
+              index);
+    return b;
+  }
+  // PyTorch's rule: the rank owning the fewest elements so far (the first of equals).
+  b.owner = static_cast<int>(std::min_element(owned_elements.begin(), owned_elements.end()) -
+                             owned_elements.begin());
+  owned_elements[b.owner] += elements;
+  b.members = std::move(members);
+  for (size_t i : b.members) owner[i] = b.owner;
+  b.flat = at::empty({elements}, params[b.members.front()].options().requires_grad(false));
+  if (b.owner == rank) {
+    std::vector<at::Tensor> shard;
+    for (size_t i : b.members) {
+      shard.push_back(params[i]);
+      owned.push_back(i);
+    }
+    std::sort(owned.begin(), owned.end());
+    b.optimizer = make_optimizer(std::move(shard));
+    if (!std::isnan(lr)) {
+      for (auto& g : b.optimizer->param_groups()) g.options().set_lr(lr);
+    } else if (!b.optimizer->param_groups().empty()) {
+      lr = b.optimizer->param_groups().front().options().get_lr();
+    }
+  }
+  return b;
+}
+
+// The owner steps the bucket's parameters with the averaged gradients (as their grads for this
+// step only: DDP writes the grads itself when backward ends), then broadcasts them.
+Future ZeroRedundancyOptimizer::Impl::step_bucket(size_t index, at::Tensor averaged) {
+  OverlapBucket& b = overlap_buckets.at(index);
+  torch::NoGradGuard no_grad;
+  at::Tensor flat_grads = averaged.reshape({-1});
+  if (b.owner == rank) {
+    std::vector<at::Tensor> saved;
+    int64_t at = 0;
+    for (size_t i : b.members) {
+      at::Tensor& p = params[i];
+      saved.push_back(p.mutable_grad());
+      p.mutable_grad() = flat_grads.narrow(0, at, p.numel()).view(p.sizes());
+      at += p.numel();
+    }
+    b.optimizer->step();
+    at = 0;
+    for (size_t k = 0; k < b.members.size(); ++k) {
+      at::Tensor& p = params[b.members[k]];
+      p.mutable_grad() = saved[k];
+      b.flat.narrow(0, at, p.numel()).copy_(p.detach().reshape({-1}));
+      at += p.numel();
+    }
+  }
+  Work work = group->broadcast(b.flat, b.owner);
+  return Future(std::move(work), std::move(averaged), [this, index](at::Tensor value) {
+    const OverlapBucket& done = overlap_buckets.at(index);
+    if (done.owner != rank) {
+      torch::NoGradGuard no_grad;
+      int64_t at = 0;
+      for (size_t i : done.members) {
+        at::Tensor& p = params[i];
+        p.detach().copy_(done.flat.narrow(0, at, p.numel()).view(p.sizes()));
+        at += p.numel();
+      }
+    }
+    return value;
+  });
+}
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
                                                  OptimizerFactory make_optimizer,
                                                  StateFactory make_state,
                                                  StateTensors state_tensors,
                                                  std::shared_ptr<ProcessGroup> group,
-                                                 const std::type_info* type)
+                                                 const std::type_info* type,
+                                                 ZeroOptions zero_options)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   if (params.empty()) {
@@ -135,6 +254,20 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
   m.params = std::move(params);
   m.rank = m.group->rank();
   m.world = m.group->size();
+  m.overlap_requested = zero_options.overlap_with_ddp;
+  // At world size 1 DDP reduces nothing and calls no hook: step() steps as without the option.
+  m.overlap = m.overlap_requested && m.world > 1;
+  if (m.overlap) {
+    m.owner.assign(m.params.size(), -1);
+    m.owned_elements.assign(static_cast<size_t>(m.world), 0);
+    for (size_t i = 0; i < m.params.size(); ++i) m.index_of[m.params[i].unsafeGetTensorImpl()] = i;
+    m.make_optimizer = std::move(make_optimizer);
+    m.make_state = std::move(make_state);
+    m.state_tensors = std::move(state_tensors);
+    m.type_name = fmt::format("ddp::ZeroRedundancyOptimizer({})",
+                              type != nullptr ? demangle(type->name()) : "?");
+    return;
+  }
   m.owner = partition(m.params, m.world);
   std::vector<at::Tensor> shard;
   for (size_t i = 0; i < m.params.size(); ++i) {
@@ -181,6 +314,13 @@ void ZeroRedundancyOptimizer::step() {
   // (rank `to` would otherwise hold the whole state ZeRO exists to split).
   m.consolidated = std::string();
   m.consolidated_on = -1;
+  if (m.overlap) {
+    DDP_CHECK(m.hooked, ConfigError,
+              "ZeroRedundancyOptimizer::step: made with overlap_with_ddp, the step runs in DDP's "
+              "comm hook: register comm_hooks::hook_with_zero_step(comm_hooks::allreduce(), "
+              "zero) on the model before its first forward");
+    return;  // the hook stepped every bucket when backward ended
+  }
   torch::NoGradGuard no_grad;
   if (m.optimizer) m.optimizer->step();
   if (m.world == 1) return;
@@ -224,6 +364,10 @@ void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
 
 void ZeroRedundancyOptimizer::set_lr(double lr) {
   impl_->lr = lr;
+  for (auto& b : impl_->overlap_buckets) {
+    if (!b.optimizer) continue;
+    for (auto& g : b.optimizer->param_groups()) g.options().set_lr(lr);
+  }
   if (!impl_->optimizer) return;
   for (auto& g : impl_->optimizer->param_groups()) g.options().set_lr(lr);
 }
@@ -238,11 +382,18 @@ torch::optim::Optimizer* ZeroRedundancyOptimizer::optimizer() { return impl_->op
 
 int64_t ZeroRedundancyOptimizer::state_bytes() const {
   const Impl& m = *impl_;
-  if (!m.optimizer || !m.state_tensors) return 0;
+  if (!m.state_tensors) return 0;
+  std::vector<const torch::optim::Optimizer*> optimizers;
+  if (m.optimizer) optimizers.push_back(m.optimizer.get());
+  for (const auto& b : m.overlap_buckets) {
+    if (b.optimizer) optimizers.push_back(b.optimizer.get());
+  }
   int64_t bytes = 0;
-  for (const auto& [key, state] : m.optimizer->state()) {
-    for (const at::Tensor& t : m.state_tensors(*state)) {
-      if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+  for (const torch::optim::Optimizer* o : optimizers) {
+    for (const auto& [key, state] : o->state()) {
+      for (const at::Tensor& t : m.state_tensors(*state)) {
+        if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+      }
     }
   }
   return bytes;
@@ -250,6 +401,7 @@ int64_t ZeroRedundancyOptimizer::state_bytes() const {
 
 std::string ZeroRedundancyOptimizer::shard_state() const {
   const Impl& m = *impl_;
+  m.check_not_overlapped("shard_state");
   torch::serialize::OutputArchive a;
   a.write("zero_version", c10::IValue(kFormatVersion));
   a.write("world_size", c10::IValue(static_cast<int64_t>(m.world)));
@@ -280,6 +432,7 @@ std::string ZeroRedundancyOptimizer::shard_state() const {
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   Impl& m = *impl_;
+  m.check_not_overlapped("consolidate_state_dict");
   if (to < 0 || to >= m.world) {
     throw ConfigError(fmt::format(
         "ZeroRedundancyOptimizer::consolidate_state_dict: rank {} is not in the group (world "
@@ -323,6 +476,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
 
 std::string ZeroRedundancyOptimizer::state_dict() const {
   const Impl& m = *impl_;
+  m.check_not_overlapped("state_dict");
   if (m.consolidated_on < 0) {
     throw Error(
         "ZeroRedundancyOptimizer::state_dict: call consolidate_state_dict(to) on every rank "
@@ -395,6 +549,7 @@ void ZeroRedundancyOptimizer::Impl::load_part(torch::serialize::InputArchive& pa
 
 void ZeroRedundancyOptimizer::load_state_dict(const std::string& state) {
   Impl& m = *impl_;
+  m.check_not_overlapped("load_state_dict");
   const c10::optional<torch::Device> device =
       m.params.front().device().is_cpu() ? c10::nullopt
                                          : c10::optional<torch::Device>(m.params.front().device());
@@ -426,4 +581,34 @@ void ZeroRedundancyOptimizer::load_state_dict(const std::string& state) {
   }
 }
 
+namespace comm_hooks {
+
+CommHook hook_with_zero_step(CommHook hook, std::shared_ptr<ZeroRedundancyOptimizer> zero) {
+  DDP_CHECK(hook && zero, ConfigError, "hook_with_zero_step: needs a hook and an optimizer");
+  auto* m = zero->impl_.get();
+  DDP_CHECK(m->overlap_requested, ConfigError,
+            "hook_with_zero_step: the ZeroRedundancyOptimizer was made without "
+            "ZeroOptions{{.overlap_with_ddp = true}}: make it with it, or step it after backward "
+            "without this hook");
+  m->hooked = true;
+  if (!m->overlap) return hook;  // world size 1: step() steps
+  // As PyTorch (static_graph false): no update in the first two iterations; DDP's buckets are
+  // rebuilt after the first.
+  constexpr int64_t kIterationsWithoutUpdate = 2;
+  return [hook = std::move(hook), zero = std::move(zero), m](GradBucket& bucket) -> Future {
+    DDP_CHECK(&bucket.process_group() == m->group.get(), ConfigError,
+              "hook_with_zero_step: DDP and the ZeroRedundancyOptimizer use different process "
+              "groups: make the optimizer on the model's group");
+    Future reduced = hook(bucket);
+    const int64_t iteration = m->iteration;
+    if (bucket.is_last()) ++m->iteration;
+    if (iteration < kIterationsWithoutUpdate) return reduced;
+    m->give_out(bucket.index(), bucket.parameters());
+    return reduced.then([m, index = bucket.index()](at::Tensor averaged) {
+      return m->step_bucket(index, std::move(averaged));
+    });
+  };
+}
+
+}  // namespace comm_hooks
 }  // namespace ddp

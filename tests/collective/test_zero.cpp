@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "ddp/comm_hooks.h"
+#include "ddp/distributed_data_parallel.h"
 #include "ddp/zero_redundancy_optimizer.h"
 #include "support/ranks.h"
 
@@ -280,3 +282,153 @@ TEST(Zero, BadStatesAndCallsAreClearErrors) {
 }
 
 }  // namespace
+
+// Note [ZeRO overlapped with DDP]: with overlap_with_ddp the bucket owners step inside DDP's
+// hook; after the two iterations without update, every parameter on every rank equals, bit for
+// bit, DDP with an unsharded optimizer that skips its first two steps. Three buckets (a 100-byte
+// cap), different data per rank, world sizes 2 and 3, SGD with momentum and AdamW.
+namespace overlap {
+
+// Thread-ranks share LibTorch's global generator: the initial weights and every batch are made
+// here, on the main thread, and each rank copies them.
+struct Setup {
+  std::vector<at::Tensor> init;
+  std::vector<std::vector<at::Tensor>> batches;  // [step][rank]
+};
+
+torch::nn::Sequential make_net() {
+  return torch::nn::Sequential(torch::nn::Linear(20, 32), torch::nn::ReLU(),
+                               torch::nn::Linear(32, 16), torch::nn::ReLU(),
+                               torch::nn::Linear(16, 4));
+}
+
+Setup make_setup(int world, int steps) {
+  torch::manual_seed(3);
+  Setup s;
+  for (const at::Tensor& p : make_net()->parameters()) s.init.push_back(p.detach().clone());
+  for (int step = 0; step < steps; ++step) {
+    std::vector<at::Tensor> per_rank;
+    for (int r = 0; r < world; ++r) per_rank.push_back(torch::randn({8, 20}));
+    s.batches.push_back(std::move(per_rank));
+  }
+  return s;
+}
+
+torch::nn::Sequential net_from(const Setup& s) {
+  auto net = make_net();
+  torch::NoGradGuard no_grad;
+  auto params = net->parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(s.init[i]);
+  return net;
+}
+
+ddp::DDPOptions ddp_options(std::shared_ptr<ProcessGroup> pg) {
+  return {.process_group = std::move(pg), .bucket_cap_mb = 0.0001, .first_bucket_mb = 0.0001};
+}
+
+std::vector<at::Tensor> snapshot(torch::nn::Sequential& net) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace overlap
+
+TEST(Zero, OverlapWithDdpEqualsDdpWithTheUnshardedOptimizer) {
+  constexpr int kSteps = 6;
+  for (Kind k : {Kind::kSgd, Kind::kAdamW}) {
+    for (int world : {2, 3}) {
+      const overlap::Setup setup = overlap::make_setup(world, kSteps);
+      std::vector<std::vector<at::Tensor>> want(world), got(world);
+      std::vector<int64_t> state_bytes(world);
+      const int port = ddp::testing::free_port();
+      auto errors = ddp::testing::run_threads(world, [&](int r) {
+        auto pg = ddp::make_process_group(ddp::testing::thread_rank(r, world, port));
+        {  // DDP with the unsharded optimizer, no update in steps 0 and 1
+          auto net = overlap::net_from(setup);
+          ddp::DistributedDataParallel model(net.ptr(), overlap::ddp_options(pg));
+          auto params = net->parameters();
+          std::unique_ptr<torch::optim::Optimizer> opt;
+          if (k == Kind::kSgd) {
+            opt = std::make_unique<torch::optim::SGD>(
+                params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
+          } else {
+            opt = std::make_unique<torch::optim::AdamW>(
+                params, torch::optim::AdamWOptions(1e-3).weight_decay(1e-2));
+          }
+          for (int s = 0; s < kSteps; ++s) {
+            opt->zero_grad();
+            model(setup.batches[s][r]).pow(2).mean().backward();
+            if (s >= 2) opt->step();
+          }
+          want[r] = overlap::snapshot(net);
+        }
+        auto net = overlap::net_from(setup);
+        ddp::DistributedDataParallel model(net.ptr(), overlap::ddp_options(pg));
+        std::shared_ptr<ZeroRedundancyOptimizer> zero;
+        const ddp::ZeroOptions overlapped{.overlap_with_ddp = true};
+        if (k == Kind::kSgd) {
+          zero = std::make_shared<ZeroRedundancyOptimizer>(
+              ZeroRedundancyOptimizer::make<torch::optim::SGD>(
+                  net->parameters(),
+                  torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3), pg,
+                  overlapped));
+        } else {
+          zero = std::make_shared<ZeroRedundancyOptimizer>(
+              ZeroRedundancyOptimizer::make<torch::optim::AdamW>(
+                  net->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(1e-2), pg,
+                  overlapped));
+        }
+        // step() before the hook: the option says the hook steps.
+        EXPECT_THROW(zero->step(), ddp::ConfigError);
+        model.register_comm_hook(
+            ddp::comm_hooks::hook_with_zero_step(ddp::comm_hooks::allreduce(), zero));
+        for (int s = 0; s < kSteps; ++s) {
+          zero->zero_grad();
+          model(setup.batches[s][r]).pow(2).mean().backward();
+          zero->step();  // nothing: the hook stepped
+        }
+        got[r] = overlap::snapshot(net);
+        state_bytes[r] = zero->state_bytes();
+        EXPECT_THROW(zero->shard_state(), ddp::ConfigError);
+        pg->barrier().wait();
+      });
+      for (int r = 0; r < world; ++r) {
+        if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << ddp::testing::message_of(errors[r]);
+      }
+      if (::testing::Test::HasFailure()) return;
+      for (int r = 0; r < world; ++r) {
+        expect_equal(got[r], want[r], fmt::format("{}, world {}, rank {}", name(k), world, r));
+        expect_equal(got[r], got[0], fmt::format("{}, world {}, rank {} vs 0", name(k), world, r));
+      }
+      // The state exists once: every rank holds some, together as much as one unsharded
+      // optimizer (SGD: a momentum per element; AdamW: two moments, 4 bytes each).
+      int64_t total = 0, elements = 0;
+      for (int r = 0; r < world; ++r) {
+        EXPECT_GT(state_bytes[r], 0) << name(k) << ", world " << world << ", rank " << r;
+        total += state_bytes[r];
+      }
+      for (const at::Tensor& p : got[0]) elements += p.numel();
+      EXPECT_EQ(total, elements * 4 * (k == Kind::kSgd ? 1 : 2)) << name(k) << ", world " << world;
+    }
+  }
+}
+
+// The option and the hook belong together: the hook refuses an optimizer made without it.
+TEST(Zero, HookWithZeroStepNeedsTheOverlapOption) {
+  auto errors = ddp::testing::run_threads(1, [&](int r) {
+    auto pg = ddp::make_process_group(ddp::testing::thread_rank(r, 1, ddp::testing::free_port()));
+    auto net = overlap::make_net();
+    auto plain = std::make_shared<ZeroRedundancyOptimizer>(
+        make_zero(Kind::kSgd, net->parameters(), pg));
+    try {
+      ddp::comm_hooks::hook_with_zero_step(ddp::comm_hooks::allreduce(), plain);
+      ADD_FAILURE() << "no error";
+    } catch (const ddp::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("made without ZeroOptions{.overlap_with_ddp = true}"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+  if (errors[0]) ADD_FAILURE() << ddp::testing::message_of(errors[0]);
+}
