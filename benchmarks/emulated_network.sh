@@ -15,6 +15,7 @@
 #   gloo+powersgd       flat Gloo with PowerSGD rank 1 (compressing from the third step)
 #   auto+powersgd       the hierarchy with PowerSGD rank 1
 #   auto+zero           the hierarchy with ZeroRedundancyOptimizer (SGD state sharded)
+#   auto+zero-overlap   the same with overlap_with_ddp (stepped in DDP's hook; not default)
 #   pytorch             PyTorch's DistributedDataParallel over Gloo, no hook
 #   no-ddp              ours without DDP: each rank trains alone (the compute, no exchange)
 #   pytorch-no-ddp      PyTorch without DDP, likewise
@@ -164,6 +165,7 @@ measure() {
       *+bf16) hook=bf16 ;;
       *+powersgd) hook=powersgd:1 ;;
       *+zero) args+=(--zero) ;;
+      *+zero-overlap) args+=(--zero-overlap) ;;
     esac
     run_job "$config" ddprun "$bench" train --model "$model" --steps "$steps" --warmup 5 \
       --backend "$backend" --comm-hook "$hook" "${args[@]}" --label "$config" \

@@ -26,8 +26,9 @@
 // either) and zero_grad() works as usual. Each DDP bucket is owned by one rank, given out as the
 // buckets come (to the rank owning the fewest elements so far, PyTorch's rule); when a bucket's
 // all-reduce is done, its owner steps that bucket's parameters with the averaged gradients (an
-// optimizer per owned bucket) and broadcasts them, so every rank holds every updated parameter
-// when backward returns. As in PyTorch (static_graph false), the first two iterations update
+// optimizer per owned bucket) and broadcasts them; nobody waits for a broadcast before the next
+// bucket (owners step at once), the last bucket waits for them all, so every rank holds every
+// updated parameter when backward returns. As in PyTorch (static_graph false), the first two iterations update
 // nothing: DDP rebuilds its buckets after the first, and the owners are given out on the
 // buckets that stay. The steps run when DDP waits for each bucket (Note [Chained futures]): in
 // bucket order after backward's compute, overlapping the later buckets' all-reduces, not

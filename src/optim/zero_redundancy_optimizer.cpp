@@ -123,10 +123,12 @@ struct ZeroRedundancyOptimizer::Impl {
   std::vector<OverlapBucket> overlap_buckets;  // by DDP bucket index
   std::vector<int64_t> owned_elements;         // per rank, as buckets are given out
   int64_t iteration = 0;                       // DDP iterations the hook saw
+  // This iteration's broadcasts so far: bucket index, its broadcast.
+  std::vector<std::pair<size_t, Work>> broadcasts;
 
   void load_part(torch::serialize::InputArchive& part, std::vector<bool>& covered);
   OverlapBucket& give_out(size_t index, const std::vector<at::Tensor>& bucket_params);
-  Future step_bucket(size_t index, at::Tensor averaged);
+  Future step_bucket(size_t index, bool last, at::Tensor averaged);
   void check_not_overlapped(const char* call) const;
 };
 
@@ -186,12 +188,15 @@ ZeroRedundancyOptimizer::Impl::OverlapBucket& ZeroRedundancyOptimizer::Impl::giv
 }
 
 // The owner steps the bucket's parameters with the averaged gradients (as their grads for this
-// step only: DDP writes the grads itself when backward ends), then broadcasts them.
-Future ZeroRedundancyOptimizer::Impl::step_bucket(size_t index, at::Tensor averaged) {
+// step only: DDP writes the grads itself when backward ends), then broadcasts them. Nobody waits
+// for a broadcast before the next bucket (its owner may be stepping meanwhile): the last
+// bucket's stage waits for them all and copies in what other ranks updated, so every parameter
+// is current when backward returns. Every rank issues the broadcasts in bucket order.
+Future ZeroRedundancyOptimizer::Impl::step_bucket(size_t index, bool last, at::Tensor averaged) {
   OverlapBucket& b = overlap_buckets.at(index);
   torch::NoGradGuard no_grad;
-  at::Tensor flat_grads = averaged.reshape({-1});
   if (b.owner == rank) {
+    const at::Tensor flat_grads = averaged.reshape({-1});
     std::vector<at::Tensor> saved;
     int64_t at = 0;
     for (size_t i : b.members) {
@@ -209,14 +214,20 @@ Future ZeroRedundancyOptimizer::Impl::step_bucket(size_t index, at::Tensor avera
       at += p.numel();
     }
   }
-  Work work = group->broadcast(b.flat, b.owner);
-  return Future(std::move(work), std::move(averaged), [this, index](at::Tensor value) {
-    const OverlapBucket& done = overlap_buckets.at(index);
-    if (done.owner != rank) {
-      torch::NoGradGuard no_grad;
+  broadcasts.emplace_back(index, group->broadcast(b.flat, b.owner));
+  if (!last) return Future::completed(std::move(averaged));
+  Work work = broadcasts.back().second;
+  return Future(std::move(work), std::move(averaged), [this](at::Tensor value) {
+    std::vector<std::pair<size_t, Work>> sent;
+    sent.swap(broadcasts);
+    torch::NoGradGuard no_grad;
+    for (auto& [i, w] : sent) {
+      w.wait();
+      const OverlapBucket& done = overlap_buckets.at(i);
+      if (done.owner == rank) continue;
       int64_t at = 0;
-      for (size_t i : done.members) {
-        at::Tensor& p = params[i];
+      for (size_t m : done.members) {
+        at::Tensor& p = params[m];
         p.detach().copy_(done.flat.narrow(0, at, p.numel()).view(p.sizes()));
         at += p.numel();
       }
@@ -604,8 +615,8 @@ CommHook hook_with_zero_step(CommHook hook, std::shared_ptr<ZeroRedundancyOptimi
     if (bucket.is_last()) ++m->iteration;
     if (iteration < kIterationsWithoutUpdate) return reduced;
     m->give_out(bucket.index(), bucket.parameters());
-    return reduced.then([m, index = bucket.index()](at::Tensor averaged) {
-      return m->step_bucket(index, std::move(averaged));
+    return reduced.then([m, index = bucket.index(), last = bucket.is_last()](at::Tensor averaged) {
+      return m->step_bucket(index, last, std::move(averaged));
     });
   };
 }

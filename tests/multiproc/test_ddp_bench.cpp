@@ -199,6 +199,18 @@ TEST_F(BenchTest, TrainWithZeroShardsTheOptimizerState) {
                           "(ZeRO-1)"),
             std::string::npos)
       << zero.out;
+  // --zero-overlap (Note [ZeRO overlapped with DDP]): whole DDP buckets are owned, fc3 and fc2
+  // (4.239 MB) by rank 0, fc1 by rank 1; updates start at the third step.
+  Result overlapped = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
+                                            "--steps", "2", "--warmup", "1", "--zero-overlap"}));
+  ASSERT_TRUE(overlapped.exited(0)) << overlapped.describe();
+  EXPECT_NE(overlapped.out.find("optimizer: ZeroRedundancyOptimizer(SGD) stepped in DDP's hook"),
+            std::string::npos)
+      << overlapped.out;
+  EXPECT_NE(overlapped.out.find("optimizer state 4.239 MB on the fullest rank, 7.455 MB over 2 "
+                                "ranks (ZeRO-1)"),
+            std::string::npos)
+      << overlapped.out;
 }
 
 // --comm-hook powersgd:1 (Note [PowerSGD]) on mlp-1024: the three weight matrices go as rank-1

@@ -101,6 +101,10 @@ void add_train(CLI::App& app, TrainOptions& t) {
                 "the optimizer as a ddp::ZeroRedundancyOptimizer (ZeRO-1): its state sharded over "
                 "the ranks, the updated parameters broadcast (in the optimizer column); prints "
                 "the optimizer state's bytes per rank");
+  sub->add_flag("--zero-overlap", t.zero_overlap,
+                "--zero with ZeroOptions::overlap_with_ddp: each DDP bucket's owner steps it "
+                "inside the comm hook (comm_hooks::hook_with_zero_step), no update in the first "
+                "two steps");
   sub->add_option("--comm-hook", t.comm_hook,
                   "none | fp16 | bf16 | powersgd[:RANK] (PyTorch's PowerSGD, compressing from "
                   "the third step; prints the compression rate)")

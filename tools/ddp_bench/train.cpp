@@ -131,22 +131,30 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
                                 .gradient_as_bucket_view = o.gradient_as_bucket_view});
   }
   std::shared_ptr<comm_hooks::PowerSGDState> powersgd;
-  if (ddp && o.comm_hook == "fp16") ddp->register_comm_hook(comm_hooks::fp16_compress());
-  if (ddp && o.comm_hook == "bf16") ddp->register_comm_hook(comm_hooks::bf16_compress());
-  if (ddp && o.comm_hook == "powersgd") {
+  CommHook hook;
+  if (o.comm_hook == "fp16") hook = comm_hooks::fp16_compress();
+  if (o.comm_hook == "bf16") hook = comm_hooks::bf16_compress();
+  if (o.comm_hook == "powersgd") {
     powersgd = std::make_shared<comm_hooks::PowerSGDState>(comm_hooks::PowerSGDOptions{
         .matrix_approximation_rank = o.powersgd_rank, .start_powerSGD_iter = 2});
-    ddp->register_comm_hook(comm_hooks::powerSGD_hook(powersgd));
+    hook = comm_hooks::powerSGD_hook(powersgd);
   }
   auto model = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : net->forward(x); };
   const auto sgd = torch::optim::SGDOptions(o.lr).momentum(o.momentum);
   std::optional<torch::optim::SGD> opt;
-  std::optional<ZeroRedundancyOptimizer> zero;  // --zero, with DDP (Note [ZeRO-1])
-  if (o.zero && ddp) {
-    zero.emplace(ZeroRedundancyOptimizer::make<torch::optim::SGD>(net->parameters(), sgd, group));
+  // --zero, with DDP (Note [ZeRO-1]); --zero-overlap steps it in the hook (Note [ZeRO
+  // overlapped with DDP]).
+  std::shared_ptr<ZeroRedundancyOptimizer> zero;
+  if ((o.zero || o.zero_overlap) && ddp) {
+    zero = std::make_shared<ZeroRedundancyOptimizer>(ZeroRedundancyOptimizer::make<torch::optim::SGD>(
+        net->parameters(), sgd, group, ZeroOptions{.overlap_with_ddp = o.zero_overlap}));
+    if (o.zero_overlap) {
+      hook = comm_hooks::hook_with_zero_step(hook ? hook : comm_hooks::allreduce(), zero);
+    }
   } else {
     opt.emplace(net->parameters(), sgd);
   }
+  if (ddp && hook) ddp->register_comm_hook(hook);
   BatchStream batches(std::move(data), pg, per_rank, o, device);
 
   // Sums over the timed steps, on this rank.
@@ -327,7 +335,9 @@ int run_train(const TrainOptions& o) {
                   threads > 1 ? "s" : "", device.str(), pg->backend(), o.lr, o.momentum, o.steps,
                   o.warmup, o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : "",
                   o.bucket_cap_mb, o.gradient_as_bucket_view ? ", gradients as bucket views" : "",
-                  o.zero ? "; optimizer: ZeroRedundancyOptimizer(SGD)" : "",
+                  o.zero_overlap ? "; optimizer: ZeroRedundancyOptimizer(SGD) stepped in DDP's hook"
+                  : o.zero       ? "; optimizer: ZeroRedundancyOptimizer(SGD)"
+                                 : "",
                   o.comm_hook == "none"       ? ""
                   : o.comm_hook == "powersgd" ? fmt::format("; comm hook powersgd:{}", o.powersgd_rank)
                                               : "; comm hook " + o.comm_hook));
