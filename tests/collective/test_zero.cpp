@@ -414,11 +414,23 @@ TEST(Zero, OverlapWithDdpEqualsDdpWithTheUnshardedOptimizer) {
   }
 }
 
-// The option and the hook belong together: the hook refuses an optimizer made without it.
+// The option and the hook belong together: the hook refuses an optimizer made without it. At
+// world size 1 (DDP calls no hook) an optimizer made with it steps in step().
 TEST(Zero, HookWithZeroStepNeedsTheOverlapOption) {
   auto errors = ddp::testing::run_threads(1, [&](int r) {
     auto pg = ddp::make_process_group(ddp::testing::thread_rank(r, 1, ddp::testing::free_port()));
     auto net = overlap::make_net();
+    {
+      auto params = net->parameters();
+      auto alone = std::make_shared<ZeroRedundancyOptimizer>(
+          ZeroRedundancyOptimizer::make<torch::optim::SGD>(
+              params, torch::optim::SGDOptions(0.1), pg, ddp::ZeroOptions{.overlap_with_ddp = true}));
+      ddp::comm_hooks::hook_with_zero_step(ddp::comm_hooks::allreduce(), alone);
+      const at::Tensor before = params[0].detach().clone();
+      for (at::Tensor& p : params) p.mutable_grad() = torch::ones_like(p);
+      alone->step();
+      EXPECT_TRUE(torch::allclose(params[0].detach(), before - 0.1)) << "world 1 did not step";
+    }
     auto plain = std::make_shared<ZeroRedundancyOptimizer>(
         make_zero(Kind::kSgd, net->parameters(), pg));
     try {
