@@ -32,8 +32,11 @@
 // nothing: DDP rebuilds its buckets after the first, and the owners are given out on the
 // buckets that stay. The steps run when DDP waits for each bucket (Note [Chained futures]): in
 // bucket order after backward's compute, overlapping the later buckets' all-reduces, not
-// backward itself. Checkpoints (shard_state, consolidate_state_dict, load_state_dict) are not
-// available in this mode yet: they throw ConfigError.
+// backward itself. Checkpoints work as without the option (Note [ZeRO checkpoints]); the state
+// also holds the hook's iteration count, so a resumed run does not skip two updates again, and
+// a state loaded before a bucket is given out waits for it (each rank then keeps the states of
+// the parameters it comes to own). Restore DDP's bucket order too (bucket_order(),
+// restore_bucket_order()): the owners follow the buckets.
 //
 // Note [ZeRO checkpoints]
 // shard_state() is this rank's part: for each parameter it owns, the global index, its element

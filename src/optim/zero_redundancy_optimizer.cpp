@@ -125,19 +125,39 @@ struct ZeroRedundancyOptimizer::Impl {
   int64_t iteration = 0;                       // DDP iterations the hook saw
   // This iteration's broadcasts so far: bucket index, its broadcast.
   std::vector<std::pair<size_t, Work>> broadcasts;
+  std::vector<int> bucket_of;  // of each parameter, once given out (-1 before)
+  // Loaded before the parameter's bucket was given out: applied by give_out to the owner's
+  // optimizer (others drop theirs then).
+  std::map<size_t, std::unique_ptr<torch::optim::OptimizerParamState>> stashed;
+  std::unique_ptr<torch::optim::OptimizerOptions> loaded_options;  // for later buckets
+
+  torch::optim::Optimizer* optimizer_of(size_t i) const;
+  void take_state(size_t i, std::unique_ptr<torch::optim::OptimizerParamState> state);
 
   void load_part(torch::serialize::InputArchive& part, std::vector<bool>& covered);
   OverlapBucket& give_out(size_t index, const std::vector<at::Tensor>& bucket_params);
   Future step_bucket(size_t index, bool last, at::Tensor averaged);
-  void check_not_overlapped(const char* call) const;
 };
 
-void ZeroRedundancyOptimizer::Impl::check_not_overlapped(const char* call) const {
-  if (!overlap) return;
-  throw ConfigError(fmt::format(
-      "ZeroRedundancyOptimizer::{}: not available with overlap_with_ddp yet (each owned DDP "
-      "bucket has its own optimizer); checkpoint without overlap_with_ddp",
-      call));
+torch::optim::Optimizer* ZeroRedundancyOptimizer::Impl::optimizer_of(size_t i) const {
+  if (!overlap) return owner[i] == rank ? optimizer.get() : nullptr;
+  if (bucket_of[i] < 0) return nullptr;
+  return overlap_buckets[static_cast<size_t>(bucket_of[i])].optimizer.get();
+}
+
+// A loaded state for parameter i: to its optimizer if this rank owns it, kept for give_out if
+// nobody does yet, dropped if another rank does.
+void ZeroRedundancyOptimizer::Impl::take_state(
+    size_t i, std::unique_ptr<torch::optim::OptimizerParamState> state) {
+  if (torch::optim::Optimizer* o = optimizer_of(i)) {
+    if (state) {
+      o->state()[state_key(params[i])] = std::move(state);
+    } else {
+      o->state().erase(state_key(params[i]));  // it had none: neither has it now
+    }
+  } else if (overlap && owner[i] < 0) {
+    stashed[i] = std::move(state);
+  }
 }
 
 ZeroRedundancyOptimizer::Impl::OverlapBucket& ZeroRedundancyOptimizer::Impl::give_out(
@@ -168,7 +188,10 @@ ZeroRedundancyOptimizer::Impl::OverlapBucket& ZeroRedundancyOptimizer::Impl::giv
                              owned_elements.begin());
   owned_elements[b.owner] += elements;
   b.members = std::move(members);
-  for (size_t i : b.members) owner[i] = b.owner;
+  for (size_t i : b.members) {
+    owner[i] = b.owner;
+    bucket_of[i] = static_cast<int>(index);
+  }
   b.flat = at::empty({elements}, params[b.members.front()].options().requires_grad(false));
   if (b.owner == rank) {
     std::vector<at::Tensor> shard;
@@ -178,11 +201,22 @@ ZeroRedundancyOptimizer::Impl::OverlapBucket& ZeroRedundancyOptimizer::Impl::giv
     }
     std::sort(owned.begin(), owned.end());
     b.optimizer = make_optimizer(std::move(shard));
+    if (loaded_options) {
+      for (auto& g : b.optimizer->param_groups()) g.set_options(loaded_options->clone());
+    }
     if (!std::isnan(lr)) {
       for (auto& g : b.optimizer->param_groups()) g.options().set_lr(lr);
     } else if (!b.optimizer->param_groups().empty()) {
       lr = b.optimizer->param_groups().front().options().get_lr();
     }
+  }
+  for (size_t i : b.members) {
+    auto it = stashed.find(i);
+    if (it == stashed.end()) continue;
+    if (b.owner == rank && it->second) {
+      b.optimizer->state()[state_key(params[i])] = std::move(it->second);
+    }
+    stashed.erase(it);
   }
   return b;
 }
@@ -270,6 +304,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<at::Tensor> params,
   m.overlap = m.overlap_requested && m.world > 1;
   if (m.overlap) {
     m.owner.assign(m.params.size(), -1);
+    m.bucket_of.assign(m.params.size(), -1);
     m.owned_elements.assign(static_cast<size_t>(m.world), 0);
     for (size_t i = 0; i < m.params.size(); ++i) m.index_of[m.params[i].unsafeGetTensorImpl()] = i;
     m.make_optimizer = std::move(make_optimizer);
@@ -412,7 +447,6 @@ int64_t ZeroRedundancyOptimizer::state_bytes() const {
 
 std::string ZeroRedundancyOptimizer::shard_state() const {
   const Impl& m = *impl_;
-  m.check_not_overlapped("shard_state");
   torch::serialize::OutputArchive a;
   a.write("zero_version", c10::IValue(kFormatVersion));
   a.write("world_size", c10::IValue(static_cast<int64_t>(m.world)));
@@ -423,18 +457,24 @@ std::string ZeroRedundancyOptimizer::shard_state() const {
   for (size_t i : m.owned) numels.push_back(m.params[i].numel());
   a.write("owned", at::tensor(owned, at::kLong), /*is_buffer=*/true);
   a.write("numels", at::tensor(numels, at::kLong), /*is_buffer=*/true);
-  if (m.optimizer && !m.optimizer->param_groups().empty()) {
-    torch::serialize::OutputArchive options;
-    m.optimizer->param_groups().front().options().serialize(options);
-    a.write("options", options);
-    const auto& states = m.optimizer->state();
-    for (size_t i : m.owned) {
-      auto it = states.find(state_key(m.params[i]));
-      if (it == states.end()) continue;  // never stepped (no gradient yet)
-      torch::serialize::OutputArchive s;
-      it->second->serialize(s);
-      a.write(fmt::format("state_{}", i), s);
+  // With overlap_with_ddp, the iterations the hook saw (a resume must not skip updates again).
+  if (m.overlap) a.write("overlap_iteration", c10::IValue(m.iteration));
+  bool options_written = false;
+  for (size_t i : m.owned) {
+    const torch::optim::Optimizer* o = m.optimizer_of(i);
+    if (o == nullptr || o->param_groups().empty()) continue;
+    if (!options_written) {
+      torch::serialize::OutputArchive options;
+      o->param_groups().front().options().serialize(options);
+      a.write("options", options);
+      options_written = true;
     }
+    const auto& states = o->state();
+    auto it = states.find(state_key(m.params[i]));
+    if (it == states.end()) continue;  // never stepped (no gradient yet)
+    torch::serialize::OutputArchive s;
+    it->second->serialize(s);
+    a.write(fmt::format("state_{}", i), s);
   }
   std::ostringstream out;
   a.save_to(out);
@@ -443,7 +483,6 @@ std::string ZeroRedundancyOptimizer::shard_state() const {
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   Impl& m = *impl_;
-  m.check_not_overlapped("consolidate_state_dict");
   if (to < 0 || to >= m.world) {
     throw ConfigError(fmt::format(
         "ZeroRedundancyOptimizer::consolidate_state_dict: rank {} is not in the group (world "
@@ -487,7 +526,6 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
 
 std::string ZeroRedundancyOptimizer::state_dict() const {
   const Impl& m = *impl_;
-  m.check_not_overlapped("state_dict");
   if (m.consolidated_on < 0) {
     throw Error(
         "ZeroRedundancyOptimizer::state_dict: call consolidate_state_dict(to) on every rank "
@@ -526,6 +564,10 @@ void ZeroRedundancyOptimizer::Impl::load_part(torch::serialize::InputArchive& pa
   torch::serialize::InputArchive options;
   const bool has_options = part.try_read("options", options);
   bool options_read = false;
+  c10::IValue saved_iteration;
+  if (overlap && part.try_read("overlap_iteration", saved_iteration) && saved_iteration.isInt()) {
+    iteration = std::max(iteration, saved_iteration.toInt());
+  }
   for (int64_t k = 0; k < owned_t.numel(); ++k) {
     const int64_t i = owned_in[k];
     if (i < 0 || i >= count) {
@@ -540,27 +582,49 @@ void ZeroRedundancyOptimizer::Impl::load_part(torch::serialize::InputArchive& pa
           "state but {} here: not the same model",
           i, numels_in[k], params[idx].numel()));
     }
-    if (owner[idx] != rank) continue;
+    // Without overlap every owner is known; with it, a parameter whose bucket was not given
+    // out yet keeps its state for give_out.
+    if (owner[idx] != rank && !(overlap && owner[idx] < 0)) continue;
     covered[idx] = true;
-    if (has_options && !options_read && optimizer) {
-      for (auto& g : optimizer->param_groups()) g.options().serialize(options);
-      lr = optimizer->param_groups().front().options().get_lr();
-      options_read = true;
+    if (has_options && !options_read) {
+      if (overlap) {
+        // Read by a throwaway optimizer of the kind, kept for the buckets' optimizers.
+        auto reader = make_optimizer({at::zeros({1})});
+        auto& g = reader->param_groups().front();
+        g.options().serialize(options);
+        loaded_options = g.options().clone();
+        lr = loaded_options->get_lr();
+        for (auto& b : overlap_buckets) {
+          if (!b.optimizer) continue;
+          for (auto& bg : b.optimizer->param_groups()) bg.set_options(loaded_options->clone());
+        }
+        options_read = true;
+      } else if (optimizer) {
+        for (auto& g : optimizer->param_groups()) g.options().serialize(options);
+        lr = optimizer->param_groups().front().options().get_lr();
+        options_read = true;
+      }
     }
     torch::serialize::InputArchive s;
-    if (!part.try_read(fmt::format("state_{}", i), s)) {
-      optimizer->state().erase(state_key(params[idx]));  // it had none: neither has it now
+    std::unique_ptr<torch::optim::OptimizerParamState> state;
+    if (part.try_read(fmt::format("state_{}", i), s)) {
+      state = make_state();
+      state->serialize(s);
+    }
+    if (!overlap) {
+      if (state) {
+        optimizer->state()[state_key(params[idx])] = std::move(state);
+      } else {
+        optimizer->state().erase(state_key(params[idx]));  // it had none: neither has it now
+      }
       continue;
     }
-    std::unique_ptr<torch::optim::OptimizerParamState> state = make_state();
-    state->serialize(s);
-    optimizer->state()[state_key(params[idx])] = std::move(state);
+    take_state(idx, std::move(state));
   }
 }
 
 void ZeroRedundancyOptimizer::load_state_dict(const std::string& state) {
   Impl& m = *impl_;
-  m.check_not_overlapped("load_state_dict");
   const c10::optional<torch::Device> device =
       m.params.front().device().is_cpu() ? c10::nullopt
                                          : c10::optional<torch::Device>(m.params.front().device());

@@ -285,8 +285,10 @@ TEST(Zero, BadStatesAndCallsAreClearErrors) {
 
 // Note [ZeRO overlapped with DDP]: with overlap_with_ddp the bucket owners step inside DDP's
 // hook; after the two iterations without update, every parameter on every rank equals, bit for
-// bit, DDP with an unsharded optimizer that skips its first two steps. Three buckets (a 100-byte
-// cap), different data per rank, world sizes 2 and 3, SGD with momentum and AdamW.
+// bit, DDP with an unsharded optimizer that skips its first two steps; a run resumed from a
+// consolidated checkpoint (new DDP with the saved bucket order, new optimizer) ends with the
+// same bytes. Three buckets (a 100-byte cap), different data per rank, world sizes 2 and 3, SGD
+// with momentum and AdamW.
 namespace overlap {
 
 // Thread-ranks share LibTorch's global generator: the initial weights and every batch are made
@@ -339,8 +341,11 @@ TEST(Zero, OverlapWithDdpEqualsDdpWithTheUnshardedOptimizer) {
   for (Kind k : {Kind::kSgd, Kind::kAdamW}) {
     for (int world : {2, 3}) {
       const overlap::Setup setup = overlap::make_setup(world, kSteps);
-      std::vector<std::vector<at::Tensor>> want(world), got(world);
+      std::vector<std::vector<at::Tensor>> want(world), got(world), got_resumed(world);
       std::vector<int64_t> state_bytes(world);
+      constexpr int kCut = 4;  // a checkpoint before step 4 (two updates in)
+      std::mutex mu;
+      std::string consolidated;
       const int port = ddp::testing::free_port();
       auto errors = ddp::testing::run_threads(world, [&](int r) {
         auto pg = ddp::make_process_group(ddp::testing::thread_rank(r, world, port));
@@ -383,14 +388,55 @@ TEST(Zero, OverlapWithDdpEqualsDdpWithTheUnshardedOptimizer) {
         EXPECT_THROW(zero->step(), ddp::ConfigError);
         model.register_comm_hook(
             ddp::comm_hooks::hook_with_zero_step(ddp::comm_hooks::allreduce(), zero));
+        std::vector<at::Tensor> params_at_cut;
+        std::vector<int64_t> order;
         for (int s = 0; s < kSteps; ++s) {
+          if (s == kCut) {  // a checkpoint: the consolidated state, DDP's buckets, the weights
+            zero->consolidate_state_dict(0);
+            if (r == 0) {
+              std::lock_guard<std::mutex> lock(mu);
+              consolidated = zero->state_dict();
+            }
+            params_at_cut = overlap::snapshot(net);
+            order = model.bucket_order();
+          }
           zero->zero_grad();
           model(setup.batches[s][r]).pow(2).mean().backward();
           zero->step();  // nothing: the hook stepped
         }
         got[r] = overlap::snapshot(net);
         state_bytes[r] = zero->state_bytes();
-        EXPECT_THROW(zero->shard_state(), ddp::ConfigError);
+        pg->barrier().wait();
+
+        // Resumed from the checkpoint in a new DDP and optimizer: the same bytes at the end.
+        auto again = overlap::make_net();
+        {
+          torch::NoGradGuard no_grad;
+          auto params = again->parameters();
+          for (size_t i = 0; i < params.size(); ++i) params[i].copy_(params_at_cut[i]);
+        }
+        ddp::DistributedDataParallel resumed(again.ptr(), overlap::ddp_options(pg));
+        resumed.restore_bucket_order(order);
+        auto zero2 = std::make_shared<ZeroRedundancyOptimizer>(
+            k == Kind::kSgd
+                ? ZeroRedundancyOptimizer::make<torch::optim::SGD>(
+                      again->parameters(),
+                      torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3), pg,
+                      overlapped)
+                : ZeroRedundancyOptimizer::make<torch::optim::AdamW>(
+                      again->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(1e-2),
+                      pg, overlapped));
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          zero2->load_state_dict(consolidated);
+        }
+        resumed.register_comm_hook(
+            ddp::comm_hooks::hook_with_zero_step(ddp::comm_hooks::allreduce(), zero2));
+        for (int s = kCut; s < kSteps; ++s) {
+          zero2->zero_grad();
+          resumed(setup.batches[s][r]).pow(2).mean().backward();
+        }
+        got_resumed[r] = overlap::snapshot(again);
         pg->barrier().wait();
       });
       for (int r = 0; r < world; ++r) {
@@ -400,6 +446,8 @@ TEST(Zero, OverlapWithDdpEqualsDdpWithTheUnshardedOptimizer) {
       for (int r = 0; r < world; ++r) {
         expect_equal(got[r], want[r], fmt::format("{}, world {}, rank {}", name(k), world, r));
         expect_equal(got[r], got[0], fmt::format("{}, world {}, rank {} vs 0", name(k), world, r));
+        expect_equal(got_resumed[r], got[r],
+                     fmt::format("{}, world {}, rank {}, resumed", name(k), world, r));
       }
       // The state exists once: every rank holds some, together as much as one unsharded
       // optimizer (SGD: a momentum per element; AdamW: two moments, 4 bytes each).
