@@ -30,7 +30,9 @@
 #
 # Usage: benchmarks/emulated_network.sh [-H HOSTS] [-p RANKS_PER_HOST] [-l "1gbit 10gbit"]
 #          [-d DELAY] [-m "classic-cnn mlp-1024"] [-c "gloo auto ..."] [-r ROUNDS] [-s STEPS]
-#          [-o OUT_PREFIX] [-C]
+#          [-o OUT_PREFIX] [-C] [-P]
+#   -P pins each host's processes to its own CPU (host k on CPU k mod CPUs): hosts then do not
+#   take each other's cores, though a host's ranks share its one.
 #   defaults: -H 2 -p 2 -l "1gbit 10gbit" -d 0.2ms -r 3 -s 30, all models and configurations;
 #   writes OUT_PREFIX.csv (every run: link, model, configuration, round, samples/s, and the
 #   per-step breakdown in ms: step, data, forward, backward, comm, optimizer) and prints
@@ -41,13 +43,13 @@ set -euo pipefail
 hosts=2 per=2 links="1gbit 10gbit" delay=0.2ms rounds=3 steps=30 out=emulated_network
 models="classic-cnn mlp-1024"
 configs="gloo auto auto+bf16 gloo+powersgd auto+powersgd auto+zero pytorch no-ddp pytorch-no-ddp"
-sweep=1
-while getopts "H:p:l:d:m:c:r:s:o:Ch" opt; do
+sweep=1 pin_hosts=0
+while getopts "H:p:l:d:m:c:r:s:o:CPh" opt; do
   case $opt in
     H) hosts=$OPTARG ;; p) per=$OPTARG ;; l) links=$OPTARG ;; d) delay=$OPTARG ;;
     m) models=$OPTARG ;; c) configs=$OPTARG ;; r) rounds=$OPTARG ;; s) steps=$OPTARG ;;
-    o) out=$OPTARG ;; C) sweep=0 ;;
-    *) sed -n '2,39p' "$0"; exit 2 ;;
+    o) out=$OPTARG ;; C) sweep=0 ;; P) pin_hosts=1 ;;
+    *) sed -n '2,42p' "$0"; exit 2 ;;
   esac
 done
 die() { echo "emulated_network.sh: $*" >&2; exit 1; }
@@ -126,9 +128,11 @@ run_job() {
     else
       launch=("$ddprun")
     fi
+    pin=()  # -P: each host on its own CPUs (host k on CPU k mod CPUs), as real hosts are
+    ((pin_hosts)) && pin=(taskset -c "$((k % $(nproc)))")
     timeout 600 ip netns exec "$(ns $k)" unshare --uts sh -c 'hostname "$0" && exec "$@"' \
-      "$(ns $k)" env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME="${tag}v$k" \
-      "${launch[@]}" --nnodes "$hosts" --nproc_per_node "$per" --node_rank "$k" \
+      "$(ns $k)" "${pin[@]}" env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 \
+      GLOO_SOCKET_IFNAME="${tag}v$k" "${launch[@]}" --nnodes "$hosts" --nproc_per_node "$per" --node_rank "$k" \
       --master_addr "$(addr 0)" --master_port "$port" "$@" >"$tmp/$label.host$k.log" 2>&1 &
     pids+=($!)
   done
