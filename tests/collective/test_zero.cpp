@@ -58,28 +58,29 @@ void set_grads(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& g
 enum class Kind { kSgd, kAdamW };
 const char* name(Kind k) { return k == Kind::kSgd ? "SGD(momentum 0.9)" : "AdamW"; }
 
+const auto kSgdOptions = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3);
+const auto kAdamWOptions = torch::optim::AdamWOptions(1e-3).weight_decay(1e-2);
+
 ZeroRedundancyOptimizer make_zero(Kind k, std::vector<at::Tensor> params,
-                                  std::shared_ptr<ProcessGroup> pg) {
+                                  std::shared_ptr<ProcessGroup> pg,
+                                  ddp::ZeroOptions options = {}) {
   if (k == Kind::kSgd) {
-    return ZeroRedundancyOptimizer::make<torch::optim::SGD>(
-        std::move(params), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3),
-        std::move(pg));
+    return ZeroRedundancyOptimizer::make<torch::optim::SGD>(std::move(params), kSgdOptions,
+                                                            std::move(pg), options);
   }
-  return ZeroRedundancyOptimizer::make<torch::optim::AdamW>(
-      std::move(params), torch::optim::AdamWOptions(1e-3).weight_decay(1e-2), std::move(pg));
+  return ZeroRedundancyOptimizer::make<torch::optim::AdamW>(std::move(params), kAdamWOptions,
+                                                            std::move(pg), options);
+}
+
+std::unique_ptr<torch::optim::Optimizer> unsharded(Kind k, std::vector<at::Tensor> params) {
+  if (k == Kind::kSgd) return std::make_unique<torch::optim::SGD>(std::move(params), kSgdOptions);
+  return std::make_unique<torch::optim::AdamW>(std::move(params), kAdamWOptions);
 }
 
 // The unsharded optimizer on one replica: the reference after each of `steps` steps.
 std::vector<std::vector<at::Tensor>> reference(Kind k, const Problem& p, int steps) {
   std::vector<at::Tensor> params = copies(p.init);
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (k == Kind::kSgd) {
-    opt = std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
-  } else {
-    opt = std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(1e-3).weight_decay(1e-2));
-  }
+  std::unique_ptr<torch::optim::Optimizer> opt = unsharded(k, params);
   std::vector<std::vector<at::Tensor>> after;
   for (int s = 0; s < steps; ++s) {
     set_grads(params, p.grads[s]);
@@ -352,15 +353,7 @@ TEST(Zero, OverlapWithDdpEqualsDdpWithTheUnshardedOptimizer) {
         {  // DDP with the unsharded optimizer, no update in steps 0 and 1
           auto net = overlap::net_from(setup);
           ddp::DistributedDataParallel model(net.ptr(), overlap::ddp_options(pg));
-          auto params = net->parameters();
-          std::unique_ptr<torch::optim::Optimizer> opt;
-          if (k == Kind::kSgd) {
-            opt = std::make_unique<torch::optim::SGD>(
-                params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
-          } else {
-            opt = std::make_unique<torch::optim::AdamW>(
-                params, torch::optim::AdamWOptions(1e-3).weight_decay(1e-2));
-          }
+          std::unique_ptr<torch::optim::Optimizer> opt = unsharded(k, net->parameters());
           for (int s = 0; s < kSteps; ++s) {
             opt->zero_grad();
             model(setup.batches[s][r]).pow(2).mean().backward();
@@ -370,20 +363,9 @@ TEST(Zero, OverlapWithDdpEqualsDdpWithTheUnshardedOptimizer) {
         }
         auto net = overlap::net_from(setup);
         ddp::DistributedDataParallel model(net.ptr(), overlap::ddp_options(pg));
-        std::shared_ptr<ZeroRedundancyOptimizer> zero;
         const ddp::ZeroOptions overlapped{.overlap_with_ddp = true};
-        if (k == Kind::kSgd) {
-          zero = std::make_shared<ZeroRedundancyOptimizer>(
-              ZeroRedundancyOptimizer::make<torch::optim::SGD>(
-                  net->parameters(),
-                  torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3), pg,
-                  overlapped));
-        } else {
-          zero = std::make_shared<ZeroRedundancyOptimizer>(
-              ZeroRedundancyOptimizer::make<torch::optim::AdamW>(
-                  net->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(1e-2), pg,
-                  overlapped));
-        }
+        auto zero = std::make_shared<ZeroRedundancyOptimizer>(
+            make_zero(k, net->parameters(), pg, overlapped));
         // step() before the hook: the option says the hook steps.
         EXPECT_THROW(zero->step(), ddp::ConfigError);
         model.register_comm_hook(
@@ -418,14 +400,7 @@ TEST(Zero, OverlapWithDdpEqualsDdpWithTheUnshardedOptimizer) {
         ddp::DistributedDataParallel resumed(again.ptr(), overlap::ddp_options(pg));
         resumed.restore_bucket_order(order);
         auto zero2 = std::make_shared<ZeroRedundancyOptimizer>(
-            k == Kind::kSgd
-                ? ZeroRedundancyOptimizer::make<torch::optim::SGD>(
-                      again->parameters(),
-                      torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3), pg,
-                      overlapped)
-                : ZeroRedundancyOptimizer::make<torch::optim::AdamW>(
-                      again->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(1e-2),
-                      pg, overlapped));
+            make_zero(k, again->parameters(), pg, overlapped));
         {
           std::lock_guard<std::mutex> lock(mu);
           zero2->load_state_dict(consolidated);
