@@ -32,6 +32,10 @@ using Backend = ::c10d::Backend;
 using Backend = ::c10d::ProcessGroup;
 #endif
 
+// LibTorch 1.13's ProcessGroupGloo refuses bfloat16 in every collective ("Invalid scalar
+// type"); 2.x moves and reduces it.
+inline constexpr bool kGlooTakesBFloat16 = TORCH_VERSION_MAJOR >= 2;
+
 // The key under which torch::optim::Optimizer::state() keeps a parameter's state: the address
 // of its TensorImpl printed as a string in 1.13, the TensorImpl pointer itself from 2.0 on.
 #if TORCH_VERSION_MAJOR >= 2

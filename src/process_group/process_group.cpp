@@ -47,8 +47,9 @@ void check_supported(const detail::ProcessGroupImpl& pg, const CollectiveDesc& c
             t.device().str(), cuda ? "nccl" : "gloo", cuda ? "CUDA" : "CPU");
   const bool reducing = call.op == Collective::kAllReduce || call.op == Collective::kReduceScatter;
   DDP_CHECK(!reducing || caps.can_reduce(call.dtype), Error,
-            "[rank {}] {} #{}: the {} backend cannot reduce {} tensors", pg.env.rank, name(call.op),
-            pg.seq + 1, caps.name, c10::toString(t.scalar_type()));
+            "[rank {}] {} #{}: the {} backend cannot reduce {} tensors; convert them before "
+            "the call (to float32, say)",
+            pg.env.rank, name(call.op), pg.seq + 1, caps.name, c10::toString(t.scalar_type()));
 }
 
 // Note [Staging tensors]

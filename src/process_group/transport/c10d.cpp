@@ -4,6 +4,7 @@
 #include "base/check.h"
 #include "process_group/internal.h"
 #include "process_group/transport/c10d_ops.h"
+#include "process_group/transport/tensors.h"  // bytes_of
 #include "process_group/transport/transports.h"
 
 namespace ddp {
@@ -74,11 +75,15 @@ class C10dTransport final : public Transport {
       caps_.can_abort = true;
       caps_.cpu_tensors = false;
       caps_.cuda_tensors = true;
-    } else {
-      // Gloo in LibTorch 1.13 has no bfloat16 reduction ("Invalid scalar type").
-      caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kBF16, DType::kOther});
+    } else if (c10d_compat::kGlooTakesBFloat16) {
+      caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kOther});
       caps_.reducible_dtypes = Capabilities::all_dtypes_but({});  // Gloo says what it refuses
       caps_.cuda_tensors = DDP_WITH_NCCL;  // a CUDA LibTorch's Gloo stages them itself
+    } else {
+      // Gloo in LibTorch 1.13 cannot sum bfloat16 (nor move it: see as_gloo_moves).
+      caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kBF16, DType::kOther});
+      caps_.reducible_dtypes = Capabilities::all_dtypes_but({DType::kBF16});
+      caps_.cuda_tensors = DDP_WITH_NCCL;
     }
   }
 
@@ -102,12 +107,14 @@ class C10dTransport final : public Transport {
   }
 
   Started broadcast(const CollectiveDesc& call, at::Tensor& tensor) override {
-    return {pending(c10d_ops::broadcast(*backend_, tensor, call.root)), {}};
+    return {pending(c10d_ops::broadcast(*backend_, as_gloo_moves(tensor), call.root)), {}};
   }
 
   Started all_gather(const CollectiveDesc&, std::vector<at::Tensor>& outputs,
                      const at::Tensor& input) override {
-    return {pending(c10d_ops::all_gather(*backend_, outputs, input)), {}};
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& o : outputs) out.push_back(as_gloo_moves(o));
+    return {pending(c10d_ops::all_gather(*backend_, out, as_gloo_moves(input))), {}};
   }
 
   // Gloo has no reduce_scatter: an all-to-all sends inputs[j] to rank j (the bandwidth of a
@@ -138,6 +145,16 @@ class C10dTransport final : public Transport {
   }
 
  private:
+  // What only moves bytes needs no dtype Gloo knows: on LibTorch 1.13 a (contiguous) bfloat16
+  // tensor goes as its bytes (Gloo there knows no 16-bit integer either).
+  at::Tensor as_gloo_moves(const at::Tensor& t) const {
+    if (c10d_compat::kGlooTakesBFloat16 || caps_.name == "nccl" ||
+        t.scalar_type() != at::kBFloat16 || !t.is_contiguous()) {
+      return t;
+    }
+    return transport::bytes_of(t);
+  }
+
   std::shared_ptr<Pending> pending(c10::intrusive_ptr<::c10d::Work> work) const {
     return std::make_shared<C10dPending>(std::move(work), caps_.cuda_tensors && !caps_.cpu_tensors);
   }
