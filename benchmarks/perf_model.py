@@ -413,7 +413,8 @@ plot '{pred}' using 1:2 with points pt 7 title 'runs', f(x) title 'exact' lw 2, 
                            for i, t in enumerate(titles))
         script += f"""
 set output '{png_dir}/perf_model_scaling.png'
-set title 'Extrapolated scaling efficiency, {fastest / 1e9:.0f} Gbit/s links, {PER_HOST} ranks per host (weak scaling)'
+set title 'Extrapolated scaling efficiency, {fastest / 1e9:.0f} Gbit/s links, \
+{PER_HOST} ranks per host (weak scaling)'
 set xlabel 'ranks'; set ylabel 'efficiency'; unset logscale; set logscale x 2
 set yrange [0:1.05]; set key bottom left
 plot {series}

@@ -176,7 +176,8 @@ def worker(args):
     w = wall.item()
     if rank == 0:
         row = dict(samples_per_s=args.steps * args.batch_size / w, step_ms=w / args.steps * 1e3)
-        print(f"# pytorch {torch.__version__} {'no DDP' if args.no_ddp else 'DDP'} ({backend}) on {device}: {args.model}, global batch "
+        kind = "no DDP" if args.no_ddp else "DDP"
+        print(f"# pytorch {torch.__version__} {kind} ({backend}) on {device}: {args.model}, global batch "
               f"{args.batch_size}, {world} ranks x {args.threads} thread(s): "
               f"{row['samples_per_s']:.1f} samples/s, {row['step_ms']:.2f} ms/step "
               f"(data {ms[0]:.2f}, forward {ms[1]:.2f}, backward+comm {ms[2]:.2f}, "

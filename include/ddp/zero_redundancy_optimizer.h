@@ -20,23 +20,23 @@
 //
 // Note [ZeRO overlapped with DDP]
 // ZeroOptions::overlap_with_ddp, as PyTorch's: the shard's step runs inside DDP's comm hook,
-// bucket by bucket, instead of in step() after backward. Register
-//   model.register_comm_hook(ddp::comm_hooks::hook_with_zero_step(ddp::comm_hooks::allreduce(), zero));
-// with `zero` a shared_ptr to the optimizer; then step() does nothing (PyTorch's does nothing
-// either) and zero_grad() works as usual. Each DDP bucket is owned by one rank, given out as the
-// buckets come (to the rank owning the fewest elements so far, PyTorch's rule); when a bucket's
-// all-reduce is done, its owner steps that bucket's parameters with the averaged gradients (an
-// optimizer per owned bucket) and broadcasts them; nobody waits for a broadcast before the next
-// bucket (owners step at once), the last bucket waits for them all, so every rank holds every
-// updated parameter when backward returns. As in PyTorch (static_graph false), the first two iterations update
-// nothing: DDP rebuilds its buckets after the first, and the owners are given out on the
-// buckets that stay. The steps run when DDP waits for each bucket (Note [Chained futures]): in
-// bucket order after backward's compute, overlapping the later buckets' all-reduces, not
-// backward itself. Checkpoints work as without the option (Note [ZeRO checkpoints]); the state
-// also holds the hook's iteration count, so a resumed run does not skip two updates again, and
-// a state loaded before a bucket is given out waits for it (each rank then keeps the states of
-// the parameters it comes to own). Restore DDP's bucket order too (bucket_order(),
-// restore_bucket_order()): the owners follow the buckets.
+// bucket by bucket, instead of in step() after backward. With `zero` a shared_ptr to it:
+//   model.register_comm_hook(comm_hooks::hook_with_zero_step(comm_hooks::allreduce(), zero));
+// then step() does nothing (nor does PyTorch's) and zero_grad() works as usual. Each DDP bucket
+// is owned by one rank, given out as the buckets come (to the rank owning the fewest elements
+// so far, PyTorch's rule); when a bucket's all-reduce is done, its owner steps its parameters
+// with the averaged gradients (an optimizer per owned bucket) and broadcasts them; nobody waits
+// for a broadcast before the next bucket (owners step at once), the last bucket waits for them
+// all, so every rank holds every updated parameter when backward returns. As in PyTorch
+// (static_graph false), the first two iterations update nothing: DDP rebuilds its buckets after
+// the first. The steps run when DDP waits for each bucket (Note [Chained futures]): in bucket
+// order after backward's compute, overlapping the later buckets' all-reduces, not backward.
+// Checkpoints work as without the option (Note [ZeRO checkpoints]); the state also holds the
+// hook's iteration count, so a resumed run does not skip two updates again, and a state loaded
+// before a bucket is given out waits for it (each rank keeps the states of the parameters it
+// comes to own). Restore DDP's bucket order too (bucket_order(), restore_bucket_order()): the
+// owners follow the buckets, and a bucket that changes after its owner was chosen is a
+// ConfigError.
 //
 // Note [ZeRO checkpoints]
 // shard_state() is this rank's part: for each parameter it owns, the global index, its element

@@ -447,7 +447,8 @@ TEST(Zero, HookWithZeroStepNeedsTheOverlapOption) {
       auto params = net->parameters();
       auto alone = std::make_shared<ZeroRedundancyOptimizer>(
           ZeroRedundancyOptimizer::make<torch::optim::SGD>(
-              params, torch::optim::SGDOptions(0.1), pg, ddp::ZeroOptions{.overlap_with_ddp = true}));
+              params, torch::optim::SGDOptions(0.1), pg,
+              ddp::ZeroOptions{.overlap_with_ddp = true}));
       ddp::comm_hooks::hook_with_zero_step(ddp::comm_hooks::allreduce(), alone);
       const at::Tensor before = params[0].detach().clone();
       for (at::Tensor& p : params) p.mutable_grad() = torch::ones_like(p);

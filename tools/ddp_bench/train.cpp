@@ -146,8 +146,9 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   // overlapped with DDP]).
   std::shared_ptr<ZeroRedundancyOptimizer> zero;
   if ((o.zero || o.zero_overlap) && ddp) {
-    zero = std::make_shared<ZeroRedundancyOptimizer>(ZeroRedundancyOptimizer::make<torch::optim::SGD>(
-        net->parameters(), sgd, group, ZeroOptions{.overlap_with_ddp = o.zero_overlap}));
+    zero = std::make_shared<ZeroRedundancyOptimizer>(
+        ZeroRedundancyOptimizer::make<torch::optim::SGD>(
+            net->parameters(), sgd, group, ZeroOptions{.overlap_with_ddp = o.zero_overlap}));
     if (o.zero_overlap) {
       hook = comm_hooks::hook_with_zero_step(hook ? hook : comm_hooks::allreduce(), zero);
     }
