@@ -10,7 +10,10 @@
 #
 #   configuration       what
 #   gloo                flat Gloo between all ranks, no hook (the reference ratio 1.00)
-#   auto                the default: shm inside a host, Gloo between hosts (the hierarchy)
+#   auto                the default: shm inside a host, Gloo between hosts (the hierarchy),
+#                       its all_reduces over flat Gloo from the size where that measured
+#                       faster as the group formed (Note [Choosing the all_reduce route])
+#   hierarchy           backend shm+gloo: the hierarchy for every all_reduce, nothing measured
 #   auto+bf16           the hierarchy with the bf16 hook (half the bytes)
 #   gloo+powersgd       flat Gloo with PowerSGD rank 1 (compressing from the third step)
 #   auto+powersgd       the hierarchy with PowerSGD rank 1
@@ -21,8 +24,8 @@
 #   pytorch-no-ddp      PyTorch without DDP, likewise
 #
 # Inputs of the performance model (benchmarks/perf_model.py) come out beside the runs: per link,
-# a `ddp-bench collectives` sweep across the hosts (gloo and auto; all_reduce, broadcast,
-# all_gather; float32, and bfloat16 on auto) in OUT_PREFIX.collectives.csv (-C skips it), and every
+# a `ddp-bench collectives` sweep across the hosts (gloo and shm+gloo; all_reduce, broadcast,
+# all_gather; float32, and bfloat16 on shm+gloo) in OUT_PREFIX.collectives.csv (-C skips it), and every
 # ddp-bench run's bucket profile (bucket bytes, launch times) in OUT_PREFIX.buckets.csv.
 #
 # The cores are shared by every host (H x P ranks on this machine's CPUs), so compute is slower
@@ -42,7 +45,8 @@ set -euo pipefail
 
 hosts=2 per=2 links="1gbit 10gbit" delay=0.2ms rounds=3 steps=30 out=emulated_network
 models="classic-cnn mlp-1024"
-configs="gloo auto auto+bf16 gloo+powersgd auto+powersgd auto+zero pytorch no-ddp pytorch-no-ddp"
+configs="gloo auto hierarchy auto+bf16 gloo+powersgd auto+powersgd auto+zero pytorch no-ddp"
+configs+=" pytorch-no-ddp"
 sweep=1 pin_hosts=0
 while getopts "H:p:l:d:m:c:r:s:o:CPh" opt; do
   case $opt in
@@ -163,6 +167,7 @@ measure() {
       --backend gloo --no-ddp --label "$config" --csv "$tmp/run.csv"
   else
     backend=${config%%+*}
+    [[ $backend == hierarchy ]] && backend=shm+gloo
     hook=none
     args=()
     case $config in
@@ -194,10 +199,11 @@ collectives=$out.collectives.csv
   > "$collectives"
 sweep_collectives() {
   local backend dtypes
-  # bfloat16 on the hierarchy only: the bf16 hook's configurations run there.
-  for backend in gloo auto; do
+  # The hierarchy as shm+gloo (auto's route would mix the two); bfloat16 there only: the bf16
+  # hook's configurations run there.
+  for backend in gloo shm+gloo; do
     dtypes=float32
-    [[ $backend == auto ]] && dtypes=float32,bfloat16
+    [[ $backend == shm+gloo ]] && dtypes=float32,bfloat16
     rm -f "$tmp/coll.csv"
     run_job collectives ddprun "$bench" collectives --backend "$backend" \
       --ops all_reduce,broadcast,all_gather --dtype "$dtypes" --min-bytes 4K --max-bytes 16M \

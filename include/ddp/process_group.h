@@ -37,12 +37,12 @@ namespace ddp {
 // kDefaultRendezvousTimeout and kDefaultCollectiveTimeout: ddp/env.h (ddprun shares them).
 
 struct InitOptions {
-  // "shm" (CPU tensors, every rank on this host: shared memory), "gloo" (CPU tensors, any
-  // hosts), "nccl" (CUDA tensors; CUDA builds only) or "auto": nccl when it is compiled in and
-  // a GPU is visible; else shm when every rank of the group shares this host; else, when the
-  // ranks span hosts with the same number (> 1) on each, "shm+gloo" (every collective in shared
-  // memory inside each host and over Gloo between hosts, each rank carrying its share of the
-  // traffic between hosts); else gloo. backend() says which was chosen.
+  // "shm" (CPU tensors, every rank on this host), "gloo" (CPU tensors, any hosts), "shm+gloo"
+  // (shared memory inside each host, Gloo between hosts: the same number > 1 of ranks on each),
+  // "nccl" (CUDA builds) or "auto": nccl when compiled in and a GPU is visible; else shm when
+  // every rank shares this host; else shm+gloo where it can form, its large all_reduces over
+  // flat Gloo where that measured faster as the group formed (the measurement's collectives
+  // come first; Note [Choosing the all_reduce route]); else gloo. backend() says which.
   // Unset: DDP_BACKEND, else "auto".
   std::optional<std::string> backend;
   // Explicit placement; when rank and world_size are both set, the launch environment is not

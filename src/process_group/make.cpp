@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "process_group/cuda_device.h"
 #include "process_group/internal.h"
+#include "process_group/route_choice.h"
 #include "process_group/shm_setup.h"
 #include "process_group/store_exchange.h"
 #include "process_group/transport/transports.h"
@@ -109,7 +110,7 @@ std::string requested_backend(const InitOptions& o) {
 // The backend before locality is known: "gloo", "nccl", "shm", or "cpu-auto" (shm when every
 // rank shares this host, else gloo).
 std::string choose_backend(const std::string& requested) {
-  if (requested == "gloo" || requested == "shm") return requested;
+  if (requested == "gloo" || requested == "shm" || requested == "shm+gloo") return requested;
   if (requested == "nccl") {
     DDP_CHECK(DDP_WITH_NCCL, ConfigError,
               "backend 'nccl' is not available: this build of ddp-cpp uses a CPU-only LibTorch. "
@@ -117,8 +118,8 @@ std::string choose_backend(const std::string& requested) {
     return requested;
   }
   DDP_CHECK(requested == "auto", ConfigError,
-            "unknown backend '{}': choose 'shm' (CPU, ranks on one host), 'gloo' (CPU), 'nccl' "
-            "(CUDA) or 'auto'",
+            "unknown backend '{}': choose 'shm' (CPU, ranks on one host), 'gloo' (CPU), "
+            "'shm+gloo' (CPU, shm inside hosts and Gloo between), 'nccl' (CUDA) or 'auto'",
             requested);
 #if DDP_WITH_NCCL
   if (torch::cuda::is_available()) return "nccl";
@@ -320,8 +321,17 @@ std::string form_hierarchy(detail::ProcessGroupImpl& impl, const InitOptions& o,
   return "";
 }
 
+// Every rank refuses the locality they all read (an explicit backend it does not allow), with
+// `message`: once all have read it (rank 0 may host the store: Note [Store exchange]).
+[[noreturn]] void refuse_together(detail::ProcessGroupImpl& impl, const std::string& message) {
+  store_exchange::exchange(*impl.store, "shm/refused", impl.env.rank, impl.env.world_size, "",
+                           store_exchange::Linger::kUntilAllRead);
+  throw RendezvousError(message);
+}
+
 // The CPU transports by locality: shm when every rank is on this host (asked for, or chosen by
-// auto); the hierarchy when the ranks span hosts with several on each (auto only); else Gloo.
+// auto or shm+gloo); the hierarchy when the ranks span hosts with several on each (auto, which
+// then measures its route, or shm+gloo, which must get it); else Gloo.
 std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
                                          const std::string& choice) {
   const DistEnv& env = impl.env;
@@ -332,13 +342,26 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
     why_not = form_shm(impl, out);
   } else {
     why_not = where.first_difference;
-    DDP_CHECK(choice != "shm", RendezvousError,
-              "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on "
-              "one host (same kernel, same pid namespace); use backend 'auto' (shared memory "
-              "inside each host, Gloo between them) or 'gloo'.",
-              env.rank, why_not);
-    if (where.uniform() && where.host_size.front() > 1) {
+    const bool uniform = where.uniform() && where.host_size.front() > 1;
+    if (choice == "shm") {
+      refuse_together(impl, fmt::format("[rank {}] backend 'shm' cannot be used: {}. It needs "
+                                        "every rank of the group on one host (same kernel, same "
+                                        "pid namespace); use backend 'auto' (shared memory "
+                                        "inside each host, Gloo between them) or 'gloo'.",
+                                        env.rank, why_not));
+    }
+    if (!uniform && choice == "shm+gloo") {
+      refuse_together(impl, fmt::format("[rank {}] backend 'shm+gloo' cannot be used: {} hosts "
+                                        "with {} ranks; it needs the same number of ranks, more "
+                                        "than one, on every host. Use backend 'auto' or 'gloo'.",
+                                        env.rank, where.hosts(),
+                                        fmt::join(where.host_size, "/")));
+    }
+    if (uniform) {
       why_not = form_hierarchy(impl, o, where, out);
+      DDP_CHECK(why_not.empty() || choice != "shm+gloo", RendezvousError,
+                "[rank {}] backend 'shm+gloo' cannot be used: {}. Use backend 'auto' or 'gloo'.",
+                env.rank, why_not);
     } else if (env.rank == 0 && debug_info(env)) {
       log::note(env.rank,
                 "{} hosts with {} ranks; a hierarchy needs the same number, more than one, on "
@@ -356,6 +379,23 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
   }
   impl.shm_peers = {};
   return c10d_transport(impl, o, "gloo");
+}
+
+// Note [Choosing the all_reduce route] (route_choice.h): backend auto's hierarchy measures
+// which way its all_reduces go.
+void choose_route(ProcessGroup& pg, Transport& transport, const DistEnv& env) {
+  std::vector<RouteSample> samples;
+  try {
+    samples = measure_routes(pg, transport);
+  } catch (const Error& e) {
+    throw RendezvousError(fmt::format(
+        "[rank {}] all {} ranks joined and the shm+gloo transport formed, but measuring its "
+        "all_reduce against flat Gloo failed: {}",
+        env.rank, env.world_size, e.what()));
+  }
+  const uint64_t from = flat_route_from(samples);
+  transport.set_flat_route_from(from);
+  if (env.rank == 0 && debug_info(env)) log::note(env.rank, "{}", describe_routes(samples, from));
 }
 
 }  // namespace
@@ -383,14 +423,18 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   agree_on_backend(*impl->store, env, requested);
   // All ranks are present: the transport forms (Gloo and NCCL connect their pairs through the
   // same store).
-  impl->transport = choice == "shm" || choice == "cpu-auto" ? cpu_transport(*impl, o, choice)
-                                                            : c10d_transport(*impl, o, choice);
+  impl->transport = choice == "shm" || choice == "shm+gloo" || choice == "cpu-auto"
+                        ? cpu_transport(*impl, o, choice)
+                        : c10d_transport(*impl, o, choice);
   if (env.rank == 0 && debug_info(env)) {
     log::note(env.rank, "process group '{}' of {} ranks over {}", o.group_name, env.world_size,
               impl->caps().name);
   }
   add_diagnostics(*impl, o, rc.key_prefix);
-  return std::make_shared<ProcessGroup>(std::move(impl));
+  Transport& transport = *impl->transport;
+  auto pg = std::make_shared<ProcessGroup>(std::move(impl));
+  if (choice == "cpu-auto" && transport.has_flat_route()) choose_route(*pg, transport, env);
+  return pg;
 }
 
 }  // namespace ddp

@@ -15,7 +15,7 @@ endforeach()
 # DDP equivalence over the hierarchy (4 ranks as 2 hosts x 2: shm inside, Gloo between).
 add_test(NAME test_ddp_equivalence_hier COMMAND test_ddp_equivalence)
 set_tests_properties(test_ddp_equivalence_hier PROPERTIES LABELS collective TIMEOUT 600
-  ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};DDP_TEST_BACKEND=auto;DDP_TEST_HOSTS=2")
+  ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};DDP_TEST_BACKEND=shm+gloo;DDP_TEST_HOSTS=2")
 
 # ZeroRedundancyOptimizer: sharded optimizer state, equal to the unsharded optimizer.
 ddp_add_test(NAME test_zero SOURCES test_zero.cpp LABEL collective LIBS ddp TIMEOUT 300)

@@ -23,21 +23,27 @@ using testing::message_of;
 using testing::run_threads;
 using testing::thread_rank;
 
-// `hosts[r]` names rank r's host.
+constexpr uint64_t kNever = Transport::kNever;
+
+// `hosts[r]` names rank r's host. "shm+gloo": the hierarchy, its route not measured.
 InitOptions on_host(int rank, const std::vector<std::string>& hosts, int port,
-                    std::chrono::milliseconds timeout = 60s) {
+                    std::chrono::milliseconds timeout = 60s, std::string backend = "shm+gloo") {
   InitOptions o = thread_rank(rank, static_cast<int>(hosts.size()), port, timeout);
-  o.backend = "auto";
+  o.backend = std::move(backend);
   o.host_id = hosts[rank];
   return o;
 }
 
+// fn on every rank of a group laid out on `hosts`; all_reduces of `flat_from` bytes and more
+// take flat Gloo (Note [Choosing the all_reduce route]).
 void run_on_hosts(const std::vector<std::string>& hosts,
-                  const std::function<void(ProcessGroup&)>& fn) {
+                  const std::function<void(ProcessGroup&)>& fn, uint64_t flat_from = kNever,
+                  const std::string& backend = "shm+gloo") {
   const int port = testing::free_port();
   const int n = static_cast<int>(hosts.size());
   auto errors = run_threads(n, [&](int r) {
-    auto pg = make_process_group(on_host(r, hosts, port));
+    auto pg = make_process_group(on_host(r, hosts, port, 60s, backend));
+    if (flat_from != kNever) detail::impl_of(*pg).transport->set_flat_route_from(flat_from);
     fn(*pg);
     pg->barrier().wait();
   });
@@ -46,9 +52,11 @@ void run_on_hosts(const std::vector<std::string>& hosts,
   }
 }
 
-std::string backend_for(const std::vector<std::string>& hosts) {
+std::string backend_for(const std::vector<std::string>& hosts,
+                        const std::string& backend = "auto") {
   std::vector<std::string> got(hosts.size());
-  run_on_hosts(hosts, [&](ProcessGroup& pg) { got[pg.rank()] = pg.backend(); });
+  run_on_hosts(
+      hosts, [&](ProcessGroup& pg) { got[pg.rank()] = pg.backend(); }, kNever, backend);
   for (const auto& b : got) EXPECT_EQ(b, got[0]);
   return got[0];
 }
@@ -62,6 +70,71 @@ TEST(Hierarchy, ChosenForEqualHostsWithSeveralRanksElseGloo) {
   EXPECT_EQ(backend_for({"a", "a", "b"}), "gloo");           // unequal hosts
   EXPECT_EQ(backend_for({"a", "b"}), "gloo");                // one rank per host
   EXPECT_EQ(backend_for({"a", "a"}), "shm");                 // one host
+}
+
+// Asked for by name, the hierarchy forms where it can (one host: shm), and is an error on every
+// rank where it cannot.
+TEST(Hierarchy, ExplicitShmPlusGlooNeedsEqualHostsWithSeveralRanks) {
+  EXPECT_EQ(backend_for(kTwoByTwo, "shm+gloo"), "shm+gloo");
+  EXPECT_EQ(backend_for({"a", "a"}, "shm+gloo"), "shm");
+  for (const auto& hosts : std::vector<std::vector<std::string>>{{"a", "a", "b"}, {"a", "b"}}) {
+    const int n = static_cast<int>(hosts.size());
+    const int port = testing::free_port();
+    std::vector<std::string> messages(n);
+    auto errors = run_threads(n, [&](int r) {
+      try {
+        make_process_group(on_host(r, hosts, port));
+      } catch (const RendezvousError& e) {
+        messages[r] = e.what();
+      }
+    });
+    const std::string layout = n == 3 ? "2 hosts with 2/1 ranks" : "2 hosts with 1/1 ranks";
+    for (int r = 0; r < n; ++r) {
+      EXPECT_FALSE(errors[r]) << message_of(errors[r]);
+      EXPECT_NE(messages[r].find(fmt::format("[rank {}] backend 'shm+gloo' cannot be used: {}; it "
+                                             "needs the same number of ranks, more than one, on "
+                                             "every host. Use backend 'auto' or 'gloo'.",
+                                             r, layout)),
+                std::string::npos)
+          << messages[r];
+    }
+  }
+}
+
+// Note [Choosing the all_reduce route]: backend auto measures both routes as the group forms,
+// in numbered collectives, and every rank takes the same choice; shm+gloo measures nothing.
+TEST(Hierarchy, AutoMeasuresItsAllReduceRouteAndEveryRankChoosesTheSame) {
+  for (const std::string backend : {"auto", "shm+gloo"}) {
+    std::vector<uint64_t> from(4), issued(4);
+    std::vector<std::string> first(4);
+    run_on_hosts(
+        kTwoByTwo,
+        [&](ProcessGroup& pg) {
+          ASSERT_EQ(pg.backend(), "shm+gloo");
+          from[pg.rank()] = detail::impl_of(pg).transport->flat_route_from();
+          issued[pg.rank()] = pg.last_sequence_number();
+          const auto records = detail::impl_of(pg).recorder->snapshot();
+          if (!records.empty()) first[pg.rank()] = records.front().call.describe();
+          // The group works either way: a user's first collective follows the measurement.
+          auto t = torch::full({1 << 19}, float(pg.rank()));
+          pg.all_reduce(t).wait();
+          EXPECT_TRUE(torch::equal(t, torch::full({1 << 19}, 6.0f)));
+        },
+        kNever, backend);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(from[r], from[0]) << backend << " rank " << r;
+      EXPECT_EQ(issued[r], issued[0]) << backend << " rank " << r;
+    }
+    if (backend == "auto") {
+      // 256 KiB at least: 8 timed or warm-up all_reduces and the agreement, per size measured.
+      EXPECT_GE(issued[0], 9u);
+      EXPECT_EQ(issued[0] % 9, 0u);
+      EXPECT_EQ(first[0], "all_reduce #1 (sum, 65536 x Float)");
+    } else {
+      EXPECT_EQ(issued[0], 0u);
+      EXPECT_EQ(from[0], kNever);
+    }
+  }
 }
 
 TEST(Hierarchy, ExplicitShmAcrossHostsIsAnErrorOnEveryRank) {
@@ -102,7 +175,7 @@ TEST(Hierarchy, TransportsDeclareTypedCapabilities) {
       EXPECT_TRUE(caps.reduces(DType::kF32));
       EXPECT_FALSE(caps.reduces(DType::kOther));
       EXPECT_EQ(detail::impl_of(pg).transport->shared_memory() != nullptr, !gloo);
-    });
+    }, kNever, "auto");
   }
 }
 
@@ -129,12 +202,15 @@ TEST(Hierarchy, Bf16HookAllReducesInsideTheHierarchy) {
   });
 }
 
-class HierarchyLayouts : public ::testing::TestWithParam<std::vector<std::string>> {};
+// Each layout with every all_reduce through the hierarchy, every one over flat Gloo (where it
+// takes them: float32 and float64; Note [Choosing the all_reduce route]), and a mix by size.
+class HierarchyLayouts
+    : public ::testing::TestWithParam<std::tuple<std::vector<std::string>, uint64_t>> {};
 
 // Small integers: every reduction has one exact answer. Sizes that split unevenly over the
 // local ranks, one element, and more than a staging chunk.
 TEST_P(HierarchyLayouts, AllReduceEveryDtypeOpAndSize) {
-  const auto hosts = GetParam();
+  const auto& [hosts, flat_from] = GetParam();
   const int n = static_cast<int>(hosts.size());
   run_on_hosts(hosts, [n](ProcessGroup& pg) {
     ASSERT_EQ(pg.backend(), "shm+gloo");
@@ -156,13 +232,13 @@ TEST_P(HierarchyLayouts, AllReduceEveryDtypeOpAndSize) {
         }
       }
     }
-  });
+  }, flat_from);
 }
 
 // DDP-sized tensors (2 and 6 MiB, more than the shm staging chunks): exact results for
 // ordinary tensors (staged) and comm buffers (reduced in place), each reduce op.
 TEST_P(HierarchyLayouts, LargeAllReducesAreExact) {
-  const auto hosts = GetParam();
+  const auto& [hosts, flat_from] = GetParam();
   const int n = static_cast<int>(hosts.size());
   run_on_hosts(hosts, [n](ProcessGroup& pg) {
     const int r = pg.rank();
@@ -182,11 +258,11 @@ TEST_P(HierarchyLayouts, LargeAllReducesAreExact) {
         }
       }
     }
-  });
+  }, flat_from);
 }
 
 TEST_P(HierarchyLayouts, ReplicasAreBitIdenticalAndCommBuffersStayInPlace) {
-  const auto hosts = GetParam();
+  const auto& [hosts, flat_from] = GetParam();
   const int n = static_cast<int>(hosts.size());
   std::vector<at::Tensor> plain(n), in_place(n), bf16(n), inputs(n);
   // Made here: thread-ranks would race on LibTorch's global generator.
@@ -207,7 +283,7 @@ TEST_P(HierarchyLayouts, ReplicasAreBitIdenticalAndCommBuffersStayInPlace) {
     EXPECT_TRUE(torch::allclose(t, b, 1e-5, 1e-4));
     plain[pg.rank()] = t;
     in_place[pg.rank()] = b.clone();
-  });
+  }, flat_from);
   at::Tensor exact = torch::zeros({30001}, torch::kDouble);
   at::Tensor magnitude = torch::zeros({30001}, torch::kDouble);
   for (int r = 0; r < n; ++r) {
@@ -231,7 +307,7 @@ TEST_P(HierarchyLayouts, ReplicasAreBitIdenticalAndCommBuffersStayInPlace) {
 // exact results for every root, dtype, size (uneven splits, one element, more than a staging
 // chunk) and reduce op; types the shm kernels do not know (complex) move as bytes.
 TEST_P(HierarchyLayouts, EveryCollectiveIsExact) {
-  const auto hosts = GetParam();
+  const auto& [hosts, flat_from] = GetParam();
   const int n = static_cast<int>(hosts.size());
   run_on_hosts(hosts, [n](ProcessGroup& pg) {
     ASSERT_EQ(pg.backend(), "shm+gloo");
@@ -307,10 +383,60 @@ TEST_P(HierarchyLayouts, EveryCollectiveIsExact) {
     wa.wait();
     EXPECT_TRUE(torch::equal(a, torch::full({3000}, float(n))));
     EXPECT_TRUE(torch::equal(c, torch::full({10}, float(n - 1))));
-  });
+  }, flat_from);
 }
 
-INSTANTIATE_TEST_SUITE_P(Hosts, HierarchyLayouts, ::testing::Values(kTwoByTwo, kThreeByTwo));
+INSTANTIATE_TEST_SUITE_P(
+    Hosts, HierarchyLayouts,
+    ::testing::Combine(::testing::Values(kTwoByTwo, kThreeByTwo),
+                       ::testing::Values(kNever, uint64_t{0}, uint64_t{64} << 10)),
+    [](const auto& info) {
+      const uint64_t from = std::get<1>(info.param);
+      return fmt::format("{}hosts_{}", std::get<0>(info.param).size() / 2,
+                         from == kNever ? "hierarchy" : from == 0 ? "flat" : "flat_from_64KiB");
+    });
+
+// DDP over either route, and over a mix (buckets of 16-128 KiB on both sides of 64 KiB): the
+// replicas stay bit-identical within a run, and the routes agree up to the order of the sums.
+TEST(Hierarchy, DdpTrainsTheSameOverEitherRoute) {
+  torch::manual_seed(3);
+  std::vector<at::Tensor> inputs, targets;  // made here: thread-ranks race on the generator
+  for (int r = 0; r < 4; ++r) {
+    inputs.push_back(torch::randn({3, 8, 64}));
+    targets.push_back(torch::randn({3, 8, 10}));
+  }
+  std::map<uint64_t, std::vector<at::Tensor>> trained;  // route -> each rank's parameters
+  for (const uint64_t flat_from : {kNever, uint64_t{0}, uint64_t{64} << 10}) {
+    std::vector<torch::nn::Sequential> nets;
+    for (int r = 0; r < 4; ++r) {
+      torch::manual_seed(5);
+      nets.push_back(torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::ReLU(),
+                                           torch::nn::Linear(256, 128), torch::nn::ReLU(),
+                                           torch::nn::Linear(128, 10)));
+    }
+    std::vector<at::Tensor>& out = trained[flat_from];
+    out.resize(4);
+    run_on_hosts(
+        kTwoByTwo,
+        [&](ProcessGroup& pg) {
+          torch::nn::Sequential net = nets[pg.rank()];
+          std::shared_ptr<ProcessGroup> shared(&pg, [](ProcessGroup*) {});
+          DistributedDataParallel model(
+              net.ptr(), {.process_group = shared, .bucket_cap_mb = 0.1, .first_bucket_mb = 0.1});
+          torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+          for (int step = 0; step < 3; ++step) {
+            opt.zero_grad();
+            torch::mse_loss(model(inputs[pg.rank()][step]), targets[pg.rank()][step]).backward();
+            opt.step();
+          }
+          out[pg.rank()] = torch::nn::utils::parameters_to_vector(net->parameters());
+        },
+        flat_from);
+    for (int r = 1; r < 4; ++r) EXPECT_TRUE(torch::equal(out[0], out[r])) << flat_from << " " << r;
+  }
+  EXPECT_TRUE(torch::allclose(trained[0][0], trained[kNever][0], 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(trained[uint64_t{64} << 10][0], trained[kNever][0], 1e-5, 1e-6));
+}
 
 // A rank that leaves: every other rank fails within the timeout, none hangs.
 TEST(Hierarchy, ARankThatLeavesFailsEveryoneInBoundedTime) {

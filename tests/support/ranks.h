@@ -31,19 +31,33 @@ inline std::string test_backend() {
 }
 
 // DDP_TEST_HOSTS=K lays thread-ranks out as K hosts of consecutive ranks (InitOptions::host_id):
-// with backend "auto" and equal hosts, the suites run over the hierarchical transport.
-inline std::optional<std::string> test_host_of(int rank, int world) {
+// with backend "shm+gloo" (or "auto") and equal hosts, the suites run over the hierarchical
+// transport.
+inline int test_hosts() {
   const char* v = std::getenv("DDP_TEST_HOSTS");
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  const int hosts = std::max(1, std::atoi(v));
+  return v == nullptr || *v == '\0' ? 0 : std::max(1, std::atoi(v));
+}
+inline std::optional<std::string> test_host_of(int rank, int world) {
+  const int hosts = test_hosts();
+  if (hosts == 0) return std::nullopt;
   return "test-host-" + std::to_string(rank * hosts / world);
+}
+
+// The backend of a group of `world` thread-ranks: DDP_TEST_BACKEND=shm+gloo takes the hierarchy
+// without measuring its route (Note [Choosing the all_reduce route]) where the layout has one
+// (equal hosts, several ranks on each), and "auto" elsewhere (Gloo, or shm on one host).
+inline std::string test_backend_for(int world) {
+  const std::string b = test_backend();
+  const int hosts = std::max(1, test_hosts());
+  const bool hierarchy = hosts > 1 && world % hosts == 0 && world / hosts > 1;
+  return b == "shm+gloo" && !hierarchy ? "auto" : b;
 }
 
 // Options that place `rank` of `world` on a store at 127.0.0.1:`port`.
 inline InitOptions thread_rank(int rank, int world, int port,
                                std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   InitOptions o;
-  o.backend = test_backend();
+  o.backend = test_backend_for(world);
   o.host_id = test_host_of(rank, world);
   o.rank = rank;
   o.world_size = world;

@@ -460,7 +460,7 @@ TEST(DdprunArgs, WorkerEnvironmentMultiNode) {
 // --backend is ddprun's own (torchrun has none): the workers get DDP_BACKEND.
 TEST(DdprunArgs, BackendIsExportedAsDdpBackend) {
   GroupSpec g{.master_addr = "127.0.0.1", .master_port = 1, .run_id = "r", .restart_count = 0};
-  for (const char* name : {"gloo", "shm", "nccl", "auto"}) {
+  for (const char* name : {"gloo", "shm", "shm+gloo", "nccl", "auto"}) {
     SCOPED_TRACE(name);
     LaunchConfig c = parse({"--nproc-per-node", "2", "--backend", name, "p"});
     EXPECT_EQ(c.backend, name);
@@ -477,7 +477,8 @@ TEST(DdprunArgs, BackendIsExportedAsDdpBackend) {
   LaunchConfig shm = parse({"--backend=shm", "p"});
   EXPECT_EQ(worker_environment(shm, g, 0, "e", {{"DDP_BACKEND", "gloo"}})["DDP_BACKEND"], "shm");
   EXPECT_EQ(parse({"p"}, {{"PET_BACKEND", "gloo"}}).backend, "gloo");
-  EXPECT_USAGE_ERROR(({"--backend", "mpi", "p"}), "--backend='mpi'", "gloo, shm, nccl or auto");
+  EXPECT_USAGE_ERROR(({"--backend", "mpi", "p"}), "--backend='mpi'",
+                     "gloo, shm, shm+gloo, nccl or auto");
   EXPECT_USAGE_ERROR(({"p"}, {{"PET_BACKEND", "tcp"}}), "PET_BACKEND='tcp'");
 }
 

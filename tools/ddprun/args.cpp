@@ -220,8 +220,9 @@ void apply_supervision(const RawFlags& raw, LaunchConfig& c) {
 // --backend: checked here so a typo stops the launch instead of failing in every worker.
 void apply_backend(const RawFlags& raw, LaunchConfig& c) {
   if (auto* v = raw.get("backend")) {
-    if (v->text != "gloo" && v->text != "shm" && v->text != "nccl" && v->text != "auto") {
-      bad_value(v->source, v->text, "expected gloo, shm, nccl or auto");
+    if (v->text != "gloo" && v->text != "shm" && v->text != "shm+gloo" && v->text != "nccl" &&
+        v->text != "auto") {
+      bad_value(v->source, v->text, "expected gloo, shm, shm+gloo, nccl or auto");
     }
     c.backend = v->text;
   }

@@ -23,7 +23,9 @@
 // reduce_scatter (H-1) n: what flat Gloo moves per rank, or 1/L of it. Types the shm kernels do
 // not know (complex...) are moved as bytes and not reduced (Gloo cannot reduce them either).
 // DDP_DEBUG=detail's call comparison goes over flat Gloo on the whole group (the rails would see
-// only one rank per host).
+// only one rank per host), and so do float32/float64 all_reduces from the size set by
+// set_flat_route_from (Note [Choosing the all_reduce route]: backend auto measures it; they then
+// run on Gloo's thread, beside the host group's queue, in issue order on each).
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
@@ -123,7 +125,13 @@ class HierarchyTransport final : public Transport {
   const Capabilities& capabilities() const override { return caps_; }
   shm::Group* shared_memory() const override { return local_.get(); }
 
+  bool has_flat_route() const override { return true; }
+  void set_flat_route_from(uint64_t bytes) override { flat_from_ = bytes; }
+  void force_route(std::optional<bool> flat) override { forced_ = flat; }
+  uint64_t flat_route_from() const override { return flat_from_; }
+
   Started all_reduce(const CollectiveDesc& call, at::Tensor& tensor) override {
+    if (takes_flat_route(call, tensor)) return flat_->all_reduce(call, tensor);
     at::Tensor buf = cpu_contiguous(tensor, call, l_.rank, caps_.name);
     shm::Placement placement = local_->find(buf.data_ptr(), buf.numel() * buf.element_size());
     const ReduceOp across = call.reduce == ReduceOp::kAvg ? ReduceOp::kSum : call.reduce;
@@ -275,6 +283,17 @@ class HierarchyTransport final : public Transport {
                                                             std::move(placement)));
   }
 
+  // Note [Choosing the all_reduce route]: flat Gloo takes float32 and float64 tensors (what the
+  // route was measured with; gradients), on the CPU and contiguous (reduced in place), from the
+  // chosen size on.
+  bool takes_flat_route(const CollectiveDesc& call, const at::Tensor& t) const {
+    const bool wanted = forced_.has_value()
+                            ? *forced_
+                            : static_cast<uint64_t>(t.numel()) * t.element_size() >= flat_from_;
+    return wanted && (call.dtype == DType::kF32 || call.dtype == DType::kF64) &&
+           t.device().is_cpu() && t.is_contiguous();
+  }
+
   int host_of(int rank) const {
     for (int h = 0; h < l_.hosts(); ++h) {
       for (int p = 0; p < l_.per_host(); ++p) {
@@ -297,6 +316,9 @@ class HierarchyTransport final : public Transport {
   const HierarchyLayout& l_ = rails_->l;
   const std::unique_ptr<Transport> flat_;
   Capabilities caps_;
+  // Set between collectives by the group's issuing thread, read when one is issued.
+  uint64_t flat_from_ = kNever;
+  std::optional<bool> forced_;
 };
 
 }  // namespace

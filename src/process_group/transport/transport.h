@@ -9,7 +9,9 @@
 //   shm        every rank on this host: one shared-memory group (shm/group.h);
 //   c10d       a LibTorch backend: Gloo (CPU, any hosts) or NCCL (CUDA);
 //   hierarchy  ranks on several hosts, the same number L > 1 on each ("shm+gloo"): shared memory
-//              inside each host, Gloo between hosts on rails (Note [Hierarchical collectives]).
+//              inside each host, Gloo between hosts on rails (Note [Hierarchical collectives]);
+//              its large all_reduces may go over flat Gloo instead (Note [Choosing the
+//              all_reduce route] in process_group/route_choice.h).
 // Each declares what it does natively (Capabilities), so that callers (the comm hooks,
 // comm_buffer, the checks) ask "does it reduce bfloat16 / average in its reduction / move comm
 // buffers in place" instead of comparing backend names.
@@ -105,6 +107,16 @@ class Transport {
   // The shared-memory group whose memory comm_buffer() hands out (shm; the hierarchy's host
   // group), or null.
   virtual shm::Group* shared_memory() const { return nullptr; }
+
+  // A transport with a second way to all-reduce (the hierarchy: flat Gloo over the whole group,
+  // Note [Choosing the all_reduce route] in route_choice.h) takes it for all_reduces of at least
+  // `bytes` (kNever: never), or for every all_reduce while `forced` is set (the measurement's);
+  // the others have one way and ignore both. Called between collectives, in issue order.
+  static constexpr uint64_t kNever = UINT64_MAX;
+  virtual bool has_flat_route() const { return false; }
+  virtual void set_flat_route_from(uint64_t /*bytes*/) {}
+  virtual void force_route(std::optional<bool> /*flat*/) {}
+  virtual uint64_t flat_route_from() const { return kNever; }
 };
 
 // What `pg`'s transport does (for the library's other components: checkpoints, hooks), without
