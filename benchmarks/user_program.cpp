@@ -1,11 +1,13 @@
 // A training program written as the README teaches, timed: what a user's own program gets from
-// ddp-cpp without asking (no ddp::retain_freed_memory, no thread settings, DDPOptions' defaults).
+// ddp-cpp without asking (no ddp::retain_freed_memory, no thread settings; DDPOptions as the
+// README's example sets them: gradient_as_bucket_view, unless --gradient-as-bucket-view 0).
 // benchmarks/vs_pytorch/compare.py --ours user-program runs it against PyTorch's DDP as its
 // users run it (no MALLOC_* variables on either side).
 //
 //   ddprun --standalone --nproc-per-node 2 build/benchmarks/user_program \
 //       [--model classic-cnn|mlp-1024] [--batch-size GLOBAL] [--steps N] [--warmup N]
 //       [--lr X] [--momentum X] [--seed N] [--data-dir DIR] [--label L] [--csv FILE]
+//       [--gradient-as-bucket-view 0|1]
 //
 // Rank 0 prints "samples/s <x>" and, with --csv, appends a row with ddp-bench's columns
 // (label, samples_per_s, step_ms; the phase columns empty: a user's loop is not instrumented).
@@ -27,6 +29,7 @@ int main(int argc, char** argv) {
   std::string model_name = "classic-cnn", data_dir, label = "user-program", csv;
   int64_t global_batch = 128, steps = 100, warmup = 10, seed = 0;
   double lr = 0.01, momentum = 0.9;
+  bool bucket_view = true;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (i + 1 == argc) throw ddp::ConfigError("user_program: " + flag + " needs a value");
@@ -41,11 +44,13 @@ int main(int argc, char** argv) {
     else if (flag == "--data-dir") data_dir = value;
     else if (flag == "--label") label = value;
     else if (flag == "--csv") csv = value;
+    else if (flag == "--gradient-as-bucket-view") bucket_view = value != "0";
     else if (flag == "--device" && value == "cpu") continue;  // compare.py's, the only one here
     else throw ddp::ConfigError("user_program: unknown flag " + flag + " (see the file's head)");
   }
   torch::manual_seed(seed);
-  ddp::DistributedDataParallel<ddp::tools::ModelImpl> model(ddp::tools::make_model(model_name));
+  ddp::DistributedDataParallel<ddp::tools::ModelImpl> model(
+      ddp::tools::make_model(model_name), {.gradient_as_bucket_view = bucket_view});
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
 
   auto train = std::make_shared<ddp::FashionMnist>(

@@ -81,6 +81,9 @@ def main():
     p.add_argument("--build-dir", default=os.environ.get("DDP_BUILD_DIR",
                                                          os.path.join(ROOT, "build")))
     p.add_argument("--python", default="/usr/bin/python3", help="the python with torch")
+    p.add_argument("--gradient-as-bucket-view", action="store_true",
+                   help="DDP's gradient_as_bucket_view on both sides: ddp-bench's flag and "
+                        "PyTorch's (user-program sets it either way, as the README's example)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where both sides train (cuda: PyTorch over NCCL, ours on its auto "
                    "or named backend)")
@@ -100,10 +103,11 @@ def main():
               "--warmup", str(a.warmup), "--device", a.device]
     if a.data_dir:
         common += ["--data-dir", a.data_dir]
+    view = ["--gradient-as-bucket-view"] if a.gradient_as_bucket_view else []
     ours_cmd = lambda model, backend: [
         ddprun, "--standalone", "--nproc-per-node", str(a.nproc), bench, "train",
         "--model", model, "--threads", "1", "--backend", backend, "--label", f"ours-{backend}"
-    ] + common
+    ] + view + common
     if a.ours == "user-program":
         user_program = find_tool(a.build_dir, "benchmarks/user_program", "user_program")
         ours_cmd = lambda model, backend: [
@@ -114,7 +118,7 @@ def main():
         "--model", model, "--threads", "1", "--no-ddp", "--label", "ceiling"] + common
     theirs_cmd = lambda model: [
         a.python, os.path.join(HERE, "torch_ddp.py"), "--nproc", str(a.nproc), "--model", model,
-        "--threads", "1", "--label", "pytorch"] + common
+        "--threads", "1", "--label", "pytorch"] + view + common
 
     print(f"# vs_pytorch: {', '.join(models)}; global batch {a.batch_size} over {a.nproc} "
           f"ranks x 1 thread on {a.device}; {a.steps} steps after {a.warmup} warm-up; {a.pairs} alternating "

@@ -139,7 +139,8 @@ def worker(args):
     # --no-ddp: every rank trains its own replica, no gradient exchange (PyTorch's compute alone,
     # as `ddp-bench train --no-ddp`; benchmarks/perf_model.py takes it as PyTorch's compute).
     model = net if args.no_ddp else nn.parallel.DistributedDataParallel(
-        net, device_ids=[device.index] if device.type == "cuda" else None)
+        net, device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=args.gradient_as_bucket_view)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     batches = Batches(data, labels, args.batch_size // world, rank, world, args.seed)
 
@@ -234,6 +235,8 @@ def main():
     p.add_argument("--label", default="pytorch")
     p.add_argument("--no-ddp", action="store_true",
                    help="each rank trains alone: no DDP, no gradient exchange")
+    p.add_argument("--gradient-as-bucket-view", action="store_true",
+                   help="DDP's gradient_as_bucket_view (PyTorch's default: off)")
     p.add_argument("--csv", default="", help="append the result row (rank 0)")
     args = p.parse_args()
     if "RANK" in os.environ:

@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
   const int epochs = argc > 1 ? std::atoi(argv[1]) : 3;
   const int max_steps = argc > 2 ? std::atoi(argv[2]) : -1;  // per epoch; -1: the whole epoch
 
-  ddp::DistributedDataParallel model(Net(), {.bucket_cap_mb = 25});  // copies rank 0's weights
+  // Copies rank 0's weights. Gradients as views into DDP's buckets: no copy in or out of them.
+  ddp::DistributedDataParallel model(Net(), {.gradient_as_bucket_view = true});
   torch::optim::SGD opt(model.parameters(), 0.1);
 
   auto train = std::make_shared<ddp::FashionMnist>(ddp::Split::kTrain);
