@@ -25,8 +25,8 @@
 #
 # Inputs of the performance model (benchmarks/perf_model.py) come out beside the runs: per link,
 # a `ddp-bench collectives` sweep across the hosts (gloo and shm+gloo; all_reduce, broadcast,
-# all_gather; float32, and bfloat16 on shm+gloo) in OUT_PREFIX.collectives.csv (-C skips it), and every
-# ddp-bench run's bucket profile (bucket bytes, launch times) in OUT_PREFIX.buckets.csv.
+# all_gather; float32, and bfloat16 on shm+gloo) in OUT_PREFIX.collectives.csv (-C skips it), and
+# every ddp-bench run's bucket profile (bucket bytes, launch times) in OUT_PREFIX.buckets.csv.
 #
 # The cores are shared by every host (H x P ranks on this machine's CPUs), so compute is slower
 # than on real hosts: read the ratios, measured side by side, not the absolute throughputs.

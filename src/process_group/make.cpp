@@ -107,8 +107,8 @@ std::string requested_backend(const InitOptions& o) {
   return env_knob("DDP_BACKEND").value_or("auto");
 }
 
-// The backend before locality is known: "gloo", "nccl", "shm", or "cpu-auto" (shm when every
-// rank shares this host, else gloo).
+// The backend before locality is known: "gloo", "nccl", "shm", "shm+gloo" (shm on one host), or
+// "cpu-auto" (shm when every rank shares this host, else the hierarchy or gloo).
 std::string choose_backend(const std::string& requested) {
   if (requested == "gloo" || requested == "shm" || requested == "shm+gloo") return requested;
   if (requested == "nccl") {
@@ -359,9 +359,11 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
     }
     if (uniform) {
       why_not = form_hierarchy(impl, o, where, out);
-      DDP_CHECK(why_not.empty() || choice != "shm+gloo", RendezvousError,
-                "[rank {}] backend 'shm+gloo' cannot be used: {}. Use backend 'auto' or 'gloo'.",
-                env.rank, why_not);
+      if (!why_not.empty() && choice == "shm+gloo") {
+        refuse_together(impl, fmt::format("[rank {}] backend 'shm+gloo' cannot be used: {}. Use "
+                                          "backend 'auto' or 'gloo'.",
+                                          env.rank, why_not));
+      }
     } else if (env.rank == 0 && debug_info(env)) {
       log::note(env.rank,
                 "{} hosts with {} ranks; a hierarchy needs the same number, more than one, on "
