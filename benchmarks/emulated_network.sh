@@ -10,10 +10,10 @@
 #
 #   configuration       what
 #   gloo                flat Gloo between all ranks, no hook (the reference ratio 1.00)
-#   auto                the default: shm inside a host, Gloo between hosts (the hierarchy),
-#                       its all_reduces over flat Gloo from the size where that measured
-#                       faster as the group formed (Note [Choosing the all_reduce route])
-#   hierarchy           backend shm+gloo: the hierarchy for every all_reduce, nothing measured
+#   auto                the default: shm inside a host, Gloo between hosts (the hierarchy)
+#   tuned               backend tuned: the hierarchy, its all_reduces over flat Gloo from the
+#                       size where that measured faster as the group formed (Note [Choosing
+#                       the all_reduce route])
 #   auto+bf16           the hierarchy with the bf16 hook (half the bytes)
 #   gloo+powersgd       flat Gloo with PowerSGD rank 1 (compressing from the third step)
 #   auto+powersgd       the hierarchy with PowerSGD rank 1
@@ -45,7 +45,7 @@ set -euo pipefail
 
 hosts=2 per=2 links="1gbit 10gbit" delay=0.2ms rounds=3 steps=30 out=emulated_network
 models="classic-cnn mlp-1024"
-configs="gloo auto hierarchy auto+bf16 gloo+powersgd auto+powersgd auto+zero pytorch no-ddp"
+configs="gloo auto tuned auto+bf16 gloo+powersgd auto+powersgd auto+zero pytorch no-ddp"
 configs+=" pytorch-no-ddp"
 sweep=1 pin_hosts=0
 while getopts "H:p:l:d:m:c:r:s:o:CPh" opt; do
@@ -167,7 +167,6 @@ measure() {
       --backend gloo --no-ddp --label "$config" --csv "$tmp/run.csv"
   else
     backend=${config%%+*}
-    [[ $backend == hierarchy ]] && backend=shm+gloo
     hook=none
     args=()
     case $config in
@@ -199,7 +198,7 @@ collectives=$out.collectives.csv
   > "$collectives"
 sweep_collectives() {
   local backend dtypes
-  # The hierarchy as shm+gloo (auto's route would mix the two); bfloat16 there only: the bf16
+  # The hierarchy as shm+gloo (the model's name for it is auto); bfloat16 there only: the bf16
   # hook's configurations run there.
   for backend in gloo shm+gloo; do
     dtypes=float32

@@ -21,9 +21,9 @@ decades). Bucket i is ready at f_i x backward (f_i: its launch time over the las
 the median over the runs without a hook); buckets go out one after another, each when it is
 ready and the previous one is done; what runs past backward's end is exposed. Per
 configuration:
-  gloo, hierarchy   the bucket all-reduces on that transport (hierarchy: backend shm+gloo)
-  auto              the hierarchy, with its float32 all-reduces over flat Gloo where that fit
-                    is 5% cheaper (as the library chooses by measuring: Note [Choosing the
+  gloo, auto        the bucket all-reduces on that transport (auto: the hierarchy)
+  tuned             the hierarchy, with its float32 all-reduces over flat Gloo where that fit
+                    is 5% cheaper (as backend tuned chooses by measuring: Note [Choosing the
                     all_reduce route])
   auto+bf16         the same on half the bytes (the bfloat16 fits), plus two passes over the
                     gradient to cast (at the machine's copy bandwidth per rank)
@@ -139,7 +139,7 @@ def read_buckets(path):
     fractions, sizes = {}, {}
     with open(path) as f:
         for row in csv.DictReader(f):
-            if row["configuration"] not in ("gloo", "auto", "hierarchy"):
+            if row["configuration"] not in ("gloo", "auto", "tuned"):
                 continue
             b = [int(x) for x in row["bucket_bytes"].split(",")]
             launched = [float(x) for x in row["launched_ms"].split(",")]
@@ -236,13 +236,15 @@ def predict(runs, fits, buckets, link, model, config, ranks, cores, bandwidth):
     sizes, fractions = buckets[model]
     ready = [f * bwd for f in fractions]
     backend = "gloo" if config.startswith(("gloo", "pytorch")) else "auto"  # auto: hierarchy
+    if config == "hierarchy":  # runs of 2026-11-27 that named backend shm+gloo so
+        config = "auto"
     fastest = max((k[0] for k in fits), key=link_speed)
     per_rank_bw = bandwidth * min(1.0, cores / ranks)  # ranks share the cores
 
     def route(op, dtype, n):
-        """Backend auto measures its float32 all_reduce route (Note [Choosing the all_reduce
-        route]): flat Gloo where it is 5% faster than the hierarchy; "hierarchy" never does."""
-        if (config.startswith("auto") and op == "all_reduce" and dtype == "float32" and
+        """Backend tuned measures its float32 all_reduce route (Note [Choosing the all_reduce
+        route]): flat Gloo where it is 5% faster than the hierarchy; auto never does."""
+        if (config.startswith("tuned") and op == "all_reduce" and dtype == "float32" and
                 cost(fits, link, "gloo", op, dtype, n) < 0.95 * cost(fits, link, backend, op,
                                                                      dtype, n)):
             return "gloo"

@@ -40,9 +40,9 @@ struct InitOptions {
   // "shm" (CPU tensors, every rank on this host), "gloo" (CPU tensors, any hosts), "shm+gloo"
   // (shared memory inside each host, Gloo between hosts: the same number > 1 of ranks on each),
   // "nccl" (CUDA builds) or "auto": nccl when compiled in and a GPU is visible; else shm when
-  // every rank shares this host; else shm+gloo where it can form, its large all_reduces over
-  // flat Gloo where that measured faster as the group formed (the measurement's collectives
-  // come first; Note [Choosing the all_reduce route]); else gloo. backend() says which.
+  // every rank shares this host; else shm+gloo where it can form; else gloo. "tuned": auto, and
+  // shm+gloo's large all_reduces over flat Gloo where that measured faster as the group formed
+  // (not reproducible bit for bit: Note [Choosing the all_reduce route]). backend() says which.
   // Unset: DDP_BACKEND, else "auto".
   std::optional<std::string> backend;
   // Explicit placement; when rank and world_size are both set, the launch environment is not

@@ -108,7 +108,8 @@ std::string requested_backend(const InitOptions& o) {
 }
 
 // The backend before locality is known: "gloo", "nccl", "shm", "shm+gloo" (shm on one host), or
-// "cpu-auto" (shm when every rank shares this host, else the hierarchy or gloo).
+// "cpu-auto" (shm when every rank shares this host, else the hierarchy or gloo), "cpu-tuned"
+// (the same, the hierarchy's all_reduce route measured: Note [Choosing the all_reduce route]).
 std::string choose_backend(const std::string& requested) {
   if (requested == "gloo" || requested == "shm" || requested == "shm+gloo") return requested;
   if (requested == "nccl") {
@@ -117,14 +118,15 @@ std::string choose_backend(const std::string& requested) {
               "Use backend 'gloo' (or 'auto'), or rebuild against a CUDA LibTorch.");
     return requested;
   }
-  DDP_CHECK(requested == "auto", ConfigError,
+  DDP_CHECK(requested == "auto" || requested == "tuned", ConfigError,
             "unknown backend '{}': choose 'shm' (CPU, ranks on one host), 'gloo' (CPU), "
-            "'shm+gloo' (CPU, shm inside hosts and Gloo between), 'nccl' (CUDA) or 'auto'",
+            "'shm+gloo' (CPU, shm inside hosts and Gloo between), 'nccl' (CUDA), 'auto' or "
+            "'tuned' (auto, the all_reduce route across hosts measured)",
             requested);
 #if DDP_WITH_NCCL
   if (torch::cuda::is_available()) return "nccl";
 #endif
-  return "cpu-auto";
+  return requested == "tuned" ? "cpu-tuned" : "cpu-auto";
 }
 
 // Every rank must ask for the same transport (DDP_BACKEND set differently on two nodes would
@@ -330,8 +332,8 @@ std::string form_hierarchy(detail::ProcessGroupImpl& impl, const InitOptions& o,
 }
 
 // The CPU transports by locality: shm when every rank is on this host (asked for, or chosen by
-// auto or shm+gloo); the hierarchy when the ranks span hosts with several on each (auto, which
-// then measures its route, or shm+gloo, which must get it); else Gloo.
+// auto, tuned or shm+gloo); the hierarchy when the ranks span hosts with several on each (auto;
+// tuned, which then measures its route; shm+gloo, which must get it); else Gloo.
 std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
                                          const std::string& choice) {
   const DistEnv& env = impl.env;
@@ -383,7 +385,7 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
   return c10d_transport(impl, o, "gloo");
 }
 
-// Note [Choosing the all_reduce route] (route_choice.h): backend auto's hierarchy measures
+// Note [Choosing the all_reduce route] (route_choice.h): backend tuned's hierarchy measures
 // which way its all_reduces go.
 void choose_route(ProcessGroup& pg, Transport& transport, const DistEnv& env) {
   std::vector<RouteSample> samples;
@@ -425,7 +427,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   agree_on_backend(*impl->store, env, requested);
   // All ranks are present: the transport forms (Gloo and NCCL connect their pairs through the
   // same store).
-  impl->transport = choice == "shm" || choice == "shm+gloo" || choice == "cpu-auto"
+  impl->transport = choice == "shm" || choice == "shm+gloo" || choice.starts_with("cpu-")
                         ? cpu_transport(*impl, o, choice)
                         : c10d_transport(*impl, o, choice);
   if (env.rank == 0 && debug_info(env)) {
@@ -435,7 +437,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   add_diagnostics(*impl, o, rc.key_prefix);
   Transport& transport = *impl->transport;
   auto pg = std::make_shared<ProcessGroup>(std::move(impl));
-  if (choice == "cpu-auto" && transport.has_flat_route()) choose_route(*pg, transport, env);
+  if (choice == "cpu-tuned" && transport.has_flat_route()) choose_route(*pg, transport, env);
   return pg;
 }
 

@@ -43,9 +43,9 @@ inline std::optional<std::string> test_host_of(int rank, int world) {
   return "test-host-" + std::to_string(rank * hosts / world);
 }
 
-// The backend of a group of `world` thread-ranks: DDP_TEST_BACKEND=shm+gloo takes the hierarchy
-// without measuring its route (Note [Choosing the all_reduce route]) where the layout has one
-// (equal hosts, several ranks on each), and "auto" elsewhere (Gloo, or shm on one host).
+// The backend of a group of `world` thread-ranks: DDP_TEST_BACKEND=shm+gloo asks for the
+// hierarchy by name where the layout has one (equal hosts, several ranks on each), and "auto"
+// elsewhere (Gloo, or shm on one host), where shm+gloo would be refused.
 inline std::string test_backend_for(int world) {
   const std::string b = test_backend();
   const int hosts = std::max(1, test_hosts());

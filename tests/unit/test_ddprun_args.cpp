@@ -460,7 +460,7 @@ TEST(DdprunArgs, WorkerEnvironmentMultiNode) {
 // --backend is ddprun's own (torchrun has none): the workers get DDP_BACKEND.
 TEST(DdprunArgs, BackendIsExportedAsDdpBackend) {
   GroupSpec g{.master_addr = "127.0.0.1", .master_port = 1, .run_id = "r", .restart_count = 0};
-  for (const char* name : {"gloo", "shm", "shm+gloo", "nccl", "auto"}) {
+  for (const char* name : {"gloo", "shm", "shm+gloo", "nccl", "auto", "tuned"}) {
     SCOPED_TRACE(name);
     LaunchConfig c = parse({"--nproc-per-node", "2", "--backend", name, "p"});
     EXPECT_EQ(c.backend, name);
@@ -478,7 +478,7 @@ TEST(DdprunArgs, BackendIsExportedAsDdpBackend) {
   EXPECT_EQ(worker_environment(shm, g, 0, "e", {{"DDP_BACKEND", "gloo"}})["DDP_BACKEND"], "shm");
   EXPECT_EQ(parse({"p"}, {{"PET_BACKEND", "gloo"}}).backend, "gloo");
   EXPECT_USAGE_ERROR(({"--backend", "mpi", "p"}), "--backend='mpi'",
-                     "gloo, shm, shm+gloo, nccl or auto");
+                     "gloo, shm, shm+gloo, nccl, auto or tuned");
   EXPECT_USAGE_ERROR(({"p"}, {{"PET_BACKEND", "tcp"}}), "PET_BACKEND='tcp'");
 }
 

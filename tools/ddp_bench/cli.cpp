@@ -30,9 +30,9 @@ void add_collectives(CLI::App& app, CollectivesOptions& c, std::string& backends
   sub->add_option("--backend", backends,
                   "backends to measure, comma-separated: gloo, shm (ordinary tensors, staged "
                   "through the segment), shm-inplace (tensors from ProcessGroup::comm_buffer, "
-                  "reduced in place as DDP's buckets are), shm+gloo, auto (across hosts: the "
-                  "hierarchy with its measured route), nccl; each forms its own group; one "
-                  "that cannot is reported unavailable and skipped");
+                  "reduced in place as DDP's buckets are), shm+gloo, auto, tuned (across "
+                  "hosts: the hierarchy with its measured route), nccl; each forms its own "
+                  "group; one that cannot is reported unavailable and skipped");
   sub->add_option("--ops", ops,
                   "collectives, comma-separated: all_reduce, broadcast, all_gather, "
                   "reduce_scatter");
@@ -65,8 +65,8 @@ void add_train(CLI::App& app, TrainOptions& t) {
   sub->add_option("--steps", t.steps, "timed steps")->check(CLI::PositiveNumber);
   sub->add_option("--warmup", t.warmup, "untimed steps before them")->check(CLI::NonNegativeNumber);
   sub->add_option("--backend", t.backend,
-                  "process group backend: gloo | shm | shm+gloo | nccl | auto (default: "
-                  "DDP_BACKEND, else auto)");
+                  "process group backend: gloo | shm | shm+gloo | nccl | auto | tuned "
+                  "(default: DDP_BACKEND, else auto)");
   sub->add_option("--device", t.device,
                   "auto (cuda:LOCAL_RANK when CUDA is available, as ddp-train) | cpu | cuda; "
                   "on a GPU machine the auto backend is NCCL, so CPU training there needs "

@@ -221,8 +221,8 @@ void apply_supervision(const RawFlags& raw, LaunchConfig& c) {
 void apply_backend(const RawFlags& raw, LaunchConfig& c) {
   if (auto* v = raw.get("backend")) {
     if (v->text != "gloo" && v->text != "shm" && v->text != "shm+gloo" && v->text != "nccl" &&
-        v->text != "auto") {
-      bad_value(v->source, v->text, "expected gloo, shm, shm+gloo, nccl or auto");
+        v->text != "auto" && v->text != "tuned") {
+      bad_value(v->source, v->text, "expected gloo, shm, shm+gloo, nccl, auto or tuned");
     }
     c.backend = v->text;
   }

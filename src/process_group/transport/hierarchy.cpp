@@ -24,7 +24,7 @@
 // not know (complex...) are moved as bytes and not reduced (Gloo cannot reduce them either).
 // DDP_DEBUG=detail's call comparison goes over flat Gloo on the whole group (the rails would see
 // only one rank per host), and so do float32/float64 all_reduces from the size set by
-// set_flat_route_from (Note [Choosing the all_reduce route]: backend auto measures it; they then
+// set_flat_route_from (Note [Choosing the all_reduce route]: backend tuned measures it; they then
 // run on Gloo's thread, beside the host group's queue, in issue order on each).
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join

@@ -10,8 +10,8 @@
 //   c10d       a LibTorch backend: Gloo (CPU, any hosts) or NCCL (CUDA);
 //   hierarchy  ranks on several hosts, the same number L > 1 on each ("shm+gloo"): shared memory
 //              inside each host, Gloo between hosts on rails (Note [Hierarchical collectives]);
-//              its large all_reduces may go over flat Gloo instead (Note [Choosing the
-//              all_reduce route] in process_group/route_choice.h).
+//              with backend tuned its large all_reduces may go over flat Gloo instead (Note
+//              [Choosing the all_reduce route] in process_group/route_choice.h).
 // Each declares what it does natively (Capabilities), so that callers (the comm hooks,
 // comm_buffer, the checks) ask "does it reduce bfloat16 / average in its reduction / move comm
 // buffers in place" instead of comparing backend names.
