@@ -115,7 +115,8 @@ inline constexpr EnvKnob kEnvKnobs[] = {
     {"DDP_RDZV_TIMEOUT", "300", "seconds every rank waits for the others to join (fractions ok)"},
     {"DDP_COLLECTIVE_TIMEOUT", "600", "seconds one collective may take before it fails, named"},
     {"DDP_BACKEND", "auto",
-     "transport: auto (shm on one host, shm+gloo across hosts), shm, gloo, nccl"},
+     "transport: auto (shm on one host, shm+gloo across hosts), shm, gloo, shm+gloo, nccl, "
+     "tuned (auto, shm+gloo's all_reduce route measured)"},
     {"DDP_DEBUG", "off",
      "off, info (bucket layout, chosen transport), detail (also per-iteration checks)"},
     {"TORCH_DISTRIBUTED_DEBUG", "off",
