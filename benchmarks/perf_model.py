@@ -236,8 +236,6 @@ def predict(runs, fits, buckets, link, model, config, ranks, cores, bandwidth):
     sizes, fractions = buckets[model]
     ready = [f * bwd for f in fractions]
     backend = "gloo" if config.startswith(("gloo", "pytorch")) else "auto"  # auto: hierarchy
-    if config == "hierarchy":  # runs of 2026-11-27 that named backend shm+gloo so
-        config = "auto"
     fastest = max((k[0] for k in fits), key=link_speed)
     per_rank_bw = bandwidth * min(1.0, cores / ranks)  # ranks share the cores
 
