@@ -110,10 +110,11 @@ bundle_kib=$(du -sk "$VENDOR" | awk '{print $1}')
 travel_kib=$(cd "$ROOT" && git ls-files -z -co --exclude-standard 2>/dev/null |
              xargs -0 -r du -skc 2>/dev/null | awk 'END {print $1}')
 log "vendor: $(awk -v k="$bundle_kib" 'BEGIN {printf "%.1f MiB", k / 1024}') in $VENDOR"
+# vendor/ is ignored by git (generated): it travels only because the device call names it in
+# carry, so it counts beside the tree.
 if [[ -n $travel_kib ]]; then
-  log "all that travels to the device: $(awk -v k="$travel_kib" 'BEGIN {printf "%.1f MiB", k / 1024}') (limit $LIMIT_MIB MiB)"
+  (cd "$ROOT" && git check-ignore -q "$VENDOR/MANIFEST" 2>/dev/null) &&
+    travel_kib=$((travel_kib + bundle_kib))
+  log "all that travels to the device, vendor/ carried: $(awk -v k="$travel_kib" 'BEGIN {printf "%.1f MiB", k / 1024}') (limit $LIMIT_MIB MiB)"
   ((travel_kib < LIMIT_MIB * 1024)) || die "over the $LIMIT_MIB MiB the device tool carries"
-fi
-if (cd "$ROOT" && git check-ignore -q "$VENDOR/MANIFEST" 2>/dev/null); then
-  die "$VENDOR is ignored by git: it would not travel"
 fi

@@ -37,6 +37,8 @@
 #                        inside (the device tool returns 8 files; a report has ~25)
 #   GPU_CHECK_STEPS      comma-separated subset of the steps above (default: all)
 #   GPU_CHECK_BUDGET_S   total seconds (570)          GPU_CHECK_JOBS   build jobs (nproc)
+#   GPU_CHECK_COMPARE_ARGS  more arguments for the vs-pytorch step's compare.py (for instance
+#                        --gradient-as-bucket-view, which sets it on both sides)
 #   GPU_CHECK_QUICK=1    small sizes (the rehearsal on 2 cores): subsets, fewer steps, 2-4 ranks
 #   GPU_CHECK_DEVICE=cpu run the GPU steps on the CPU (rehearsing them where there is no GPU)
 #   GPU_CHECK_BUILD_DIR  (build-gpu)                  DDP_VENDOR_DIR   (scripts/gpu-check/vendor)
@@ -390,10 +392,10 @@ step_vs_pytorch() {
   py "$ROOT/benchmarks/vs_pytorch/compare.py" --device "$dev" --nproc 1 --backends auto \
     --models $models --pairs $pairs --steps $steps --warmup $warmup \
     --python "$PYTHON" --build-dir "$GC_BUILD" --data-dir "$GC_DATA" --timeout 30 \
-    --csv "$R/vs_pytorch.csv" --summary-csv "$R/vs_pytorch_summary.csv"
+    --csv "$R/vs_pytorch.csv" --summary-csv "$R/vs_pytorch_summary.csv" $GC_COMPARE_ARGS
   local rc=$?
   [[ -f $R/vs_pytorch_summary.csv ]] || return 1
-  md "World size 1 on $dev, global batch 128, $steps timed steps after $warmup, $pairs alternating pair(s), medians. Step-time ratio = our step time / PyTorch's (< 1: ours faster); overhead = our DDP's step time over the same training without DDP (ddp-bench --no-ddp), goal <= 3%."
+  md "World size 1 on $dev, global batch 128, $steps timed steps after $warmup, $pairs alternating pair(s), medians${GC_COMPARE_ARGS:+, compare.py given: $GC_COMPARE_ARGS}. Step-time ratio = our step time / PyTorch's (< 1: ours faster); overhead = our DDP's step time over the same training without DDP (ddp-bench --no-ddp), goal <= 3%."
   md ""
   py - "$R/vs_pytorch_summary.csv" >>"$R/$STEP.md" <<'EOF'
 import csv, sys
@@ -635,13 +637,14 @@ pack_report() {
 main() {
   [[ $# -ge 1 && $1 != -h && $1 != --help ]] || { sed -n '3,/^set -uo/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; exit 2; }
   mkdir -p "$1" || exit 1
-  export R GC_START GC_BUDGET GC_STEPS GC_QUICK GC_DEVICE GC_BUILD GC_VENDOR GC_DATA GC_JOBS \
+  export R GC_START GC_BUDGET GC_STEPS GC_QUICK GC_DEVICE GC_BUILD GC_VENDOR GC_DATA GC_JOBS GC_COMPARE_ARGS \
          GC_TORCH_PREFIX GC_NO_GPU PYTHON
   R=$(cd "$1" && pwd)
   GC_START=$(secs)
   GC_BUDGET=${GPU_CHECK_BUDGET_S:-570}
   GC_STEPS=${GPU_CHECK_STEPS:-$(IFS=,; echo "${ALL_STEPS[*]}")}
   GC_QUICK=${GPU_CHECK_QUICK:-0}
+  GC_COMPARE_ARGS=${GPU_CHECK_COMPARE_ARGS:-}
   GC_DEVICE=${GPU_CHECK_DEVICE:-cuda}
   GC_BUILD=$(realpath -m "${GPU_CHECK_BUILD_DIR:-$ROOT/build-gpu}")
   GC_VENDOR=${DDP_VENDOR_DIR:-$HERE/vendor}
