@@ -244,6 +244,30 @@ TEST_F(BenchTest, TrainWithoutDdpIsTheCeiling) {
   EXPECT_FALSE(both.exited(0)) << both.describe();
 }
 
+// The lockstep ceiling: the ranks wait for each other once per step and move no gradient.
+TEST_F(BenchTest, LockstepCeilingMeetsOncePerStepAndMovesNoGradient) {
+  const fs::path csv = dir_ / "l.csv";
+  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",
+                                   "3", "--warmup", "1", "--no-ddp", "--lockstep", "--csv",
+                                   csv.string()}));
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  EXPECT_NE(r.out.find("2 ranks x 1 thread (lockstep)"), std::string::npos) << r.out;
+  const auto rows = read_csv(csv);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1][2], "lockstep");
+  EXPECT_EQ(rows[1][12], "0.0000") << "no exposed communication";
+  Result c = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",
+                                   "2", "--warmup", "1", "--compare", "--lockstep"}));
+  ASSERT_TRUE(c.exited(0)) << c.describe();
+  EXPECT_NE(c.out.find("# the lockstep ceiling (the same, one barrier per step) is "),
+            std::string::npos)
+      << c.out;
+  Result alone = run_command(bench(1, {"train", "--steps", "1", "--lockstep"}));
+  EXPECT_TRUE(alone.exited(2)) << alone.describe();
+  EXPECT_NE(alone.err.find("--lockstep is a ceiling: give it with --no-ddp"), std::string::npos)
+      << alone.describe();
+}
+
 TEST_F(BenchTest, TrainAloneAndRefusesCompareThere) {
   Result r = run_command(bench(1, {"train", "--model", "classic-cnn", "--batch-size", "16",
                                    "--steps", "2", "--warmup", "1", "--threads", "1"}));

@@ -93,6 +93,10 @@ void add_train(CLI::App& app, TrainOptions& t) {
                 "measure only the ceiling: every rank trains its own replica on its shard, no "
                 "DDP, no gradient exchange (benchmarks/vs_pytorch/compare.py runs it beside "
                 "both DDPs)");
+  sub->add_flag("--lockstep", t.lockstep,
+                "with --no-ddp: the ranks also meet in a barrier after each backward, as DDP's "
+                "all_reduce makes them, moving no gradient: the ceiling of synchronous data "
+                "parallelism; with --compare: measure it too and print DDP's share of it");
   sub->add_flag("--gradient-as-bucket-view", t.gradient_as_bucket_view,
                 "DDPOptions::gradient_as_bucket_view: gradients are views into the buckets "
                 "(no copy in or out)");

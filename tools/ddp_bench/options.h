@@ -50,6 +50,7 @@ struct TrainOptions {
   double momentum = 0.9;
   bool compare = false;  // also 1 process x 1 thread and x N threads, on rank 0
   bool no_ddp = false;   // only N ranks training alone, without DDP: the ceiling
+  bool lockstep = false;  // the ceiling with one barrier per step (Note [The lockstep ceiling])
   bool gradient_as_bucket_view = false;  // DDPOptions' (PyTorch's default: false)
   double bucket_cap_mb = 25;             // DDPOptions' (PyTorch's default: 25)
   bool zero = false;  // SGD as a ZeroRedundancyOptimizer: its state sharded over the ranks

@@ -109,10 +109,14 @@ void print_bucket_profile(const std::string& label, DistributedDataParallel<Mode
 // rank and returns the timed steps' row. Collective over `pg`. `local`: every rank trains its
 // own replica on its shard without DDP (no gradient communication at all): the ceiling any
 // data-parallel implementation can reach on this machine, cores and memory shared as they are.
+// `lockstep` (with `local`): the ranks meet in a barrier after each backward, where DDP's last
+// all_reduce makes them wait for each other, and nothing else: the ceiling of *synchronous* data
+// parallelism (Note [The lockstep ceiling]).
 // On a CUDA device every phase ends with a device synchronize, so that each phase is charged
 // its own kernels (benchmarks/vs_pytorch/torch_ddp.py --device cuda does the same).
 TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const TrainOptions& o,
-                 int threads, const std::string& label, c10::Device device, bool local = false) {
+                 int threads, const std::string& label, c10::Device device, bool local = false,
+                 bool lockstep = false) {
   set_num_threads(threads);  // LibTorch and the BLAS
   const int n = pg.size();
   const int64_t per_rank = o.global_batch / n;
@@ -179,6 +183,7 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
     sync();
     const auto t2 = Clock::now();
     loss.backward();
+    if (lockstep && n > 1) pg.barrier().wait();  // charged to backward, as DDP's wait is
     sync();
     const auto t3 = Clock::now();
     if (zero) {
@@ -272,6 +277,19 @@ std::string config_label(int world, int threads, const std::string& backend) {
 }
 
 constexpr const char* kNoCommunication = "no comm";  // the backend column of the ceiling
+constexpr const char* kLockstep = "lockstep";        // ... and of the lockstep ceiling
+
+// Note [The lockstep ceiling]
+// The ceiling (--no-ddp) lets every rank run free: on a machine whose ranks fill its cores, one
+// rank's optimizer (memory-bound) then tends to run beside the other's matrix products
+// (compute-bound), and a rank that the machine delays costs only itself. Synchronous data
+// parallelism cannot have either: every step ends with the same all_reduce on every rank, so
+// the ranks run each phase together and the slowest rank sets the pace. --lockstep measures
+// that cost alone: the ceiling with one barrier per step, after backward, and no gradient
+// moved. The gap from the ceiling to the lockstep ceiling is what any synchronous DDP pays on
+// this machine; the gap from the lockstep ceiling to DDP is what moving the gradients costs.
+// Measured on the 2-core VM (mlp-1024, 2 ranks, 7 alternated rounds): the lockstep ceiling at
+// 94.1-94.4% of the ceiling, the optimizer 1.79 -> 2.03 ms, backward 5.57 -> 6.18 ms (the wait).
 
 // The row whose throughput is the median of `rows` (one configuration over the repeats).
 TrainRow median_row(std::vector<TrainRow> rows) {
@@ -301,6 +319,9 @@ int run_train(const TrainOptions& o) {
                     o.global_batch, n));
   }
   if (o.compare && o.no_ddp) throw ConfigError("--compare and --no-ddp exclude each other");
+  if (o.lockstep && !o.no_ddp && !o.compare) {
+    throw ConfigError("--lockstep is a ceiling: give it with --no-ddp (or --compare, which adds it)");
+  }
   const c10::Device device =
       cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(*pg->bound_device_id()))
            : c10::Device(c10::kCPU);
@@ -357,12 +378,13 @@ int run_train(const TrainOptions& o) {
   }
   // Per configuration, one row per repeat: DDP; with --compare, 1 x 1 thread, 1 x N threads,
   // and N ranks without communication.
-  std::vector<std::vector<TrainRow>> rounds(4);
+  std::vector<std::vector<TrainRow>> rounds(5);
   for (int r = 0; r < o.repeats; ++r) {
     if (o.no_ddp) {
-      rounds[0].push_back(measure(*pg, data, o, threads, config_label(n, threads, kNoCommunication),
-                                  device, /*local=*/true));
-      rounds[0].back().backend = kNoCommunication;
+      const char* what = o.lockstep ? kLockstep : kNoCommunication;
+      rounds[0].push_back(measure(*pg, data, o, threads, config_label(n, threads, what), device,
+                                  /*local=*/true, o.lockstep));
+      rounds[0].back().backend = what;
     } else {
       rounds[0].push_back(
           measure(*pg, data, o, threads, config_label(n, threads, pg->backend()), device));
@@ -373,6 +395,14 @@ int run_train(const TrainOptions& o) {
                                 device, /*local=*/true));
     rounds[3].back().backend = kNoCommunication;
     if (o.repeats > 1) say(train_table_line(rounds[3].back()) + fmt::format("  (round {})", r + 1));
+    if (o.lockstep) {
+      rounds[4].push_back(measure(*pg, data, o, threads, config_label(n, threads, kLockstep),
+                                  device, /*local=*/true, /*lockstep=*/true));
+      rounds[4].back().backend = kLockstep;
+      if (o.repeats > 1) {
+        say(train_table_line(rounds[4].back()) + fmt::format("  (round {})", r + 1));
+      }
+    }
     if (main) {  // the others wait in the barrier below, blocked, not spinning
       rounds[1].push_back(measure(*alone, data, o, 1, config_label(1, 1, ""), device));
       rounds[2].push_back(measure(*alone, data, o, n, config_label(1, n, ""), device));
@@ -407,6 +437,13 @@ int run_train(const TrainOptions& o) {
         fmt::format("# DDP reaches {:.1f}% of the communication-free ceiling ({} ranks training "
                     "alone, no gradient exchange: {:.1f} samples/s)",
                     100.0 * ddp / ceiling, n, ceiling));
+    if (o.lockstep) {
+      const double lockstep = rows[4].samples_per_s;
+      say(fmt::format(
+          "# the lockstep ceiling (the same, one barrier per step) is {:.1f}% of the ceiling; DDP "
+          "reaches {:.1f}% of it ({:.1f} samples/s)",
+          100.0 * lockstep / ceiling, 100.0 * ddp / lockstep, lockstep));
+    }
   }
   if (main && !o.csv.empty()) {
     append_train_csv(o.csv, rows);
