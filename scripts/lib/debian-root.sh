@@ -22,12 +22,18 @@ unmount_below() {
   done
 }
 
-# Installs debootstrap on the host when it is missing.
+# Installs debootstrap on the host when it is missing. Under a lock: scripts/test.sh prepares
+# both roots at once, and on a fresh machine two apt-gets at once fail on apt's own lock
+# ("Could not get lock /var/lib/apt/lists/lock"); the second caller waits, then finds it.
 ensure_debootstrap() {
   command -v debootstrap >/dev/null && return
-  log "installing debootstrap"
-  DEBIAN_FRONTEND=noninteractive apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap
+  (
+    flock 8
+    command -v debootstrap >/dev/null && exit 0
+    log "installing debootstrap"
+    DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap
+  ) 8>/run/lock/ddp-cpp-debootstrap.lock || die "could not install debootstrap"
 }
 
 # make_root ROOT SUITE MIRROR COMPONENTS LOG SOURCES
