@@ -288,8 +288,8 @@ constexpr const char* kLockstep = "lockstep";        // ... and of the lockstep 
 // that cost alone: the ceiling with one barrier per step, after backward, and no gradient
 // moved. The gap from the ceiling to the lockstep ceiling is what any synchronous DDP pays on
 // this machine; the gap from the lockstep ceiling to DDP is what moving the gradients costs.
-// Measured on the 2-core VM (mlp-1024, 2 ranks, 7 alternated rounds): the lockstep ceiling at
-// 94.1-94.4% of the ceiling, the optimizer 1.79 -> 2.03 ms, backward 5.57 -> 6.18 ms (the wait).
+// Measured on the 2-core VM (mlp-1024, 2 ranks, four runs): the lockstep ceiling at 94.1-99.1% of
+// the ceiling (the VM's own swings are as large); in one, optimizer 1.74 -> 2.30 ms, wait 0.6 ms.
 
 // The row whose throughput is the median of `rows` (one configuration over the repeats).
 TrainRow median_row(std::vector<TrainRow> rows) {
