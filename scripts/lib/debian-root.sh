@@ -24,11 +24,12 @@ unmount_below() {
 
 # Installs debootstrap on the host when it is missing. Under a lock: scripts/test.sh prepares
 # both roots at once, and on a fresh machine two apt-gets at once fail on apt's own lock
-# ("Could not get lock /var/lib/apt/lists/lock"); the second caller waits, then finds it.
+# ("Could not get lock /var/lib/apt/lists/lock"); the second caller waits (at most 10 min: an
+# apt-get that never ends must not hold the other caller forever), then finds it.
 ensure_debootstrap() {
   command -v debootstrap >/dev/null && return
   (
-    flock 8
+    flock -w 600 8 || { log "waited 600 s for another installation of debootstrap"; exit 1; }
     command -v debootstrap >/dev/null && exit 0
     log "installing debootstrap"
     DEBIAN_FRONTEND=noninteractive apt-get update -q &&

@@ -376,40 +376,33 @@ int run_train(const TrainOptions& o) {
     one.backend = "gloo";
     alone = make_process_group(one);
   }
-  // Per configuration, one row per repeat: DDP; with --compare, 1 x 1 thread, 1 x N threads,
-  // and N ranks without communication.
+  // Per configuration, one row per repeat: DDP (or a ceiling); with --compare, 1 x 1 thread,
+  // 1 x N threads, N ranks without communication, and with --lockstep the lockstep ceiling.
   std::vector<std::vector<TrainRow>> rounds(5);
+  // Adds one round of a configuration to `runs`, saying it when there are several rounds.
+  auto add = [&](std::vector<TrainRow>& runs, TrainRow row, int r) {
+    runs.push_back(std::move(row));
+    if (o.repeats > 1) say(train_table_line(runs.back()) + fmt::format("  (round {})", r + 1));
+  };
+  // N ranks without communication: the ceiling, or with `lockstep` the lockstep ceiling.
+  auto ceiling = [&](bool lockstep) {
+    const char* what = lockstep ? kLockstep : kNoCommunication;
+    TrainRow row = measure(*pg, data, o, threads, config_label(n, threads, what), device,
+                           /*local=*/true, lockstep);
+    row.backend = what;
+    return row;
+  };
   for (int r = 0; r < o.repeats; ++r) {
-    if (o.no_ddp) {
-      const char* what = o.lockstep ? kLockstep : kNoCommunication;
-      rounds[0].push_back(measure(*pg, data, o, threads, config_label(n, threads, what), device,
-                                  /*local=*/true, o.lockstep));
-      rounds[0].back().backend = what;
-    } else {
-      rounds[0].push_back(
-          measure(*pg, data, o, threads, config_label(n, threads, pg->backend()), device));
-    }
-    if (o.repeats > 1) say(train_table_line(rounds[0].back()) + fmt::format("  (round {})", r + 1));
+    add(rounds[0],
+        o.no_ddp ? ceiling(o.lockstep)
+                 : measure(*pg, data, o, threads, config_label(n, threads, pg->backend()), device),
+        r);
     if (!o.compare) continue;
-    rounds[3].push_back(measure(*pg, data, o, threads, config_label(n, threads, kNoCommunication),
-                                device, /*local=*/true));
-    rounds[3].back().backend = kNoCommunication;
-    if (o.repeats > 1) say(train_table_line(rounds[3].back()) + fmt::format("  (round {})", r + 1));
-    if (o.lockstep) {
-      rounds[4].push_back(measure(*pg, data, o, threads, config_label(n, threads, kLockstep),
-                                  device, /*local=*/true, /*lockstep=*/true));
-      rounds[4].back().backend = kLockstep;
-      if (o.repeats > 1) {
-        say(train_table_line(rounds[4].back()) + fmt::format("  (round {})", r + 1));
-      }
-    }
+    add(rounds[3], ceiling(false), r);
+    if (o.lockstep) add(rounds[4], ceiling(true), r);
     if (main) {  // the others wait in the barrier below, blocked, not spinning
-      rounds[1].push_back(measure(*alone, data, o, 1, config_label(1, 1, ""), device));
-      rounds[2].push_back(measure(*alone, data, o, n, config_label(1, n, ""), device));
-      if (o.repeats > 1) {
-        say(train_table_line(rounds[1].back()) + fmt::format("  (round {})", r + 1));
-        say(train_table_line(rounds[2].back()) + fmt::format("  (round {})", r + 1));
-      }
+      add(rounds[1], measure(*alone, data, o, 1, config_label(1, 1, ""), device), r);
+      add(rounds[2], measure(*alone, data, o, n, config_label(1, n, ""), device), r);
     }
     pg->barrier().wait();
   }
