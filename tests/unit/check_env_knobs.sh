@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Note [Environment knobs] (include/ddp/env.h): kEnvKnobs is the one list of variables that tune
 # ddp-cpp. Fails when
-#   - a row of kEnvKnobs is missing from README.md's knob table (name and default), or the
-#     README lists a knob the header does not;
+#   - a row of kEnvKnobs is missing from the knob table of docs/errors-and-environment.md (its
+#     '## Environment knobs' section: name and default), or that table lists a knob the header
+#     does not;
 #   - code outside src/base reads the environment with getenv() instead of ddp::env_knob()
 #     (a line that only saves a value to restore it says "not a knob").
 # Usage: check_env_knobs.sh <source dir>
@@ -14,25 +15,26 @@ status=0
 header=$(sed -n '/kEnvKnobs\[\] = {/,/^};/p' "$root/include/ddp/env.h" |
          sed -nE 's/^ *\{"([A-Z_0-9]+)", "([^"]*)",.*/\1\t\2/p')
 [[ -n $header ]] || { echo "check_env_knobs: no rows found in kEnvKnobs"; exit 1; }
-# README rows of the knob table: | `NAME` | default | meaning |
-readme=$(sed -n '/^### Environment knobs/,/^#/p' "$root/README.md" |
-         sed -nE 's/^\| `([A-Z_0-9]+)` \| ([^|]*[^ |]) *\|.*/\1\t\2/p')
-[[ -n $readme ]] || { echo "check_env_knobs: README.md has no '### Environment knobs' table"; exit 1; }
+# The doc's rows of the knob table, from its heading to the next one: | `NAME` | default | meaning |
+doc=docs/errors-and-environment.md
+table=$(sed -n '/^##* Environment knobs/,/^#/p' "$root/$doc" |
+        sed -nE 's/^\| `([A-Z_0-9]+)` \| ([^|]*[^ |]) *\|.*/\1\t\2/p')
+[[ -n $table ]] || { echo "check_env_knobs: $doc has no 'Environment knobs' table"; exit 1; }
 
 while IFS=$'\t' read -r name default; do
-  row=$(grep -P "^$name\t" <<<"$readme" || true)
+  row=$(grep -P "^$name\t" <<<"$table" || true)
   if [[ -z $row ]]; then
-    echo "README.md: knob $name (include/ddp/env.h) is not in the Environment knobs table"
+    echo "$doc: knob $name (include/ddp/env.h) is not in the Environment knobs table"
     status=1
   elif [[ ${row#*$'\t'} != "$default" ]]; then
-    echo "README.md: knob $name: default '${row#*$'\t'}', the header says '$default'"
+    echo "$doc: knob $name: default '${row#*$'\t'}', the header says '$default'"
     status=1
   fi
 done <<<"$header"
 while IFS=$'\t' read -r name _; do
   grep -qP "^$name\t" <<<"$header" ||
-    { echo "README.md: knob $name is not a row of kEnvKnobs (include/ddp/env.h)"; status=1; }
-done <<<"$readme"
+    { echo "$doc: knob $name is not a row of kEnvKnobs (include/ddp/env.h)"; status=1; }
+done <<<"$table"
 
 # Direct reads outside src/base.
 direct=$(cd "$root" && grep -rn --include='*.cpp' --include='*.h' 'getenv(' src tools include |
