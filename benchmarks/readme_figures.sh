@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every figure of the README's "Measured" section, in one run, into one folder: run it on a
-# quiet machine (nothing else using the cores), after scripts/build.sh. Each step prints its
-# command and writes its output to OUT/<step>.txt (and CSV/PNG where the tool makes them).
+# Every figure of docs/performance.md's "Measured on one host" section, in one run, into one
+# folder: run it on a quiet machine (nothing else using the cores), after scripts/build.sh. Each
+# step prints its command and writes its output to OUT/<step>.txt (and CSV/PNG where the tool
+# makes them).
 #
 #   benchmarks/readme_figures.sh [-o OUT] [-p PAIRS] [-q]
 #     -o OUT    output folder (default: figures-<date>)

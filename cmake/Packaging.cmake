@@ -82,7 +82,7 @@ set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME ddp-tools)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_DEPENDS "${_ddp_self}")
 # ddp-train reads Debian's Fashion-MNIST by default and plots with gnuplot (a note when it is
-# missing); LibTorch is slow on the reference BLAS (README: BLAS).
+# missing); LibTorch is slow on the reference BLAS (docs/performance.md: BLAS).
 set(CPACK_DEBIAN_TOOLS_PACKAGE_RECOMMENDS
     "dataset-fashion-mnist, gnuplot-nox | gnuplot, libopenblas0-pthread | libopenblas0")
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SUGGESTS "python3")  # ddprun runs PROGRAM.py with python3

@@ -58,8 +58,8 @@ rc=0
 
 # Sanitizers, the torch-free part: ASan+UBSan and TSan over the store (protocol, epoll server,
 # ddprun's restart rounds against a real agent store), env, allocator and completion tests; a
-# few minutes (README: Sanitizers). The whole sanitizer suite rebuilds libddp twice and does not
-# fit CI's hour: run scripts/sanitize.sh by hand. Only in a full run (no ctest arguments);
+# few minutes (docs/testing.md: Sanitizers). The whole sanitizer suite rebuilds libddp twice and
+# does not fit CI's hour: run scripts/sanitize.sh by hand. Only in a full run (no ctest arguments);
 # DDP_SKIP_SANITIZE=1 skips it.
 if [[ ${DDP_SKIP_SANITIZE:-0} == 1 || $# -gt 0 ]]; then
   echo "test.sh: sanitizer step skipped (DDP_SKIP_SANITIZE=1 or ctest arguments given)"

@@ -5,7 +5,7 @@
 // step frees its activations and allocates the same sizes again at the next step, so every step
 // pays page faults for memory it just gave back. On this project's 2-core VM that was most of
 // the step: the classic CNN at 2 ranks spent ~60% of its time in the kernel (46 000 minor faults
-// per second per rank) and ran 2.5x faster with the memory kept (README, "Measured").
+// per second per rank) and ran 2.5x faster with the memory kept (docs/performance.md).
 //
 //   int main(int argc, char** argv) {
 //     ddp::retain_freed_memory();   // first thing, before large allocations

@@ -36,7 +36,7 @@ struct BlasReport {
   // one thread: each pool's idle threads spin on the cores the other's need (OpenMP's about
   // 300 000 iterations after a parallel region, OpenBLAS's 2^28 cycles after a call), unless
   // OMP_WAIT_POLICY (or GOMP_SPINCOUNT) and OPENBLAS_THREAD_TIMEOUT say otherwise. True when
-  // one of the two is unset. Measured, 1 process x 2 threads on 2 cores (README, "BLAS"):
+  // one of the two is unset. Measured, 1 process x 2 threads on 2 cores (docs/performance.md#blas):
   // passive OpenMP and OPENBLAS_THREAD_TIMEOUT=4 took the MLP from 3726 to 12770 samples/s,
   // the classic CNN from 1149 to 1460, ddp-train's CNN from 988 to 1193.
   bool needs_quiet_threads() const;

@@ -103,9 +103,10 @@ inline constexpr std::chrono::seconds kDefaultRendezvousTimeout{300};
 inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
 
 // Besides the launch contract above, these variables tune ddp-cpp. This table is the one list:
-// env_knob() reads no other name, the README's "Environment knobs" table shows the same rows
-// (tests/unit/check_env_knobs.sh checks both, and that nothing outside src/base reads the
-// environment directly). Options in code (InitOptions, DDPOptions, flags) win over knobs.
+// env_knob() reads no other name, the "Environment knobs" table of docs/errors-and-environment.md
+// shows the same rows (tests/unit/check_env_knobs.sh checks both, and that nothing outside
+// src/base reads the environment directly). Options in code (InitOptions, DDPOptions, flags)
+// win over knobs.
 struct EnvKnob {
   std::string_view name;
   std::string_view default_value;

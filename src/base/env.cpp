@@ -262,7 +262,7 @@ void parse_slurm(const EnvMap& env, DistEnv& out) {
   }
 }
 
-// The rendezvous store's variables (include/ddp/env.h; README, "The rendezvous store").
+// The rendezvous store's variables (include/ddp/env.h; docs/store-and-security.md).
 void parse_store_knobs(const EnvMap& env, DistEnv& out) {
   if (const std::string* v = find(env, "DDP_AGENT_STORE"); v != nullptr && !v->empty()) {
     DDP_CHECK(*v == "ddp" || *v == "tcpstore", ConfigError,

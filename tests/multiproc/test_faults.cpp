@@ -35,7 +35,7 @@ const std::string kEarlyExitWorker = testing::env_or_die("EARLY_EXIT_WORKER");
 const fs::path kData = "/usr/share/datasets/fashion-mnist";
 constexpr double kBound = 60;  // s: every faulty job must end well before this
 
-// For the README's table of faults: how long the faulty job took, start to exit.
+// For the table of faults in docs/testing.md: how long the faulty job took, start to exit.
 void measured(const std::string& what, const Result& r) {
   std::printf("[ measured ] %s: the job exited %d after %.2f s\n", what.c_str(), r.exit_code,
               r.wall_s);

@@ -30,8 +30,8 @@ void expect_config_error(const EnvMap& env, std::initializer_list<std::string> n
   }
 }
 
-// Each default is stated once, in code; the knob table (and so the README's) shows its text,
-// which must agree with the constant the code uses.
+// Each default is stated once, in code; the knob table (and so docs/errors-and-environment.md's)
+// shows its text, which must agree with the constant the code uses.
 TEST(Env, KnobTableDefaultsAgreeWithTheConstants) {
   auto row = [](std::string_view name) {
     for (const EnvKnob& k : kEnvKnobs) {

@@ -12,8 +12,8 @@
 // fewer CPUs than workers, workers share CPUs round-robin (ddprun says so). Each worker's
 // OMP_NUM_THREADS, unless the user exported one, is the CPU count of its block (numa: of its
 // node divided among the workers on it), so LibTorch's and the BLAS's threads match the CPUs
-// the worker has. Measured on this project's 2-core machine (README, "CPU binding"): not a win
-// there, so none stays the default.
+// the worker has. Measured on this project's 2-core machine (docs/ddprun.md, "CPU binding"): not
+// a win there, so none stays the default.
 #pragma once
 
 #include <optional>
