@@ -1,40 +1,43 @@
-// Checkpoints: everything a training run needs to continue exactly where it stopped.
+// Checkpoints: everything a training run needs to continue exactly where it stopped, in a file.
 //
+//   ddp::TrainingState state;                         // what is saved (ddp/training_state.h)
+//   state.add("model", model);                        // a DistributedDataParallel
+//   state.add("optimizer", opt);
+//   state.add("sampler", sampler);
+//   state.add("rng", ddp::default_generators());
 //   ddp::Checkpointer ckpt(out_dir / "checkpoints", {.keep = 3, .model_label = "--model mlp"});
-//   ddp::CheckpointRefs refs{.model = ddp_model.module().get(), .optimizer = &opt,
-//                            .sampler = &sampler};
-//   ddp::ResumePoint found = ckpt.latest_valid(pg.get());      // --resume auto (collective)
+//   ddp::ResumePoint found = ckpt.latest_valid(*pg);  // --resume auto (collective)
 //   for (auto& s : found.skipped) log("skipped {}: {}", s.path.string(), s.reason);
 //   if (found.path) {
-//     ddp::LoadedCheckpoint got = ckpt.load(*found.path, refs, pg.get());  // in place
-//     step = got.meta.step; epoch = got.meta.epoch; scheduler.restore(got.meta.blob);
+//     ddp::LoadedCheckpoint got = ckpt.load(*found.path, state, *pg);  // in place
+//     step = got.meta.step; epoch = got.meta.epoch;
 //   }
 //   ...
-//   ckpt.save(refs, {.step = step, .epoch = epoch, .hparams_json = hp.dump(),
-//                    .blob = scheduler.state()}, pg.get());  // rank 0 writes, all return after
+//   ckpt.save(state, {.step = step, .epoch = epoch, .hparams_json = hp.dump()}, *pg);
 //
-// What a checkpoint holds: the model's parameters and buffers (by name), the optimizer's
-// state and its param-group options (lr, momentum, ...: as Python's load_state_dict restores
-// them), the sampler's SamplerState, every rank's generator state (LibTorch's default CPU
-// generator, and the default CUDA generators when CUDA is present), step, epoch, world size,
-// hparams (JSON), an opaque blob (scheduler/trainer state, e.g. JSON) and the model
-// fingerprint (each parameter's and buffer's name, shape and dtype, in registration order).
+// What a checkpoint holds: the state of every object registered in the TrainingState, each
+// under its key (named tensors plus JSON: ddp/stateful.h), and the metadata: step, epoch,
+// world size, hparams (JSON), a model label, the writer's thread count and versions.
+// Exact resume: see ddp/training_state.h. At another world size load() succeeds and says so
+// (LoadedCheckpoint::world_size_changed): the sampler splits the rest of the epoch among the new
+// ranks (ddp/sampler.h); each per-rank state (generators, PowerSGD) is taken from rank
+// r % old world size (per_rank_exact = false).
 //
-// Exact resume. Restoring a checkpoint written after optimizer step k, at the same world size,
-// makes the run continue bit for bit as the uninterrupted one would have: same parameters,
-// optimizer moments, data order (sampler), dropout masks (generators). Not captured, so keep
-// them equal or put them in the blob: the number of intra-op threads (recorded in
-// meta.num_threads for the caller to compare), the BLAS library, anything with its own RNG.
-// At another world size load() succeeds and says so (LoadedCheckpoint::world_size_changed):
-// the sampler splits the rest of the epoch among the new ranks (ddp/sampler.h); rank r takes
-// the saved generator state of rank r % old_world_size (rng_exact = false).
+// The file: a checksummed 88-byte header ("DDP-CKPT", format version, lengths, SHA-256 of the
+// payload, SHA-256 of the header and metadata), JSON metadata, then the payload (every tensor's
+// bytes). Every check runs before a payload byte is used, and every failure is a
+// CorruptCheckpointError naming the file and what was wrong ("truncated: the file has 5000
+// bytes, its header declares 7236 ...", "payload checksum mismatch ...").
+// Files of format 1 (written before TrainingState, by ddp-cpp 0.1.0 of 2026-11-27 and earlier)
+// still load: their model, optimizer (plain or ZeRO), sampler, generators and PowerSGD states
+// appear under the keys "model", "optimizer", "sampler", "rng" and "powersgd", and their opaque
+// blob in LoadedCheckpoint::meta.blob. Writes are atomic: a temporary file, fsync, rename,
+// fsync of the directory; an existing checkpoint is never touched before its replacement is
+// complete on disk.
 //
-// The file: a checksummed 88-byte header, JSON metadata, then the payload; every check runs
-// before a payload byte reaches LibTorch, and every failure is a CorruptCheckpointError naming
-// the file and what was wrong (Note [Checkpoint file format] in src/checkpoint/format.h).
-// Writes are atomic: a temporary file, fsync, rename, fsync of the directory; an existing
-// checkpoint is never touched before its replacement is complete on disk (Note [Atomic
-// checkpoint write] in src/checkpoint/file_io.h).
+// The same bytes in memory: encode_checkpoint() gives a Snapshot (TrainingState::snapshot()) as
+// the bytes of a checkpoint file, decode_checkpoint() verifies and reads them back; what a live
+// rank sends another instead of writing a file.
 //
 // Note [Checkpoint directory]
 // A Checkpointer owns one directory:
@@ -51,28 +54,28 @@
 //
 // Collective behaviour. With a ProcessGroup, save(), latest_valid() and load() are collectives
 // (every rank calls them, in the same order relative to its other collectives):
-//   save: the ranks all-gather their generator states; rank 0 writes (from its own model,
-//         optimizer and sampler; the other ranks' are not read); rank 0 broadcasts the outcome.
-//         No rank returns before the file is complete on disk, and a failure on rank 0 is
-//         thrown on every rank (rank 0: the cause; others: "rank 0 failed to write ...").
-//         refs.rng must be the same on every rank.
+//   save: a collective snapshot (TrainingState::snapshot(group): per-rank states gathered,
+//         kCollective objects consolidated); rank 0 writes (from its own replicated states:
+//         the other ranks' are not read); rank 0 broadcasts the outcome. No rank returns
+//         before the file is complete on disk, and a failure on rank 0 is thrown on every rank
+//         (rank 0: the cause; others: "rank 0 failed to write ..."). Every rank must register
+//         the same keys (a ConfigError on every rank names the first difference).
 //   latest_valid: rank 0 scans and broadcasts its choice, so all ranks resume from one file.
 //   load: every rank reads the file itself (a shared file system, or the same path on every
 //         node) and verifies it; the ranks then exchange success, so if any rank fails, every
 //         rank throws (naming the ranks that failed).
-// Without a group (the overloads without one), the caller is the only process involved: call save() on the main
-// process only, and the RNG saved is this process's.
+// Without a group (the overloads without one), the caller is the only process involved: call
+// save() on the main process only; the per-rank states saved are this process's.
 //
 // Errors: CheckpointError (I/O: cannot create, write, rename, list), its subclasses
 // CorruptCheckpointError (the file is not an intact checkpoint) and
-// IncompatibleCheckpointError (an intact checkpoint of another model, optimizer or dataset);
-// ConfigError for bad arguments. Loading validates everything it can (fingerprint, optimizer
-// type and group sizes, sampler compatibility, payload checksum and contents) before it modifies
-// any of the caller's objects.
+// IncompatibleCheckpointError (an intact checkpoint of another model, optimizer or dataset, or
+// without a state that was asked for); ConfigError for bad arguments. Loading checks every
+// registered object against the file (ddp::Stateful::check) before it modifies any of them.
 //
 // Thread-safety: a Checkpointer holds only constant options; concurrent saves into one
-// directory are not supported. Loading modifies the objects in CheckpointRefs: nothing else
-// may use them meanwhile (the generators are process-wide).
+// directory are not supported. Loading modifies the registered objects: nothing else may use
+// them meanwhile (the generators are process-wide).
 #pragma once
 
 #include <cstdint>
@@ -84,22 +87,11 @@
 #include <vector>
 
 #include "ddp/error.h"
-#include "ddp/sampler.h"
-
-namespace torch::nn {
-class Module;
-}
-namespace torch::optim {
-class Optimizer;
-}
+#include "ddp/training_state.h"
 
 namespace ddp {
 
 class ProcessGroup;
-class ZeroRedundancyOptimizer;
-namespace comm_hooks {
-class PowerSGDState;
-}
 
 // Any checkpoint failure: an I/O error reading or writing (the message names the file and the
 // system error).
@@ -116,35 +108,22 @@ class CorruptCheckpointError : public CheckpointError {
 };
 
 // An intact checkpoint that does not fit: another model (the message names the differing
-// parameters), another optimizer type or param groups, a sampler over another dataset.
+// parameters), another optimizer type or param groups, a sampler over another dataset, a key
+// the TrainingState asks for that the checkpoint lacks.
 class IncompatibleCheckpointError : public CheckpointError {
  public:
   using CheckpointError::CheckpointError;
 };
 
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// 2: TrainingState's keys (this version writes it); 1: the fixed set of objects of ddp-cpp
+// 0.1.0 (read only).
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
 inline constexpr uint32_t kMaxCheckpointMetadataBytes = 64u << 20;  // sanity bound on M
 // Keep the 3 newest step checkpoints (plus last.ckpt): enough to fall back past a damaged one.
 inline constexpr int kDefaultCheckpointKeep = 3;
 inline constexpr const char* kLastCheckpointName = "last.ckpt";
 
-// The caller's live objects: read by save, restored in place by load. Non-owning.
-struct CheckpointRefs {
-  torch::nn::Module* model = nullptr;            // required: parameters and buffers
-  torch::optim::Optimizer* optimizer = nullptr;  // optional: state and param-group options
-  // Or, instead of `optimizer`, a sharded one: save() consolidates its state on rank 0 (a
-  // collective); load() gives each rank its part, at any world size (Note [ZeRO checkpoints]).
-  ZeroRedundancyOptimizer* zero_optimizer = nullptr;
-  DistributedSampler* sampler = nullptr;         // optional: its state()
-  bool rng = true;                               // save/restore the default generators
-  // The PowerSGD hook's state (iteration, generator, P, Q, error feedback): each rank's, as
-  // the error feedback is per rank. save() gathers them (a collective: every rank passes its
-  // own or none); load() gives each rank its own, or, at another world size, rank 0's without
-  // the error feedback. Same world size: the resumed run compresses exactly as the original.
-  comm_hooks::PowerSGDState* powersgd = nullptr;
-};
-
-// What a checkpoint records besides the tensors.
+// What a checkpoint records besides the registered states.
 struct CheckpointMeta {
   // Set by the caller for save().
   int64_t step = 0;  // optimizer steps completed
@@ -152,19 +131,19 @@ struct CheckpointMeta {
   // JSON text: checked at save (ConfigError if malformed), stored as JSON in the metadata,
   // returned re-serialized (compact).
   std::string hparams_json = "{}";
-  std::string blob;         // opaque bytes (scheduler/trainer state), stored in the payload
   std::string model_label;  // e.g. "--model mlp": quoted when a model does not fit
   int world_size = 1;       // set by save() from the group when one is given
 
-  // Filled by save() from the objects and the process; returned by load().
-  std::optional<SamplerState> sampler;  // rank 0's sampler state, when a sampler was given
-  std::string optimizer_type;           // e.g. "torch::optim::AdamW"; empty without an optimizer
-  int rng_states = 0;                   // generator states saved (one per rank; 0 when rng = false)
-  int powersgd_states = 0;              // PowerSGD states saved (one per rank; 0 without)
-  int num_threads = 0;                  // at::get_num_threads() of the writer (see Exact resume)
+  // Filled by save() and returned by load() and read_checkpoint_meta().
+  std::vector<std::string> keys;  // the states saved, in order
+  int num_threads = 0;            // at::get_num_threads() of the writer (see Exact resume)
   std::string torch_version;
   std::string ddp_version;
   int64_t created_unix_ms = 0;
+  uint32_t format_version = kCheckpointFormatVersion;
+  // Format 1 only: the opaque bytes such a checkpoint carried (ddp-train kept its trainer state
+  // there); format 2 keeps such state in a Stateful. Empty from read_checkpoint_meta().
+  std::string blob;
 };
 
 struct LoadOptions {
@@ -175,25 +154,43 @@ struct LoadOptions {
 
 struct LoadedCheckpoint {
   std::filesystem::path path;
-  CheckpointMeta meta;              // as saved, blob included
+  CheckpointMeta meta;              // as saved
   bool world_size_changed = false;  // meta.world_size != this run's world size
-  bool rng_exact = true;            // this rank got its own saved generator state(s)
+  // Every per-rank state loaded (generators, PowerSGD) was this rank's own.
+  bool per_rank_exact = true;
+  std::vector<std::string> absent;   // optional keys the checkpoint lacks (left as they were)
+  std::vector<std::string> ignored;  // keys in the checkpoint that the TrainingState lacks
 };
 
 // --- One file ---------------------------------------------------------------------------------
 
-// Writes `file` atomically (see above) from `refs` and `meta`, with this
-// process's generator state. Throws CheckpointError (I/O), ConfigError (no model, bad JSON).
-void save_checkpoint(const std::filesystem::path& file, const CheckpointRefs& refs,
+// Writes `file` atomically (see above) from `state` (TrainingState::snapshot(): this process
+// alone) and `meta`. Throws CheckpointError (I/O), ConfigError (bad JSON, an empty state).
+void save_checkpoint(const std::filesystem::path& file, TrainingState& state,
                      const CheckpointMeta& meta);
 // Checks the header and metadata (cheap: the payload is not read, only its length);
-// throws CorruptCheckpointError. The blob is not returned (it lives in the payload).
+// throws CorruptCheckpointError.
 CheckpointMeta read_checkpoint_meta(const std::filesystem::path& file);
 // Full verification: header, metadata and payload checksum. Throws CorruptCheckpointError.
 void verify_checkpoint(const std::filesystem::path& file);
-// Verifies `file`, checks that it fits `refs`, then restores into them in place (see the top).
-LoadedCheckpoint load_checkpoint(const std::filesystem::path& file, const CheckpointRefs& refs,
+// Verifies `file`, checks that it fits `state`, then restores every registered object in place
+// (see the top).
+LoadedCheckpoint load_checkpoint(const std::filesystem::path& file, TrainingState& state,
                                  const LoadOptions& options = {});
+
+// --- The same bytes in memory -----------------------------------------------------------------
+
+// `snapshot` and `meta` as the bytes of a checkpoint file (meta's save-time fields filled in as
+// save() fills them; meta.world_size from the snapshot). ConfigError for malformed JSON.
+std::string encode_checkpoint(const Snapshot& snapshot, const CheckpointMeta& meta);
+// Verifies `bytes` as a checkpoint file (every check of load_checkpoint's file reading; errors
+// name `what` where they would name the file) and returns its metadata and states; tensors are
+// on the CPU. Throws CorruptCheckpointError.
+struct DecodedCheckpoint {
+  CheckpointMeta meta;
+  Snapshot snapshot;
+};
+DecodedCheckpoint decode_checkpoint(std::string_view bytes, std::string_view what = "checkpoint");
 
 // --- A directory of checkpoints ---------------------------------------------------------------
 
@@ -236,19 +233,17 @@ class Checkpointer {
   // (see the top; meta.world_size becomes group->size()). Throws CheckpointError: when it
   // fails, every checkpoint that existed before is intact (a failure updating last.ckpt after
   // the step file is complete is still thrown: the step file stays, last.ckpt is the old one).
-  SavedCheckpoint save(const CheckpointRefs& refs, const CheckpointMeta& meta) const;
-  SavedCheckpoint save(const CheckpointRefs& refs, const CheckpointMeta& meta,
-                       ProcessGroup& group) const;
+  SavedCheckpoint save(TrainingState& state, const CheckpointMeta& meta) const;
+  SavedCheckpoint save(TrainingState& state, const CheckpointMeta& meta, ProcessGroup& group) const;
 
   // The newest checkpoint that passes full verification ("--resume auto"); see the Note.
   ResumePoint latest_valid() const;
   ResumePoint latest_valid(ProcessGroup& group) const;
 
   // load_checkpoint with this run's rank and world size (from the group; without one, rank 0
-  // of 1) and the options' model label; collective with a group. Pass the module itself, not a
-  // DistributedDataParallel wrapper: refs.model = ddp_model.module().get().
-  LoadedCheckpoint load(const std::filesystem::path& file, const CheckpointRefs& refs) const;
-  LoadedCheckpoint load(const std::filesystem::path& file, const CheckpointRefs& refs,
+  // of 1) and the options' model label; collective with a group.
+  LoadedCheckpoint load(const std::filesystem::path& file, TrainingState& state) const;
+  LoadedCheckpoint load(const std::filesystem::path& file, TrainingState& state,
                         ProcessGroup& group) const;
 
   // Step checkpoints in the directory, newest first (by step, then epoch); not verified.
@@ -263,10 +258,9 @@ class Checkpointer {
   static std::string file_name(int64_t epoch, int64_t step);
 
  private:
-  SavedCheckpoint save(const CheckpointRefs& refs, const CheckpointMeta& meta,
-                       ProcessGroup* group) const;
+  SavedCheckpoint save(TrainingState& state, const CheckpointMeta& meta, ProcessGroup* group) const;
   ResumePoint latest_valid(ProcessGroup* group) const;
-  LoadedCheckpoint load(const std::filesystem::path& file, const CheckpointRefs& refs,
+  LoadedCheckpoint load(const std::filesystem::path& file, TrainingState& state,
                         ProcessGroup* group) const;
 
   // Constant after construction.

@@ -108,7 +108,7 @@ CommHook bf16_compress();
 //       ddp::comm_hooks::PowerSGDOptions{.matrix_approximation_rank = 2,
 //                                        .start_powerSGD_iter = 100});
 //   model.register_comm_hook(ddp::comm_hooks::powerSGD_hook(state));
-//   ddp::CheckpointRefs refs{..., .powersgd = state.get()};  // error feedback, P, Q, iteration
+//   training_state.add("powersgd", *state);  // checkpoints: error feedback, P, Q, iteration
 //
 // Until start_powerSGD_iter iterations have passed, buckets are all-reduced as usual. Then
 // each gradient viewed as an n x m matrix M (its first dimension by the rest) with

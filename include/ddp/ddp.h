@@ -17,6 +17,8 @@
 #include "ddp/process_group.h"              // ProcessGroup, Work, ReduceOp, InitOptions
 #include "ddp/relayed_error.h"              // Relayed<E>, record_error(exception): who failed first
 #include "ddp/sampler.h"                    // DistributedSampler, SamplerOptions, SamplerState
+#include "ddp/stateful.h"                   // Stateful, StateDict: your own saved state
 #include "ddp/sync_batch_norm.h"            // SyncBatchNorm, convert_sync_batchnorm
 #include "ddp/threads.h"                    // set_num_threads: LibTorch's and the BLAS's
+#include "ddp/training_state.h"             // TrainingState: what a checkpoint saves, Snapshot
 #include "ddp/zero_redundancy_optimizer.h"  // ZeroRedundancyOptimizer: sharded optimizer state

@@ -120,6 +120,8 @@ class DistributedDataParallelBase {
   void register_comm_hook(CommHook hook);
 
   ProcessGroup& process_group();
+  // The wrapped module without its type (DistributedDataParallel<M>::module() gives it typed).
+  torch::nn::Module& untyped_module() const;
   const IterationStats& last_iteration_stats() const;
   std::vector<std::vector<std::string>> bucket_layout() const;
   // The parameter order (indices in registration order) the buckets were rebuilt in after the

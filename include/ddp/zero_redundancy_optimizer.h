@@ -144,6 +144,7 @@ class ZeroRedundancyOptimizer {
   int64_t state_bytes() const;
   // "ddp::ZeroRedundancyOptimizer(torch::optim::AdamW)": what a checkpoint records.
   const std::string& type_name() const;
+  int rank() const;  // this process's rank in the optimizer's group
 
   // Note [ZeRO checkpoints].
   std::string shard_state() const;

@@ -11,22 +11,15 @@
 #include <system_error>
 #include <tuple>
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/tensor.h>
-#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "checkpoint/encode.h"
 #include "checkpoint/file_io.h"
-#include "checkpoint/state.h"
+#include "checkpoint/metadata.h"  // check_save_args
 #include "ddp/checkpoint.h"
-#include "ddp/comm_hooks.h"                      // PowerSGDState::state_dict
 #include "ddp/process_group.h"
-#include "ddp/relayed_error.h"                  // Relayed: a failure announced by another rank
-#include "ddp/zero_redundancy_optimizer.h"      // consolidate_state_dict
-#include "process_group/transport/transport.h"  // capabilities_of
+#include "ddp/relayed_error.h"  // Relayed: a failure announced by another rank
+#include "process_group/bytes_collectives.h"
 
 namespace ddp {
 namespace {
@@ -75,61 +68,6 @@ bool same_file(const fs::path& a, const fs::path& b) {
   }, sb{};
   return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
          sa.st_ino == sb.st_ino;
-}
-
-// --- collectives (rank 0 decides, everyone learns) ------------------------------------------
-
-// The checkpoint's small collectives move tensors where the group's transport takes them: the
-// CPU, or (a transport of CUDA tensors only, NCCL) the rank's bound device.
-at::TensorOptions comm_options(ProcessGroup& g, at::ScalarType type) {
-  auto o = at::TensorOptions().dtype(type);
-  if (capabilities_of(g).cpu_tensors) return o;
-  const int device = g.bound_device_id().value_or(g.local_rank());
-  return o.device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
-}
-
-int64_t broadcast_i64(ProcessGroup& g, int64_t value) {
-  at::Tensor t = at::tensor({value}, comm_options(g, at::kLong));
-  g.broadcast(t, 0).wait();
-  return t.cpu().item<int64_t>();
-}
-
-// Rank 0's `bytes` on every rank; `size` is their length, already broadcast.
-std::string broadcast_bytes(ProcessGroup& g, const std::string& bytes, int64_t size) {
-  if (size == 0) return "";
-  at::Tensor t = at::empty({size}, comm_options(g, at::kByte));
-  if (g.rank() == 0) t.copy_(at::from_blob(const_cast<char*>(bytes.data()), {size}, at::kByte));
-  g.broadcast(t, 0).wait();
-  const at::Tensor c = t.cpu();
-  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(size));
-}
-
-std::vector<int64_t> all_gather_i64(ProcessGroup& g, int64_t value) {
-  at::Tensor in = at::tensor({value}, comm_options(g, at::kLong));
-  std::vector<at::Tensor> out(g.size());
-  for (auto& t : out) t = at::empty({1}, comm_options(g, at::kLong));
-  g.all_gather(out, in).wait();
-  std::vector<int64_t> values;
-  for (auto& t : out) values.push_back(t.cpu().item<int64_t>());
-  return values;
-}
-
-// Every rank's `mine` (byte strings of any length), on every rank.
-std::vector<std::string> all_gather_bytes(ProcessGroup& g, const std::string& mine) {
-  const auto sizes = all_gather_i64(g, static_cast<int64_t>(mine.size()));
-  const int64_t max = *std::max_element(sizes.begin(), sizes.end());
-  at::Tensor in = at::zeros({max}, at::kByte);
-  if (!mine.empty()) std::memcpy(in.data_ptr(), mine.data(), mine.size());
-  in = in.to(comm_options(g, at::kByte).device());
-  std::vector<at::Tensor> out(g.size());
-  for (auto& t : out) t = at::empty({max}, comm_options(g, at::kByte));
-  g.all_gather(out, in).wait();
-  std::vector<std::string> all;
-  for (int r = 0; r < g.size(); ++r) {
-    const at::Tensor c = out[r].cpu();
-    all.emplace_back(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(sizes[r]));
-  }
-  return all;
 }
 
 }  // namespace
@@ -187,52 +125,39 @@ std::vector<fs::path> Checkpointer::remove_stale_temp_files() const {
   return removed;
 }
 
-SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointMeta& meta) const {
-  return save(refs, meta, static_cast<ProcessGroup*>(nullptr));
+SavedCheckpoint Checkpointer::save(TrainingState& state, const CheckpointMeta& meta) const {
+  return save(state, meta, static_cast<ProcessGroup*>(nullptr));
 }
 
-SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointMeta& meta,
+SavedCheckpoint Checkpointer::save(TrainingState& state, const CheckpointMeta& meta,
                                    ProcessGroup& group) const {
-  return save(refs, meta, &group);
+  return save(state, meta, &group);
 }
 
 // The group is optional in the overloads above; the private forms take it as a pointer.
-SavedCheckpoint Checkpointer::save(const CheckpointRefs& refs, const CheckpointMeta& meta_in,
+SavedCheckpoint Checkpointer::save(TrainingState& state, const CheckpointMeta& meta_in,
                                    ProcessGroup* group) const {
-  ckpt::check_save_args(refs, meta_in);  // on every rank, before any collective
+  ckpt::check_save_args(&state, meta_in);  // every rank, before any collective
   CheckpointMeta meta = meta_in;
   if (group) meta.world_size = group->size();
   if (meta.model_label.empty()) meta.model_label = options_.model_label;
   SavedCheckpoint out;
   out.path = dir_ / file_name(meta.epoch, meta.step);
 
-  // Every rank's generators: ranks may draw different random numbers (per-rank seeds).
-  std::vector<std::string> rng;
-  if (refs.rng) {
-    std::string mine = ckpt::capture_rng();
-    rng = group ? all_gather_bytes(*group, mine) : std::vector<std::string>{std::move(mine)};
-  }
-
-  // Every rank's PowerSGD state: the error feedback is each rank's own.
-  std::vector<std::string> powersgd;
-  if (refs.powersgd) {
-    std::string mine = refs.powersgd->state_dict();
-    powersgd = group ? all_gather_bytes(*group, mine) : std::vector<std::string>{std::move(mine)};
-  }
-
-  // A sharded optimizer's state, gathered on rank 0 (every rank takes part).
-  if (refs.zero_optimizer) refs.zero_optimizer->consolidate_state_dict(0);
+  // Every rank takes part (per-rank states gathered, collective ones consolidated); rank 0
+  // holds the whole snapshot.
+  const Snapshot snapshot = group ? state.snapshot(*group) : state.snapshot();
 
   std::exception_ptr error;
   if (!group || group->rank() == 0) {
     try {
       remove_stale_temp_files();
-      const ckpt::Encoded e = ckpt::encode_checkpoint(refs, meta, rng, powersgd);
-      ckpt::write_atomic(out.path, {e.head, e.payload}, options_.fault_hook);
+      const std::string bytes = encode_checkpoint(snapshot, meta);
+      ckpt::write_atomic(out.path, {bytes}, options_.fault_hook);
       if (options_.save_last) {
         const fs::path last = last_path();
         if (!ckpt::link_atomic(out.path, last, options_.fault_hook)) {
-          ckpt::write_atomic(last, {e.head, e.payload}, options_.fault_hook);
+          ckpt::write_atomic(last, {bytes}, options_.fault_hook);
           out.warnings.push_back(
               fmt::format("{}: the file system refuses hard links; wrote a copy", last.string()));
         }
@@ -344,27 +269,26 @@ ResumePoint Checkpointer::latest_valid(ProcessGroup* group) const {
   return out;
 }
 
-LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file,
-                                    const CheckpointRefs& refs) const {
-  return load(file, refs, static_cast<ProcessGroup*>(nullptr));
+LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, TrainingState& state) const {
+  return load(file, state, static_cast<ProcessGroup*>(nullptr));
 }
 
-LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, const CheckpointRefs& refs,
+LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, TrainingState& state,
                                     ProcessGroup& group) const {
-  return load(file, refs, &group);
+  return load(file, state, &group);
 }
 
-LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, const CheckpointRefs& refs,
+LoadedCheckpoint Checkpointer::load(const std::filesystem::path& file, TrainingState& state,
                                     ProcessGroup* group) const {
   LoadOptions o;
   o.model_label = options_.model_label;
-  if (!group) return load_checkpoint(file, refs, o);
+  if (!group) return load_checkpoint(file, state, o);
   o.rank = group->rank();
   o.world_size = group->size();
   LoadedCheckpoint out;
   std::exception_ptr error;
   try {
-    out = load_checkpoint(file, refs, o);
+    out = load_checkpoint(file, state, o);
   } catch (...) {
     error = std::current_exception();
   }

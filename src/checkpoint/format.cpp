@@ -104,10 +104,10 @@ std::string encode_head(std::string_view metadata, std::string_view payload) {
 }
 
 void CheckpointFile::corrupt(std::string_view what) const {
-  throw CorruptCheckpointError(fmt::format("{}: {}", path_.string(), what));
+  throw CorruptCheckpointError(fmt::format("{}: {}", name_, what));
 }
 
-CheckpointFile::CheckpointFile(const fs::path& path) : path_(path) {
+CheckpointFile::CheckpointFile(const fs::path& path) : name_(path.string()), path_(path) {
   fd_ = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd_.get() < 0) {
     const int err = errno;
@@ -122,10 +122,26 @@ CheckpointFile::CheckpointFile(const fs::path& path) : path_(path) {
   }
   if (!S_ISREG(st.st_mode)) corrupt("not a regular file");
   file_size_ = static_cast<uint64_t>(st.st_size);
-  if (file_size_ == 0) corrupt("the file is empty (0 bytes)");
+  check_head();
+}
 
+CheckpointFile::CheckpointFile(std::string_view bytes, std::string name)
+    : name_(std::move(name)), bytes_(bytes), file_size_(bytes.size()) {
+  check_head();
+}
+
+uint64_t CheckpointFile::read(uint64_t offset, void* out, uint64_t size) const {
+  if (fd_.get() >= 0) return read_at(fd_.get(), path_, offset, out, size);
+  if (offset >= bytes_.size()) return 0;
+  const uint64_t n = std::min<uint64_t>(size, bytes_.size() - offset);
+  std::memcpy(out, bytes_.data() + offset, n);
+  return n;
+}
+
+void CheckpointFile::check_head() {
+  if (file_size_ == 0) corrupt("the file is empty (0 bytes)");
   unsigned char head[kHeaderBytes];
-  const uint64_t got = read_at(fd_.get(), path_, 0, head, kHeaderBytes);
+  const uint64_t got = read(0, head, kHeaderBytes);
   // The magic first: a short file that is not ours at all should say so.
   if (got < kMagic.size() || std::memcmp(head, kMagic.data(), kMagic.size()) != 0) {
     corrupt(fmt::format("not a ddp-cpp checkpoint: it starts with \"{}\", expected \"{}\"",
@@ -136,7 +152,7 @@ CheckpointFile::CheckpointFile(const fs::path& path) : path_(path) {
     corrupt(fmt::format("truncated: the file has {} bytes, less than the {}-byte header",
                         file_size_, kHeaderBytes));
   }
-  const uint32_t version = get_u32(head + 8);
+  version_ = get_u32(head + 8);
   const uint32_t meta_size = get_u32(head + 12);
   payload_size_ = get_u64(head + 16);
   std::memcpy(payload_digest_.data(), head + 24, 32);
@@ -157,7 +173,7 @@ CheckpointFile::CheckpointFile(const fs::path& path) : path_(path) {
                     file_size_, meta_size, kHeaderBytes));
   }
   metadata_.resize(meta_size);
-  if (read_at(fd_.get(), path_, kHeaderBytes, metadata_.data(), meta_size) != meta_size) {
+  if (read(kHeaderBytes, metadata_.data(), meta_size) != meta_size) {
     corrupt("the file shrank while being read");
   }
   Sha256 h;
@@ -182,9 +198,9 @@ CheckpointFile::CheckpointFile(const fs::path& path) : path_(path) {
     corrupt(fmt::format("{} unexpected bytes after the {} bytes its header declares",
                         file_size_ - declared - payload_size_, declared + payload_size_));
   }
-  if (version != kCheckpointFormatVersion) {
-    corrupt(fmt::format("format version {}; this build of ddp-cpp reads version {}", version,
-                        kCheckpointFormatVersion));
+  if (version_ < kOldestReadableFormat || version_ > kCheckpointFormatVersion) {
+    corrupt(fmt::format("format version {}; this build of ddp-cpp reads versions {} to {}",
+                        version_, kOldestReadableFormat, kCheckpointFormatVersion));
   }
 }
 
@@ -200,7 +216,7 @@ void CheckpointFile::check_digest(const Digest& got) const {
 std::string CheckpointFile::read_payload() const {
   std::string payload(payload_size_, '\0');
   const uint64_t offset = kHeaderBytes + metadata_.size();
-  if (read_at(fd_.get(), path_, offset, payload.data(), payload_size_) != payload_size_) {
+  if (read(offset, payload.data(), payload_size_) != payload_size_) {
     corrupt("the file shrank while being read");
   }
   check_digest(sha256(payload));
@@ -214,7 +230,7 @@ void CheckpointFile::verify_payload() const {
   uint64_t left = payload_size_;
   while (left > 0) {
     const uint64_t n = std::min<uint64_t>(left, buf.size());
-    if (read_at(fd_.get(), path_, offset, buf.data(), n) != n) {
+    if (read(offset, buf.data(), n) != n) {
       corrupt("the file shrank while being read");
     }
     h.update(buf.data(), n);

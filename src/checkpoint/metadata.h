@@ -1,39 +1,33 @@
-// The JSON metadata of a checkpoint file (Note [Checkpoint file format] in format.h): what it
-// records besides tensors, including the model fingerprint. Torch-free.
+// The JSON metadata of a checkpoint file (Note [Checkpoint file format] in format.h), format 2:
+// CheckpointMeta's fields and the index of the states (Note [State payload] in
+// src/state/codec.h). Format 1's metadata is read by legacy_v1.h.
 #pragma once
 
-#include <cstdint>
 #include <string>
-#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ddp/checkpoint.h"
 
 namespace ddp::ckpt {
 
-// One entry of the model fingerprint.
-struct TensorSig {
-  std::string kind;  // "parameter" or "buffer"
-  std::string name;  // e.g. "fc1.weight"
-  std::vector<int64_t> shape;
-  std::string dtype;  // e.g. "Float"; "undefined" for an undefined buffer (not stored)
-  bool operator==(const TensorSig&) const = default;
-};
-
 struct FileMeta {
-  CheckpointMeta meta;                    // blob empty: it lives in the payload
-  std::vector<TensorSig> model;           // registration order: parameters, then buffers
-  std::vector<int64_t> optimizer_groups;  // parameters per param group
-  uint64_t blob_bytes = 0;
+  CheckpointMeta meta;
+  nlohmann::json states;  // the index: an array, one object per key
 };
 
 std::string encode_metadata(const FileMeta& m);
-// Throws std::exception (nlohmann's) when the text is not metadata of this format.
+// Throws std::exception (nlohmann's) when the text is not metadata of format 2.
 FileMeta decode_metadata(const std::string& text);
 
 // Throws ConfigError when `text` is not JSON (what: "hparams_json").
 void check_json(const std::string& text, const char* what);
+// What every save checks on every rank before anything else: a state with something in it
+// (`state` may be null: not known), hparams that are JSON. Throws ConfigError.
+void check_save_args(const TrainingState* state, const CheckpointMeta& meta);
 
-// "[128, 784]"
-std::string shape_str(const std::vector<int64_t>& shape);
+// CheckpointMeta's common fields: written by encode_metadata, read by both formats' decoders.
+void put_common(nlohmann::json& j, const CheckpointMeta& c);
+void get_common(const nlohmann::json& j, CheckpointMeta& c);
 
 }  // namespace ddp::ckpt

@@ -1,11 +1,8 @@
 // ddp::ZeroRedundancyOptimizer: Notes [ZeRO-1] and [ZeRO checkpoints] in the header.
 #include "ddp/zero_redundancy_optimizer.h"
 
-#include <cxxabi.h>  // abi::__cxa_demangle: the optimizer's type name
-
 #include <algorithm>
 #include <cmath>  // isnan
-#include <cstdlib>  // free
 #include <cstring>  // memcpy
 #include <limits>
 #include <map>
@@ -19,7 +16,8 @@
 #include <torch/serialize/output-archive.h>
 
 #include "base/check.h"
-#include "checkpoint/bytes.h"
+#include "base/demangle.h"  // the optimizer's type name
+#include "base/tensor_bytes.h"
 #include "ddp/distributed.h"  // default_group
 #include "ddp/error.h"
 
@@ -59,17 +57,6 @@ std::vector<int> partition(const std::vector<at::Tensor>& params, int world) {
 }
 
 constexpr int64_t kFormatVersion = 1;
-
-std::string demangle(const char* mangled) {
-  int status = 0;
-  char* name = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
-  std::string out = status == 0 && name != nullptr ? name : mangled;
-  std::free(name);
-  return out;
-}
-
-using ckpt::bytes_tensor;
-using ckpt::tensor_bytes;
 
 int64_t read_int(torch::serialize::InputArchive& a, const std::string& key) {
   c10::IValue v;
@@ -421,6 +408,7 @@ void ZeroRedundancyOptimizer::set_lr(double lr) {
 double ZeroRedundancyOptimizer::lr() const { return impl_->lr; }
 
 const std::string& ZeroRedundancyOptimizer::type_name() const { return impl_->type_name; }
+int ZeroRedundancyOptimizer::rank() const { return impl_->rank; }
 
 int ZeroRedundancyOptimizer::owner(size_t index) const { return impl_->owner.at(index); }
 const std::vector<size_t>& ZeroRedundancyOptimizer::owned() const { return impl_->owned; }

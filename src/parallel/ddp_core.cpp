@@ -56,6 +56,8 @@ const IterationStats& DistributedDataParallelBase::last_iteration_stats() const 
 std::vector<std::vector<std::string>> DistributedDataParallelBase::bucket_layout() const {
   return core_->bucket_layout();
 }
+torch::nn::Module& DistributedDataParallelBase::untyped_module() const { return core_->module(); }
+
 std::vector<int64_t> DistributedDataParallelBase::bucket_order() const {
   return core_->bucket_order();
 }
@@ -241,6 +243,8 @@ const IterationStats& DdpCore::last_iteration_stats() const {
 std::vector<std::vector<std::string>> DdpCore::bucket_layout() const {
   return state_->reducer->layout();
 }
+
+torch::nn::Module& DdpCore::module() const { return *state_->module; }
 
 std::vector<int64_t> DdpCore::bucket_order() const { return state_->reducer->bucket_order(); }
 

@@ -28,6 +28,7 @@ class DdpCore {
   bool require_sync() const { return require_sync_; }
   void set_require_sync(bool on) { require_sync_ = on; }
   ProcessGroup& process_group();
+  torch::nn::Module& module() const;
   const IterationStats& last_iteration_stats() const;
   std::vector<std::vector<std::string>> bucket_layout() const;  // names per bucket
   std::vector<int64_t> bucket_order() const;

@@ -25,7 +25,7 @@
 //     its saved state (buckets changed after compression started) is an error naming the
 //     bucket, not a silent shape error;
 //   - no CUDA synchronize at the end: later work is ordered on the stream anyway.
-// The state is saved with checkpoints (CheckpointRefs::powersgd): per rank, since the error
+// The state is saved with checkpoints (TrainingState::add(key, state)): per rank, since the error
 // feedback is each rank's own; P and Q are equal on every rank.
 #include <algorithm>
 #include <cmath>
@@ -44,7 +44,7 @@
 
 #include "ddp/comm_hooks.h"
 #include "base/check.h"
-#include "checkpoint/bytes.h"
+#include "base/tensor_bytes.h"
 #include "ddp/error.h"
 
 namespace ddp::comm_hooks {
@@ -108,9 +108,6 @@ void orthogonalize(at::Tensor matrices, double epsilon, const char* what) {
     at::linalg_qr_out(matrices, r, matrices);
   }
 }
-
-using ckpt::bytes_tensor;
-using ckpt::tensor_bytes;
 
 }  // namespace
 

@@ -19,7 +19,7 @@
 // otherwise find OpenMP's and OpenBLAS's idle threads spinning on each other's cores.
 #include "runtime/process_defaults.h"
 
-#include <cxxabi.h>  // __cxa_current_exception_type, __cxa_demangle, __verbose_terminate_handler
+#include <cxxabi.h>  // __cxa_current_exception_type, __verbose_terminate_handler
 #include <unistd.h>  // _exit
 
 #include <algorithm>
@@ -33,6 +33,7 @@
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 
+#include "base/demangle.h"
 #include "base/threads.h"
 #include "ddp/allocator.h"
 #include "ddp/env.h"
@@ -53,10 +54,7 @@ std::terminate_handler g_previous = nullptr;
   if (std::exception_ptr current = std::current_exception()) {
     std::string type = "exception", what = "(not a std::exception)";
     if (const std::type_info* info = abi::__cxa_current_exception_type()) {
-      int status = 0;
-      std::unique_ptr<char, decltype(&std::free)> name(
-          abi::__cxa_demangle(info->name(), nullptr, nullptr, &status), &std::free);
-      type = status == 0 && name ? name.get() : info->name();
+      type = demangle(info->name());
     }
     try {
       std::rethrow_exception(current);

@@ -12,7 +12,9 @@
 #include <torch/torch.h>
 
 #include "ddp/checkpoint.h"
+#include "ddp/distributed_data_parallel.h"
 #include "ddp/process_group.h"
+#include "ddp/sampler.h"
 #include "support/models.h"  // copy_state
 #include "support/ranks.h"
 #include "unit/test_checkpoint_support.h"
@@ -46,6 +48,17 @@ std::vector<RankState> make_ranks(int world, int64_t hidden = 32) {
   return out;
 }
 
+// A TrainingState of a module and, when given, an optimizer and a sampler.
+TrainingState state_of(torch::nn::Module& m, torch::optim::Optimizer* opt = nullptr,
+                       DistributedSampler* sampler = nullptr) {
+  TrainingState s;
+  s.add("model", m);
+  if (opt) s.add("optimizer", *opt);
+  if (sampler) s.add("sampler", *sampler);
+  s.add("rng", default_generators());
+  return s;
+}
+
 // One deterministic optimizer step, so that momentum buffers exist.
 void step(torch::optim::Optimizer& opt, Net& net) {
   opt.zero_grad();
@@ -68,17 +81,16 @@ TEST(CheckpointCollective, RankZeroWritesAllRanksResumeFromTheSameFile) {
       sampler.set_epoch(1);
       sampler.advance(3);
 
+      TrainingState state = state_of(*me.net, &opt, &sampler);
       for (int64_t s : {5, 7}) {
-        const SavedCheckpoint saved =
-            c.save({.model = me.net.get(), .optimizer = &opt, .sampler = &sampler},
-                   {.step = s, .epoch = 1}, pg);
+        const SavedCheckpoint saved = c.save(state, {.step = s, .epoch = 1}, pg);
         // Whichever rank returns first, the file is already complete.
         EXPECT_EQ(saved.path, dir / ("epoch=1-step=" + std::to_string(s) + ".ckpt"));
         EXPECT_NO_THROW(verify_checkpoint(saved.path));
       }
       const CheckpointMeta m = read_checkpoint_meta(dir / "epoch=1-step=7.ckpt");
       EXPECT_EQ(m.world_size, pg.size());
-      EXPECT_EQ(m.rng_states, pg.size());  // every rank's generator state
+      EXPECT_EQ(m.keys, (std::vector<std::string>{"model", "optimizer", "sampler", "rng"}));
 
       const ResumePoint rp = c.latest_valid(pg);
       ASSERT_TRUE(rp.path.has_value());
@@ -88,12 +100,11 @@ TEST(CheckpointCollective, RankZeroWritesAllRanksResumeFromTheSameFile) {
                                   torch::optim::SGDOptions(0.5).momentum(0.9));
       DistributedSampler fresh_sampler(kDatasetSize,
                                        {.num_replicas = pg.size(), .rank = pg.rank(), .seed = 5});
-      const LoadedCheckpoint got =
-          c.load(*rp.path,
-                 {.model = me.fresh.get(), .optimizer = &fresh_opt, .sampler = &fresh_sampler}, pg);
+      TrainingState fresh = state_of(*me.fresh, &fresh_opt, &fresh_sampler);
+      const LoadedCheckpoint got = c.load(*rp.path, fresh, pg);
       EXPECT_EQ(got.meta.step, 7);
       EXPECT_FALSE(got.world_size_changed);
-      EXPECT_TRUE(got.rng_exact);
+      EXPECT_TRUE(got.per_rank_exact);
       EXPECT_TRUE(testing::bitwise_equal(*me.net, *me.fresh));
       EXPECT_EQ(fresh_sampler.remaining(), sampler.remaining());
       // The next step agrees too (momentum restored).
@@ -115,8 +126,9 @@ TEST(CheckpointCollective, RankZeroWriteFailureIsThrownOnEveryRank) {
                          throw CheckpointError(f.string() + ": simulated EIO");
                        }
                      }});
+      TrainingState state = state_of(*ranks[pg.rank()].net);
       try {
-        c.save({.model = ranks[pg.rank()].net.get()}, {.step = 1}, pg);
+        c.save(state, {.step = 1}, pg);
       } catch (const CheckpointError& e) {
         errors[pg.rank()] = e.what();
       }
@@ -138,12 +150,14 @@ TEST(CheckpointCollective, OneRankFailingToLoadStopsEveryRank) {
   std::vector<std::string> errors(world);
   run_ranks(world, [&](ProcessGroup& pg) {
     Checkpointer c(dir.path(), {.model_label = "net"});
-    const auto saved = c.save({.model = ranks[pg.rank()].net.get()}, {.step = 2}, pg);
+    TrainingState state = state_of(*ranks[pg.rank()].net);
+    const auto saved = c.save(state, {.step = 2}, pg);
     // Rank 1 was started with another model.
     torch::nn::Module* model = pg.rank() == 1 ? static_cast<torch::nn::Module*>(wide[0].fresh.get())
                                               : ranks[pg.rank()].fresh.get();
+    TrainingState loading = state_of(*model);
     try {
-      c.load(saved.path, {.model = model}, pg);
+      c.load(saved.path, loading, pg);
     } catch (const CheckpointError& e) {
       errors[pg.rank()] = e.what();
     }
@@ -160,8 +174,8 @@ TEST(CheckpointCollective, ResumeAtAnotherWorldSizeIsReported) {
   run_ranks(2, [&](ProcessGroup& pg) {
     DistributedSampler sampler(kDatasetSize, {.num_replicas = 2, .rank = pg.rank(), .seed = 5});
     sampler.advance(4);  // 8 of 30 consumed
-    Checkpointer(dir.path())
-        .save({.model = two[pg.rank()].net.get(), .sampler = &sampler}, {.step = 4}, pg);
+    TrainingState state = state_of(*two[pg.rank()].net, nullptr, &sampler);
+    Checkpointer(dir.path()).save(state, {.step = 4}, pg);
   });
   auto three = make_ranks(3);
   std::vector<std::vector<int64_t>> rest(3);
@@ -170,16 +184,142 @@ TEST(CheckpointCollective, ResumeAtAnotherWorldSizeIsReported) {
     DistributedSampler sampler(kDatasetSize, {.num_replicas = 3, .rank = pg.rank(), .seed = 5});
     const auto rp = c.latest_valid(pg);
     ASSERT_TRUE(rp.path.has_value());
-    const auto got =
-        c.load(*rp.path, {.model = three[pg.rank()].fresh.get(), .sampler = &sampler}, pg);
+    TrainingState state = state_of(*three[pg.rank()].fresh, nullptr, &sampler);
+    const auto got = c.load(*rp.path, state, pg);
     EXPECT_TRUE(got.world_size_changed);
     EXPECT_EQ(got.meta.world_size, 2);
-    EXPECT_FALSE(got.rng_exact);
+    EXPECT_FALSE(got.per_rank_exact);
     EXPECT_EQ(sampler.state().consumed(), 8);
     rest[pg.rank()] = sampler.remaining();
   });
   // The three ranks split the 22 samples not yet consumed (padded to 24).
   EXPECT_EQ(rest[0].size() + rest[1].size() + rest[2].size(), 24u);
+}
+
+TEST(CheckpointCollective, RanksThatRegisteredDifferentStatesAreToldSoAndNothingIsWritten) {
+  const int world = 3;
+  TempDir dir;
+  auto ranks = make_ranks(world);
+  std::vector<std::string> errors(world);
+  run_ranks(world, [&](ProcessGroup& pg) {
+    DistributedSampler sampler(kDatasetSize, {.num_replicas = world, .rank = pg.rank()});
+    // Rank 2 forgot the sampler.
+    TrainingState state =
+        state_of(*ranks[pg.rank()].net, nullptr, pg.rank() == 2 ? nullptr : &sampler);
+    try {
+      Checkpointer(dir.path()).save(state, {.step = 1}, pg);
+    } catch (const ConfigError& e) {
+      errors[pg.rank()] = e.what();
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_NE(errors[r].find("the ranks registered different states: rank 0 has [model "
+                             "(replicated), sampler (replicated), rng (per-rank)], rank 2 has "
+                             "[model (replicated), rng (per-rank)]"),
+              std::string::npos)
+        << "rank " << r << ": " << errors[r];
+  }
+  EXPECT_TRUE(Checkpointer(dir.path()).list().empty());
+}
+
+// --- DistributedDataParallel's bucket order ---------------------------------------------------
+
+// Registered in another order than it is used: the gradients become ready out, mid, in, so DDP's
+// rebuilt buckets (the observed order) differ from its first ones (reverse registration), and
+// over Gloo at world size 3 (a ring: each element's sum starts at the rank its chunk falls to)
+// where a gradient sits in the buckets changes the last bits of its sum. `unused` gets no
+// gradient (with_unused: for find_unused_parameters).
+struct OrderNetImpl : torch::nn::Module {
+  explicit OrderNetImpl(bool with_unused) {
+    out = register_module("out", torch::nn::Linear(64, 4));
+    in = register_module("in", torch::nn::Linear(8, 64));
+    mid = register_module("mid", torch::nn::Linear(64, 64));
+    if (with_unused) unused = register_module("unused", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return out(torch::tanh(mid(torch::tanh(in(x)))));
+  }
+  torch::nn::Linear out{nullptr}, in{nullptr}, mid{nullptr}, unused{nullptr};
+};
+TORCH_MODULE(OrderNet);
+
+enum class Registered { kWrapper, kModuleOnly };
+
+// Trains `steps` steps of DDP over Gloo at world size 3 on every rank's own data, in buckets of
+// several parameters (5000 floats in buckets of at most 2621); saves a
+// checkpoint after step `save_at` (when > 0); first resumes from `resume_from` (when set),
+// with the wrapper or only its module registered. Returns every rank's final parameters.
+std::vector<std::vector<at::Tensor>> train_ddp(const fs::path& dir, bool find_unused, int steps,
+                                               int save_at, bool resume, Registered registered) {
+  constexpr int kWorld = 3;
+  std::vector<std::vector<at::Tensor>> finals(kWorld);
+  const int port = testing::free_port();
+  auto errors = testing::run_threads(kWorld, [&](int r) {
+    InitOptions o = testing::thread_rank(r, kWorld, port);
+    o.backend = "gloo";
+    auto pg = make_process_group(o);
+    OrderNet net(find_unused);
+    DistributedDataParallel model(net, {.process_group = pg,
+                                        .bucket_cap_mb = 0.01,
+                                        .first_bucket_mb = 0.004,
+                                        .find_unused_parameters = find_unused});
+    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    TrainingState state;
+    if (registered == Registered::kWrapper) {
+      state.add("model", model);
+    } else {
+      state.add("model", model.untyped_module());
+    }
+    state.add("optimizer", opt);
+    Checkpointer ckpt(dir);
+    int first = 0;
+    if (resume) first = static_cast<int>(ckpt.load(ckpt.list().at(0), state, *pg).meta.step);
+    for (int s = first; s < steps; ++s) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * s + r);
+      const at::Tensor x = at::randn({6, 8}, gen);
+      opt.zero_grad();
+      model(x).pow(2).mean().backward();
+      opt.step();
+      if (s + 1 == save_at) ckpt.save(state, {.step = s + 1}, *pg);
+    }
+    for (const auto& p : net->parameters()) finals[r].push_back(p.detach().clone());
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+  return finals;
+}
+
+bool same_params(const std::vector<std::vector<at::Tensor>>& a,
+                 const std::vector<std::vector<at::Tensor>>& b) {
+  for (size_t r = 0; r < a.size(); ++r) {
+    if (a[r].size() != b[r].size()) return false;
+    for (size_t i = 0; i < a[r].size(); ++i) {
+      if (!torch::equal(a[r][i], b[r][i])) return false;
+    }
+  }
+  return true;
+}
+
+TEST(CheckpointCollective, TheWrapperResumesInTheSameBucketsBitwise) {
+  TempDir dir;
+  constexpr int kSteps = 12, kSaveAt = 5;
+  const auto whole = train_ddp(dir.path(), false, kSteps, kSaveAt, false, Registered::kWrapper);
+  const auto resumed = train_ddp(dir.path(), false, kSteps, 0, true, Registered::kWrapper);
+  EXPECT_TRUE(same_params(whole, resumed));
+  // Negative control: the module alone (no bucket order) resumes in DDP's first buckets, and
+  // over Gloo at world size 3 the sums differ in their last bits.
+  const auto without_order = train_ddp(dir.path(), false, kSteps, 0, true, Registered::kModuleOnly);
+  EXPECT_FALSE(same_params(whole, without_order));
+}
+
+TEST(CheckpointCollective, WithFindUnusedParametersTheWrapperResumesBitwise) {
+  TempDir dir;
+  constexpr int kSteps = 10, kSaveAt = 4;
+  const auto whole = train_ddp(dir.path(), true, kSteps, kSaveAt, false, Registered::kWrapper);
+  const auto resumed = train_ddp(dir.path(), true, kSteps, 0, true, Registered::kWrapper);
+  EXPECT_TRUE(same_params(whole, resumed));
 }
 
 }  // namespace

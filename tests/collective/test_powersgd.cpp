@@ -289,31 +289,22 @@ TEST(PowerSGDCheckpoint, ResumeContinuesBitwise) {
       model.register_comm_hook(ddp::comm_hooks::powerSGD_hook(state));
       torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       ddp::Checkpointer ckpt(dir.path(), {});
-      ddp::CheckpointRefs refs{.model = net.ptr().get(), .optimizer = &opt, .rng = false,
-                               .powersgd = state.get()};
+      // The wrapper (its module and DDP's bucket order), the optimizer, the hook's state.
+      ddp::TrainingState saved;
+      saved.add("model", model);
+      saved.add("optimizer", opt);
+      saved.add("powersgd", *state);
       if (resume) {
         const ddp::ResumePoint found = ckpt.latest_valid(*pg);
         ASSERT_TRUE(found.path.has_value());
-        auto loaded = ckpt.load(*found.path, refs, *pg);
-        std::vector<int64_t> order;
-        for (size_t i = 0; i < loaded.meta.blob.size(); i += sizeof(int64_t)) {
-          int64_t v;
-          std::memcpy(&v, loaded.meta.blob.data() + i, sizeof v);
-          order.push_back(v);
-        }
-        model.restore_bucket_order(order);
+        ckpt.load(*found.path, saved, *pg);
         EXPECT_EQ(state->iter(), kSaveAfter);
       }
       for (int s = first; s < last; ++s) {
         opt.zero_grad();
         model(grads_for(s, r)).backward();
         opt.step();
-        if (s + 1 == kSaveAfter && !resume) {
-          const auto order = model.bucket_order();
-          std::string blob(reinterpret_cast<const char*>(order.data()),
-                           order.size() * sizeof(int64_t));
-          ckpt.save(refs, {.step = s + 1, .blob = blob}, *pg);
-        }
+        if (s + 1 == kSaveAfter && !resume) ckpt.save(saved, {.step = s + 1}, *pg);
       }
       for (const at::Tensor& p : net->params) finals[r].push_back(p.detach().clone());
       pg->barrier().wait();

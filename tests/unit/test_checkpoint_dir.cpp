@@ -47,12 +47,16 @@ struct Saver {
       for (auto& p : net->parameters()) p.add_(static_cast<double>(step));
     }
     at_step[step] = testing::snapshot(*net);
-    return c.save({.model = net.get()}, {.step = step, .epoch = step / 25});
+    TrainingState state;
+    state.add("model", net);
+    return c.save(state, {.step = step, .epoch = step / 25});
   }
   // `file` loads and holds the values of `step`.
   void expect_holds(const fs::path& file, int64_t step) {
     Net other;
-    const auto got = load_checkpoint(file, {.model = other.get()});
+    TrainingState state;
+    state.add("model", other);
+    const auto got = load_checkpoint(file, state);
     EXPECT_EQ(got.meta.step, step) << file;
     EXPECT_TRUE(testing::same_as_snapshot(*other, at_step.at(step))) << file;
   }

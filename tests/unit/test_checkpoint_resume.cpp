@@ -1,17 +1,15 @@
-// Checkpoint contents: a round trip restores model, optimizer (SGD with momentum, AdamW),
-// sampler and generators bit for bit; a run resumed from step k ends bitwise identical to the
-// uninterrupted run; a checkpoint of another model, optimizer or dataset is refused with the
-// differences named and nothing modified. Negative controls show the tests can fail.
+// Checkpoint contents through TrainingState: a round trip restores model, optimizer (SGD with
+// momentum, AdamW), sampler and generators bit for bit; a run resumed from step k ends bitwise
+// identical to the uninterrupted run; a user's own Stateful round-trips; a checkpoint of another
+// model, optimizer or dataset is refused with the differences named and nothing modified.
+// Negative controls show the tests can fail.
 #include <functional>
 #include <memory>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "c10d/compat.h"        // optimizer_state_key
-#include "checkpoint/encode.h"  // per-rank generator states without ranks
-#include "checkpoint/file_io.h"
-#include "checkpoint/state.h"
+#include "c10d/compat.h"  // optimizer_state_key
 #include "ddp/checkpoint.h"
 #include "ddp/data_loader.h"
 #include "ddp/sampler.h"
@@ -42,8 +40,14 @@ struct TrainRun {
         sampler(data->size(), {.num_replicas = 1, .rank = 0, .shuffle = true, .seed = 3}),
         loader(data, sampler, {.batch_size = 8}) {}
 
-  CheckpointRefs refs() {
-    return {.model = net.get(), .optimizer = opt.get(), .sampler = &sampler};
+  // What a checkpoint of this run holds; `rng` and `optimizer`: leave them out when false.
+  TrainingState state(bool rng = true, bool optimizer = true) {
+    TrainingState s;
+    s.add("model", net);
+    if (optimizer) s.add("optimizer", *opt);
+    s.add("sampler", sampler);
+    if (rng) s.add("rng", default_generators());
+    return s;
   }
 
   Net net;
@@ -129,27 +133,27 @@ TEST_P(CheckpointRoundTrip, RestoresModelOptimizerSamplerBitwise) {
   TrainRun a(kind, /*init_seed=*/1, data);
   train(a, 9);  // mid-epoch 1: momentum / moments are non-trivial, the cursor is mid-pass
   a.opt->param_groups()[0].options().set_lr(0.0123);  // as a scheduler would have set it
-  save_checkpoint(dir / "a.ckpt", a.refs(),
-                  {.step = a.step,
-                   .epoch = a.epoch,
-                   .hparams_json = R"({"lr": 0.05})",
-                   .blob = std::string("sched\0state", 11)});
+  TrainingState saved = a.state();
+  save_checkpoint(dir / "a.ckpt", saved,
+                  {.step = a.step, .epoch = a.epoch, .hparams_json = R"({"lr": 0.05})"});
 
   TrainRun b(kind, /*init_seed=*/2, data);  // another initialisation, no state at all
   ASSERT_FALSE(bitwise_equal(*a.net, *b.net));
-  const LoadedCheckpoint got = load_checkpoint(dir / "a.ckpt", b.refs());
+  TrainingState restored = b.state();
+  const LoadedCheckpoint got = load_checkpoint(dir / "a.ckpt", restored);
   EXPECT_TRUE(bitwise_equal(*a.net, *b.net));
   EXPECT_TRUE(same_optimizer_state(kind, *a.opt, *b.opt));
   EXPECT_TRUE(same_sampler(a.sampler.state(), b.sampler.state()));
   EXPECT_EQ(got.meta.step, 9);
   EXPECT_EQ(got.meta.epoch, 1);
-  EXPECT_EQ(got.meta.blob, std::string("sched\0state", 11));
   EXPECT_EQ(got.meta.hparams_json, R"({"lr":0.05})");
   EXPECT_EQ(got.meta.world_size, 1);
+  EXPECT_EQ(got.meta.keys, (std::vector<std::string>{"model", "optimizer", "sampler", "rng"}));
+  EXPECT_EQ(got.meta.format_version, kCheckpointFormatVersion);
   EXPECT_FALSE(got.world_size_changed);
-  EXPECT_TRUE(got.rng_exact);
-  EXPECT_EQ(got.meta.optimizer_type,
-            kind == OptKind::kSgdMomentum ? "torch::optim::SGD" : "torch::optim::AdamW");
+  EXPECT_TRUE(got.per_rank_exact);
+  EXPECT_TRUE(got.absent.empty());
+  EXPECT_TRUE(got.ignored.empty());
 
   // The same next step on both (same batch, same dropout mask): still bitwise identical.
   // They share the process's generator, so each starts from the restored state.
@@ -171,11 +175,13 @@ TEST_P(CheckpointRoundTrip, LoadReplacesTheOptimizerStateEntirely) {
   TempDir dir;
   auto data = testing::make_dataset(44);
   TrainRun a(kind, 1, data);
-  save_checkpoint(dir / "zero.ckpt", a.refs(), {});
+  TrainingState saved = a.state();
+  save_checkpoint(dir / "zero.ckpt", saved, {});
   TrainRun b(kind, 2, data);
   train(b, 2);
   ASSERT_FALSE(b.opt->state().empty());
-  load_checkpoint(dir / "zero.ckpt", b.refs());
+  TrainingState restored = b.state();
+  load_checkpoint(dir / "zero.ckpt", restored);
   EXPECT_TRUE(b.opt->state().empty());
   EXPECT_TRUE(same_optimizer_state(kind, *a.opt, *b.opt));
 }
@@ -189,15 +195,17 @@ void expect_exact_resume(OptKind kind, int64_t k, int64_t n) {
   auto data = testing::make_dataset(44);  // 6 batches of 8 per epoch, the last of 4
   Checkpointer ckpt(dir.path(), {.keep = 0});
   TrainRun a(kind, 1, data);
+  TrainingState saved = a.state();
   train(a, n, [&](TrainRun& r) {
-    if (r.step == k) ckpt.save(r.refs(), {.step = r.step, .epoch = r.epoch});
+    if (r.step == k) ckpt.save(saved, {.step = r.step, .epoch = r.epoch});
   });
 
   TrainRun b(kind, 2, data);
   torch::manual_seed(12345);  // a fresh process would not share a's generator state
   const ResumePoint resume = ckpt.latest_valid();
   ASSERT_TRUE(resume.path.has_value());
-  const LoadedCheckpoint got = ckpt.load(*resume.path, b.refs());
+  TrainingState restored = b.state();
+  const LoadedCheckpoint got = ckpt.load(*resume.path, restored);
   b.step = got.meta.step;
   b.epoch = got.meta.epoch;
   ASSERT_EQ(b.step, k);
@@ -225,16 +233,17 @@ TEST(CheckpointResume, WithoutRngOrOptimizerTheRunDiverges) {
   TempDir dir;
   auto data = testing::make_dataset(44);
   TrainRun a(OptKind::kSgdMomentum, 1, data);
+  TrainingState saved = a.state();
   train(a, 10, [&](TrainRun& r) {
-    if (r.step == 5) save_checkpoint(dir / "k.ckpt", r.refs(), {.step = 5, .epoch = r.epoch});
+    if (r.step == 5) save_checkpoint(dir / "k.ckpt", saved, {.step = 5, .epoch = r.epoch});
   });
   for (int leave_out = 0; leave_out < 2; ++leave_out) {
     TrainRun b(OptKind::kSgdMomentum, 2, data);
     torch::manual_seed(12345);
-    CheckpointRefs refs = b.refs();
-    if (leave_out == 0) refs.rng = false;
-    if (leave_out == 1) refs.optimizer = nullptr;  // b.opt keeps empty momentum buffers
-    const auto got = load_checkpoint(dir / "k.ckpt", refs);
+    // Without the generators, or without the optimizer (b.opt keeps empty momentum buffers).
+    TrainingState restored = b.state(/*rng=*/leave_out != 0, /*optimizer=*/leave_out != 1);
+    const auto got = load_checkpoint(dir / "k.ckpt", restored);
+    EXPECT_EQ(got.ignored, (std::vector<std::string>{leave_out == 0 ? "rng" : "optimizer"}));
     b.step = got.meta.step;
     b.epoch = got.meta.epoch;
     train(b, 10);
@@ -254,57 +263,69 @@ std::vector<at::Tensor> draws() {
           torch::randperm(20)};
 }
 
+// A model and the generators: what the RNG tests save.
+TrainingState model_and_rng(Net& net, bool rng = true) {
+  TrainingState s;
+  s.add("model", net);
+  if (rng) s.add("rng", default_generators());
+  return s;
+}
+
 TEST(CheckpointRng, StreamContinuesIdenticallyAfterRestore) {
   TempDir dir;
   Net net;
+  TrainingState state = model_and_rng(net);
   torch::manual_seed(42);
   torch::randn({1});  // an odd number of scalar normals drawn before the save
   torch::rand({3});
-  save_checkpoint(dir / "rng.ckpt", {.model = net.get()}, {});
+  save_checkpoint(dir / "rng.ckpt", state, {});
   const auto expected = draws();  // the uninterrupted run's next numbers
 
   torch::manual_seed(999);
   draws();
-  load_checkpoint(dir / "rng.ckpt", {.model = net.get()});
+  load_checkpoint(dir / "rng.ckpt", state);
   const auto got = draws();
   ASSERT_EQ(got.size(), expected.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], expected[i])) << i;
 
-  // Negative control: rng = false leaves the generator alone, and the numbers differ.
+  // Negative control: without the generators registered they are left alone, and the numbers
+  // differ.
   torch::manual_seed(999);
-  load_checkpoint(dir / "rng.ckpt", {.model = net.get(), .rng = false});
+  TrainingState no_rng = model_and_rng(net, /*rng=*/false);
+  load_checkpoint(dir / "rng.ckpt", no_rng);
   EXPECT_FALSE(torch::equal(torch::rand({7}), expected[0]));
 }
 
 TEST(CheckpointRng, EachRankTakesItsOwnState) {
   // Three ranks with different generator states (per-rank seeds), as a collective save
-  // gathers them; built with the internal encoder since threads share one generator.
+  // gathers them; the snapshot built by hand since threads share one generator.
   TempDir dir;
   Net net;
-  std::vector<std::string> states;
+  TrainingState state = model_and_rng(net);
+  Snapshot snapshot;
+  snapshot.world_size = 3;
+  snapshot.entries.push_back(state.snapshot().entries.at(0));  // the model
+  Snapshot::Entry rng{"rng", StateScope::kPerRank, {}};
   std::vector<at::Tensor> next;
   for (int r = 0; r < 3; ++r) {
     torch::manual_seed(100 + r);
-    states.push_back(ckpt::capture_rng());
+    rng.ranks.push_back(default_generators()->state_dict());
     next.push_back(torch::rand({4}));
   }
-  const ckpt::Encoded e =
-      ckpt::encode_checkpoint({.model = net.get()}, {.world_size = 3}, states, {});
-  ckpt::write_atomic(dir / "ranks.ckpt", {e.head, e.payload}, {});
+  snapshot.entries.push_back(rng);
+  testing::write_bytes(dir / "ranks.ckpt", encode_checkpoint(snapshot, {.world_size = 3}));
 
   for (int r = 0; r < 3; ++r) {
     torch::manual_seed(7);
-    const auto got =
-        load_checkpoint(dir / "ranks.ckpt", {.model = net.get()}, {.rank = r, .world_size = 3});
+    const auto got = load_checkpoint(dir / "ranks.ckpt", state, {.rank = r, .world_size = 3});
     EXPECT_TRUE(torch::equal(torch::rand({4}), next[r])) << "rank " << r;
-    EXPECT_TRUE(got.rng_exact);
+    EXPECT_TRUE(got.per_rank_exact);
     EXPECT_FALSE(got.world_size_changed);
   }
   // At world size 5, rank 4 takes rank 4 % 3 = 1's state, and it is reported as inexact.
-  const auto got =
-      load_checkpoint(dir / "ranks.ckpt", {.model = net.get()}, {.rank = 4, .world_size = 5});
+  const auto got = load_checkpoint(dir / "ranks.ckpt", state, {.rank = 4, .world_size = 5});
   EXPECT_TRUE(torch::equal(torch::rand({4}), next[1]));
-  EXPECT_FALSE(got.rng_exact);
+  EXPECT_FALSE(got.per_rank_exact);
   EXPECT_TRUE(got.world_size_changed);
   EXPECT_EQ(got.meta.world_size, 3);
 }
@@ -315,19 +336,27 @@ TEST(CheckpointSampler, StateRoundTripsAndAnotherDatasetIsRefused) {
   DistributedSampler s(50, {.num_replicas = 1, .rank = 0, .seed = 9});
   s.set_epoch(3);
   s.advance(17);
-  save_checkpoint(dir / "s.ckpt", {.model = net.get(), .sampler = &s}, {.epoch = 3});
+  TrainingState saved;
+  saved.add("model", net);
+  saved.add("sampler", s);
+  save_checkpoint(dir / "s.ckpt", saved, {.epoch = 3});
 
   DistributedSampler t(50, {.num_replicas = 1, .rank = 0, .seed = 9});
-  const auto got = load_checkpoint(dir / "s.ckpt", {.model = net.get(), .sampler = &t});
+  TrainingState restored;
+  restored.add("model", net);
+  restored.add("sampler", t);
+  load_checkpoint(dir / "s.ckpt", restored);
   EXPECT_TRUE(same_sampler(s.state(), t.state()));
   EXPECT_EQ(t.remaining(), s.remaining());
-  ASSERT_TRUE(got.meta.sampler.has_value());
-  EXPECT_EQ(got.meta.sampler->position, 17);
+  EXPECT_EQ(t.position(), 17);
 
   DistributedSampler other(51, {.num_replicas = 1, .rank = 0, .seed = 9});
+  TrainingState mismatched;
+  mismatched.add("model", net);
+  mismatched.add("sampler", other);
   const auto net_before = testing::snapshot(*net);
   try {
-    load_checkpoint(dir / "s.ckpt", {.model = net.get(), .sampler = &other});
+    load_checkpoint(dir / "s.ckpt", mismatched);
     ADD_FAILURE() << "a sampler over another dataset was accepted";
   } catch (const IncompatibleCheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("sampler state does not fit"), std::string::npos)
@@ -338,31 +367,190 @@ TEST(CheckpointSampler, StateRoundTripsAndAnotherDatasetIsRefused) {
   EXPECT_TRUE(testing::same_as_snapshot(*net, net_before));
 }
 
+// --- a user's own state ----------------------------------------------------------------------
+
+// An exponential moving average of a model's weights, as a user would write it: tensors and
+// JSON, a check that names what differs, a load in place.
+struct Ema : Stateful {
+  explicit Ema(torch::nn::Module& m, double d) : decay(d) {
+    for (const auto& p : m.named_parameters())
+      shadow.emplace_back(p.key(), p.value().detach().clone());
+  }
+  void update(torch::nn::Module& m) {
+    torch::NoGradGuard no_grad;
+    auto params = m.named_parameters();
+    for (auto& [name, t] : shadow) t.mul_(decay).add_(params[name], 1 - decay);
+    ++updates;
+  }
+  StateDict state_dict() override {
+    return {.tensors = shadow,
+            .json = "{\"decay\": " + std::to_string(decay) +
+                    ", \"updates\": " + std::to_string(updates) + "}"};
+  }
+  std::string check(const StateDict& saved, const LoadContext&) override {
+    for (const auto& [name, t] : shadow) {
+      const at::Tensor* s = saved.find(name);
+      if (!s || !s->sizes().equals(t.sizes()))
+        return "no shadow weight '" + name + "' of its shape";
+    }
+    return "";
+  }
+  void load_state_dict(const StateDict& saved, const LoadContext&) override {
+    for (auto& [name, t] : shadow) t.copy_(*saved.find(name));
+    const auto at = saved.json.find("\"updates\":");
+    updates = std::stoll(saved.json.substr(at + 10));
+  }
+  std::vector<std::pair<std::string, at::Tensor>> shadow;
+  double decay;
+  int64_t updates = 0;
+};
+
+TEST(CheckpointUserState, AUsersOwnStatefulRoundTripsAndIsChecked) {
+  TempDir dir;
+  auto data = testing::make_dataset(44);
+  TrainRun a(OptKind::kSgdMomentum, 1, data);
+  Ema ema_a(*a.net, 0.9);
+  TrainingState saved = a.state();
+  saved.add("ema", ema_a);  // one line
+  train(a, 7, [&](TrainRun& r) { ema_a.update(*r.net); });
+  save_checkpoint(dir / "ema.ckpt", saved, {.step = 7});
+
+  TrainRun b(OptKind::kSgdMomentum, 2, data);
+  Ema ema_b(*b.net, 0.9);
+  TrainingState restored = b.state();
+  restored.add("ema", ema_b);
+  const auto got = load_checkpoint(dir / "ema.ckpt", restored);
+  EXPECT_EQ(got.meta.keys.back(), "ema");
+  EXPECT_EQ(ema_b.updates, 7);
+  ASSERT_EQ(ema_b.shadow.size(), ema_a.shadow.size());
+  for (size_t i = 0; i < ema_a.shadow.size(); ++i) {
+    EXPECT_TRUE(torch::equal(ema_a.shadow[i].second, ema_b.shadow[i].second)) << i;
+  }
+  // Both go on identically: the EMA follows the same weights.
+  b.step = a.step;
+  b.epoch = a.epoch;
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const at::Tensor rng = gen.get_state();
+  train(a, 9, [&](TrainRun& r) { ema_a.update(*r.net); });
+  gen.set_state(rng);
+  train(b, 9, [&](TrainRun& r) { ema_b.update(*r.net); });
+  for (size_t i = 0; i < ema_a.shadow.size(); ++i) {
+    EXPECT_TRUE(torch::equal(ema_a.shadow[i].second, ema_b.shadow[i].second)) << i;
+  }
+
+  // Its check refuses an EMA of another model before anything is restored.
+  TrainRun wide(OptKind::kSgdMomentum, 3, data);
+  Net other(64);
+  Ema ema_other(*other, 0.9);
+  TrainingState mismatched = wide.state();
+  mismatched.add("ema", ema_other);
+  const auto before = testing::snapshot(*wide.net);
+  try {
+    load_checkpoint(dir / "ema.ckpt", mismatched);
+    ADD_FAILURE() << "an EMA of another shape was accepted";
+  } catch (const IncompatibleCheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("ema: no shadow weight 'fc1.weight' of its shape"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(testing::same_as_snapshot(*wide.net, before));
+}
+
+TEST(CheckpointUserState, AnOptionalKeyMayBeAbsentARequiredOneMayNot) {
+  TempDir dir;
+  Net net;
+  TrainingState saved;
+  saved.add("model", net);
+  save_checkpoint(dir / "m.ckpt", saved, {});
+
+  int64_t counter = 5;
+  auto counter_state = json_state([&] { return std::to_string(counter); },
+                                  [&](const std::string& j) { counter = std::stoll(j); });
+  TrainingState optional;
+  optional.add("model", net);
+  optional.add("counter", counter_state, {.optional = true});
+  const auto got = load_checkpoint(dir / "m.ckpt", optional);
+  EXPECT_EQ(got.absent, std::vector<std::string>{"counter"});
+  EXPECT_EQ(counter, 5);  // left as it was
+
+  TrainingState required;
+  required.add("model", net);
+  required.add("counter", counter_state);
+  try {
+    load_checkpoint(dir / "m.ckpt", required);
+    ADD_FAILURE() << "a missing required key was accepted";
+  } catch (const IncompatibleCheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("it holds no 'counter' state"), std::string::npos)
+        << e.what();
+  }
+
+  // A checkpoint with the counter round-trips it through json_state.
+  counter = 11;
+  save_checkpoint(dir / "c.ckpt", required, {});
+  counter = 0;
+  load_checkpoint(dir / "c.ckpt", optional);
+  EXPECT_EQ(counter, 11);
+}
+
+TEST(CheckpointUserState, BadKeysAndStatesAreConfigErrors) {
+  Net net;
+  TrainingState s;
+  s.add("model", net);
+  EXPECT_THROW(s.add("model", net), ConfigError);  // twice
+  EXPECT_THROW(s.add("", net), ConfigError);       // empty
+  EXPECT_THROW(s.add("a key", net), ConfigError);  // a space
+  EXPECT_THROW(s.add("x", std::shared_ptr<Stateful>()), ConfigError);
+  // A Stateful whose JSON is not JSON, or whose tensor names repeat.
+  TrainingState bad;
+  bad.add("bad", json_state([] { return std::string("{not json"); }, [](const std::string&) {}));
+  TempDir dir;
+  EXPECT_THROW(save_checkpoint(dir / "x.ckpt", bad, {}), ConfigError);
+  struct Twice : Stateful {
+    StateDict state_dict() override {
+      return {.tensors = {{"t", torch::zeros({1})}, {"t", torch::ones({1})}}};
+    }
+    void load_state_dict(const StateDict&, const LoadContext&) override {}
+  } twice;
+  TrainingState repeated;
+  repeated.add("twice", twice);
+  EXPECT_THROW(save_checkpoint(dir / "y.ckpt", repeated, {}), ConfigError);
+  EXPECT_FALSE(std::filesystem::exists(dir / "x.ckpt"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "y.ckpt"));
+}
+
 // --- refusing a checkpoint that does not fit -----------------------------------------------
 
-std::string load_error(const std::filesystem::path& file, const CheckpointRefs& refs,
+std::string load_error(const std::filesystem::path& file, TrainingState& state,
                        const LoadOptions& options = {}) {
   try {
-    load_checkpoint(file, refs, options);
+    load_checkpoint(file, state, options);
   } catch (const IncompatibleCheckpointError& e) {
     return e.what();
   }
   return "(no IncompatibleCheckpointError)";
 }
 
+// A TrainingState of a module and, when given, an optimizer.
+TrainingState module_and(torch::nn::Module& m, torch::optim::Optimizer* opt = nullptr) {
+  TrainingState s;
+  s.add("model", m);
+  if (opt) s.add("optimizer", *opt);
+  return s;
+}
+
 TEST(CheckpointMismatch, AnotherModelIsRefusedNamingTheDifferences) {
   TempDir dir;
   Net small(32);
   torch::optim::SGD opt(small->parameters(), 0.1);
-  save_checkpoint(dir / "mlp.ckpt", {.model = small.get(), .optimizer = &opt},
-                  {.model_label = "--model mlp"});
+  TrainingState saved = module_and(*small, &opt);
+  save_checkpoint(dir / "mlp.ckpt", saved, {.model_label = "--model mlp"});
 
   Net wide(64);
   torch::optim::SGD wide_opt(wide->parameters(), 0.1);
   const auto before = testing::snapshot(*wide);
+  TrainingState wide_state = module_and(*wide, &wide_opt);
   const std::string msg =
-      load_error(dir / "mlp.ckpt", {.model = wide.get(), .optimizer = &wide_opt},
-                 {.model_label = "--model mlp-wide"});
+      load_error(dir / "mlp.ckpt", wide_state, {.model_label = "--model mlp-wide"});
   EXPECT_NE(msg.find((dir / "mlp.ckpt").string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("checkpoint holds parameter 'fc1.weight' [32, 20] but the model has [64, 20]"),
             std::string::npos)
@@ -382,8 +570,9 @@ TEST(CheckpointMismatch, AnotherModelIsRefusedNamingTheDifferences) {
     torch::nn::Conv2d conv1{nullptr};
   };
   auto other = std::make_shared<OtherImpl>();
+  TrainingState other_state = module_and(*other);
   const std::string msg2 =
-      load_error(dir / "mlp.ckpt", {.model = other.get()}, {.model_label = "--model cnn"});
+      load_error(dir / "mlp.ckpt", other_state, {.model_label = "--model cnn"});
   EXPECT_NE(msg2.find("checkpoint holds parameter 'fc1.weight' [32, 20] that the model lacks"),
             std::string::npos)
       << msg2;
@@ -397,7 +586,8 @@ TEST(CheckpointMismatch, AnotherModelIsRefusedNamingTheDifferences) {
   // Same tensors, another dtype.
   Net dbl(32);
   dbl->to(torch::kDouble);
-  const std::string msg3 = load_error(dir / "mlp.ckpt", {.model = dbl.get()});
+  TrainingState dbl_state = module_and(*dbl);
+  const std::string msg3 = load_error(dir / "mlp.ckpt", dbl_state);
   EXPECT_NE(msg3.find("checkpoint holds parameter 'fc1.weight' as Float but the model has Double"),
             std::string::npos)
       << msg3;
@@ -407,16 +597,18 @@ TEST(CheckpointMismatch, AnotherOptimizerIsRefused) {
   TempDir dir;
   Net net;
   torch::optim::SGD sgd(net->parameters(), 0.1);
-  save_checkpoint(dir / "sgd.ckpt", {.model = net.get(), .optimizer = &sgd}, {});
-  save_checkpoint(dir / "none.ckpt", {.model = net.get()}, {});
+  TrainingState with_sgd = module_and(*net, &sgd);
+  TrainingState without = module_and(*net);
+  save_checkpoint(dir / "sgd.ckpt", with_sgd, {});
+  save_checkpoint(dir / "none.ckpt", without, {});
 
   torch::optim::AdamW adamw(net->parameters());
-  EXPECT_NE(load_error(dir / "sgd.ckpt", {.model = net.get(), .optimizer = &adamw})
+  TrainingState with_adamw = module_and(*net, &adamw);
+  EXPECT_NE(load_error(dir / "sgd.ckpt", with_adamw)
                 .find("holds torch::optim::SGD state but this run's optimizer is "
                       "torch::optim::AdamW"),
             std::string::npos);
-  EXPECT_NE(load_error(dir / "none.ckpt", {.model = net.get(), .optimizer = &sgd})
-                .find("holds no optimizer state"),
+  EXPECT_NE(load_error(dir / "none.ckpt", with_sgd).find("holds no optimizer state"),
             std::string::npos);
   // Another split into param groups.
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -424,7 +616,8 @@ TEST(CheckpointMismatch, AnotherOptimizerIsRefused) {
   groups.emplace_back(std::vector<at::Tensor>(params.begin(), params.begin() + 2));
   groups.emplace_back(std::vector<at::Tensor>(params.begin() + 2, params.end()));
   torch::optim::SGD split(groups, torch::optim::SGDOptions(0.1));
-  EXPECT_NE(load_error(dir / "sgd.ckpt", {.model = net.get(), .optimizer = &split})
+  TrainingState with_split = module_and(*net, &split);
+  EXPECT_NE(load_error(dir / "sgd.ckpt", with_split)
                 .find("param groups of [6] parameters, this run's has [2, 4]"),
             std::string::npos);
 }
@@ -432,24 +625,54 @@ TEST(CheckpointMismatch, AnotherOptimizerIsRefused) {
 TEST(CheckpointMeta, WorldSizeChangeIsReported) {
   TempDir dir;
   Net net;
-  save_checkpoint(dir / "w4.ckpt", {.model = net.get()}, {.step = 5, .world_size = 4});
+  TrainingState state = model_and_rng(net);
+  save_checkpoint(dir / "w4.ckpt", state, {.step = 5, .world_size = 4});
   const CheckpointMeta m = read_checkpoint_meta(dir / "w4.ckpt");
   EXPECT_EQ(m.world_size, 4);
   EXPECT_EQ(m.step, 5);
-  EXPECT_EQ(m.rng_states, 1);
+  EXPECT_EQ(m.keys, (std::vector<std::string>{"model", "rng"}));
   EXPECT_GT(m.num_threads, 0);
-  const auto got = load_checkpoint(dir / "w4.ckpt", {.model = net.get()});
+  const auto got = load_checkpoint(dir / "w4.ckpt", state);
   EXPECT_TRUE(got.world_size_changed);
-  EXPECT_FALSE(got.rng_exact);
+  EXPECT_FALSE(got.per_rank_exact);
 }
 
 TEST(CheckpointMeta, BadArgumentsAreConfigErrors) {
   TempDir dir;
   Net net;
-  EXPECT_THROW(save_checkpoint(dir / "x.ckpt", {}, {}), ConfigError);
-  EXPECT_THROW(save_checkpoint(dir / "x.ckpt", {.model = net.get()}, {.hparams_json = "{lr"}),
-               ConfigError);
+  TrainingState empty;
+  EXPECT_THROW(save_checkpoint(dir / "x.ckpt", empty, {}), ConfigError);
+  TrainingState state = module_and(*net);
+  EXPECT_THROW(save_checkpoint(dir / "x.ckpt", state, {.hparams_json = "{lr"}), ConfigError);
   EXPECT_FALSE(std::filesystem::exists(dir / "x.ckpt"));
+}
+
+// The bytes of a checkpoint in memory are those of its file, and decode back to the snapshot.
+TEST(CheckpointBytes, EncodeDecodeRoundTripsAndDamageIsNamed) {
+  TempDir dir;
+  Net net;
+  TrainingState state = model_and_rng(net);
+  const std::string bytes = encode_checkpoint(state.snapshot(), {.step = 3, .epoch = 1});
+  const DecodedCheckpoint d = decode_checkpoint(bytes, "from rank 1");
+  EXPECT_EQ(d.meta.step, 3);
+  ASSERT_EQ(d.snapshot.entries.size(), 2u);
+  const auto& model = d.snapshot.entries[0].ranks.at(0);
+  const auto params = net->named_parameters();
+  EXPECT_TRUE(torch::equal(*model.find("fc1.weight"), params["fc1.weight"]));
+  // It loads like a file.
+  testing::write_bytes(dir / "m.ckpt", bytes);
+  EXPECT_NO_THROW(verify_checkpoint(dir / "m.ckpt"));
+  // A flipped payload byte is named with the bytes' name.
+  std::string damaged = bytes;
+  damaged[damaged.size() - 3] ^= 0x40;
+  try {
+    decode_checkpoint(damaged, "from rank 1");
+    ADD_FAILURE() << "damaged bytes were accepted";
+  } catch (const CorruptCheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("from rank 1: payload checksum mismatch"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

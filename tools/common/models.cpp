@@ -15,11 +15,12 @@ torch::nn::AnyModule norm2d(int64_t channels, bool sync) {
   return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
 }
 
+// 784 -> hidden1 -> hidden2 -> 10 with ReLU: mlp (256, 128) and mlp-1024 (1024, 1024).
 struct Mlp : ModelImpl {
-  Mlp() {
-    fc1 = register_module("fc1", torch::nn::Linear(784, 256));
-    fc2 = register_module("fc2", torch::nn::Linear(256, 128));
-    fc3 = register_module("fc3", torch::nn::Linear(128, 10));
+  Mlp(int64_t hidden1, int64_t hidden2) {
+    fc1 = register_module("fc1", torch::nn::Linear(784, hidden1));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden1, hidden2));
+    fc3 = register_module("fc3", torch::nn::Linear(hidden2, 10));
   }
   torch::Tensor forward(torch::Tensor x) override {
     x = torch::relu(fc1(x.flatten(1)));
@@ -128,19 +129,6 @@ struct ClassicCnn : ModelImpl {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
-struct Mlp1024 : ModelImpl {
-  Mlp1024() {
-    fc1 = register_module("fc1", torch::nn::Linear(784, 1024));
-    fc2 = register_module("fc2", torch::nn::Linear(1024, 1024));
-    fc3 = register_module("fc3", torch::nn::Linear(1024, 10));
-  }
-  torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(fc1(x.flatten(1)));
-    return fc3(torch::relu(fc2(x)));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-
 }  // namespace
 
 const std::vector<std::string>& model_names() {
@@ -153,11 +141,11 @@ std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn) {
   if (sync_bn && !has_bn) {
     throw ConfigError("--sync-bn: model " + name + " has no BatchNorm layers");
   }
-  if (name == "mlp") return std::make_shared<Mlp>();
+  if (name == "mlp") return std::make_shared<Mlp>(256, 128);
   if (name == "cnn") return std::make_shared<Cnn>(sync_bn);
   if (name == "resnet") return std::make_shared<ResNet>(sync_bn);
   if (name == "classic-cnn") return std::make_shared<ClassicCnn>();
-  if (name == "mlp-1024") return std::make_shared<Mlp1024>();
+  if (name == "mlp-1024") return std::make_shared<Mlp>(1024, 1024);
   throw ConfigError("unknown model '" + name +
                     "': choose mlp, cnn, resnet, classic-cnn or mlp-1024");
 }

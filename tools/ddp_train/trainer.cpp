@@ -260,6 +260,10 @@ class Run {
   void end_epoch(int64_t epoch, bool stopped, double samples_per_s,
                  std::chrono::steady_clock::time_point started);
   void save_checkpoint(int64_t epoch);
+  // The trainer's own state in a checkpoint ("trainer"), and format 1's blob.
+  std::string trainer_json() const;
+  void load_trainer_json(const std::string& text);
+  void resume_format_1(const std::string& blob);
   int preempted(int64_t epoch);
   void finish();
 
@@ -286,7 +290,7 @@ class Run {
   std::unique_ptr<Checkpointer> checkpoints_;
   std::shared_ptr<comm_hooks::PowerSGDState> powersgd_;  // --comm-hook powersgd
   std::string hook_text() const;
-  CheckpointRefs refs_;
+  TrainingState state_;  // what a checkpoint saves: model, optimizer, sampler, rng, hook, trainer
 
   // Advanced by the loop.
   int64_t step_ = 0;  // optimizer steps done (by every attempt: Note [Progress])
@@ -409,11 +413,41 @@ Run::Run(const TrainConfig& c) : c_(c) {
       std::make_unique<Checkpointer>(dir_ / "checkpoints",
                                      CheckpointerOptions{.keep = c_.keep,
                                                          .model_label = "--model " + c_.model});
-  refs_ = {.model = net_.get(),
-           .optimizer = opt_.get(),
-           .zero_optimizer = zero_opt_.get(),
-           .sampler = &sampler_,
-           .powersgd = powersgd_.get()};
+  state_.add("model", *model_);  // the module and DDP's rebuilt bucket order
+  if (zero_opt_) {
+    state_.add("optimizer", *zero_opt_);
+  } else {
+    state_.add("optimizer", *opt_);
+  }
+  state_.add("sampler", sampler_);
+  state_.add("rng", default_generators());
+  if (powersgd_) state_.add("powersgd", *powersgd_);
+  // The evaluation of exactly the saved step (a finished run reports it without evaluating
+  // again). Optional: checkpoints of format 1 kept it in their blob (resume()).
+  state_.add("trainer",
+             json_state([this] { return trainer_json(); },
+                        [this](const std::string& j) { load_trainer_json(j); }),
+             {.optional = true});
+}
+
+std::string Run::trainer_json() const {
+  nlohmann::json j = {{"step", step_}, {"test", nullptr}};
+  if (eval_step_ == step_) {  // the evaluation of exactly this state
+    j["test"] = {{"loss_sum", last_eval_.loss_sum},
+                 {"correct", last_eval_.correct},
+                 {"count", last_eval_.count}};
+  }
+  return j.dump();
+}
+
+void Run::load_trainer_json(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  if (j.contains("test") && j["test"].is_object()) {
+    last_eval_ = {.loss_sum = j["test"]["loss_sum"],
+                  .correct = j["test"]["correct"],
+                  .count = j["test"]["count"]};
+    eval_step_ = j.value("step", int64_t{-1});
+  }
 }
 
 void Run::resume() {
@@ -448,24 +482,13 @@ void Run::resume() {
     from = fs::path(c_.resume);
   }
   if (from) {
-    LoadedCheckpoint got = checkpoints_->load(*from, refs_, *pg_);
+    LoadedCheckpoint got = checkpoints_->load(*from, state_, *pg_);
     step_ = got.meta.step;
     ddp::set_training_step(step_);
     saved_step_ = step_;
     saved_path_ = *from;
     start_epoch_ = got.meta.epoch;
-    nlohmann::json blob;
-    if (!got.meta.blob.empty()) blob = nlohmann::json::parse(got.meta.blob);
-    // The buckets the saved run had rebuilt, so summation order matches from the first step.
-    if (blob.contains("bucket_order")) {
-      model_->restore_bucket_order(blob["bucket_order"].get<std::vector<int64_t>>());
-    }
-    if (blob.contains("test")) {
-      last_eval_ = {.loss_sum = blob["test"]["loss_sum"],
-                    .correct = blob["test"]["correct"],
-                    .count = blob["test"]["count"]};
-      eval_step_ = step_;
-    }
+    if (got.meta.format_version == 1) resume_format_1(got.meta.blob);
     std::string where;
     if (got.world_size_changed && !finished()) {
       where = fmt::format(
@@ -516,21 +539,24 @@ int Run::report_finished() {
   return 0;
 }
 
-void Run::save_checkpoint(int64_t epoch) {
-  nlohmann::json blob = {{"bucket_order", model_->bucket_order()}};
-  if (eval_step_ == step_) {  // the evaluation of exactly this state
-    blob["test"] = {{"loss_sum", last_eval_.loss_sum},
-                    {"correct", last_eval_.correct},
-                    {"count", last_eval_.count}};
+// A checkpoint of format 1 (ddp-cpp 0.1.0) kept DDP's bucket order and the last evaluation in
+// its blob, as JSON.
+void Run::resume_format_1(const std::string& blob_text) {
+  if (blob_text.empty()) return;
+  const nlohmann::json blob = nlohmann::json::parse(blob_text);
+  // The buckets the saved run had rebuilt, so summation order matches from the first step.
+  if (blob.contains("bucket_order")) {
+    model_->restore_bucket_order(blob["bucket_order"].get<std::vector<int64_t>>());
   }
-  saved_path_ = checkpoints_
-                    ->save(refs_,
-                           {.step = step_,
-                            .epoch = epoch,
-                            .hparams_json = c_.to_json().dump(),
-                            .blob = blob.dump()},
-                           *pg_)
-                    .path;
+  if (blob.contains("test"))
+    load_trainer_json(nlohmann::json{{"step", step_}, {"test", blob["test"]}}.dump());
+}
+
+void Run::save_checkpoint(int64_t epoch) {
+  saved_path_ =
+      checkpoints_
+          ->save(state_, {.step = step_, .epoch = epoch, .hparams_json = c_.to_json().dump()}, *pg_)
+          .path;
   saved_step_ = step_;
 }
 

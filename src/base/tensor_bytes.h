@@ -1,5 +1,7 @@
 // Byte strings as uint8 tensors and back: how serialized state (generator states, a sharded
-// optimizer's or PowerSGD's state_dict) travels in archives and collectives. Header-only.
+// optimizer's or PowerSGD's state_dict) travels in checkpoints and collectives. Header-only,
+// and the one header of src/base that needs ATen: ddp_base, which ddprun links, compiles none
+// of it (no .cpp of base includes it).
 #pragma once
 
 #include <cstring>
@@ -8,7 +10,7 @@
 
 #include <ATen/ATen.h>
 
-namespace ddp::ckpt {
+namespace ddp {
 
 inline at::Tensor bytes_tensor(std::string_view bytes) {
   at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
@@ -22,4 +24,4 @@ inline std::string tensor_bytes(const at::Tensor& t) {
   return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
 }
 
-}  // namespace ddp::ckpt
+}  // namespace ddp
