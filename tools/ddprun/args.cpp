@@ -8,7 +8,6 @@
 #include <sys/wait.h>  // waitpid
 #include <unistd.h>    // sysconf, fork, pipe2
 
-#include <algorithm>  // std::ranges::any_of
 #include <filesystem>
 #include <sstream>
 #include <system_error>
@@ -22,6 +21,28 @@
 
 namespace ddp::launcher {
 namespace {
+
+// --nproc-per-node: N, or what the host has.
+int parse_nproc(const std::string& source, const std::string& value, const HostInfo& host) {
+  if (value == "cpu") return host.cpus;
+  if (value == "auto") {
+    const int gpus = host.visible_gpus();
+    return gpus > 0 ? gpus : host.cpus;
+  }
+  if (value == "gpu") {
+    const int gpus = host.visible_gpus();
+    if (gpus == 0) {
+      bad_value(source, value,
+                "no CUDA device is visible (no NVIDIA driver or GPU, or CUDA_VISIBLE_DEVICES "
+                "hides them all); give a number of processes or 'cpu'");
+    }
+    return gpus;
+  }
+  if (value == "xpu") {
+    bad_value(source, value, "XPU devices are not supported; use N, auto, cpu or gpu");
+  }
+  return parse_int(source, value, 1, 1 << 16, "a number of processes >= 1, or auto, cpu or gpu");
+}
 
 // From raw flags to a LaunchConfig, one concern at a time.
 
@@ -288,28 +309,6 @@ void apply_program(const RawFlags& raw, std::vector<std::string> rest, LaunchCon
 }
 
 }  // namespace
-
-Std StdSpec::for_local_rank(int local_rank) const {
-  if (by_local_rank.empty()) return all;
-  auto it = by_local_rank.find(local_rank);
-  return it == by_local_rank.end() ? Std::kNone : it->second;
-}
-
-bool StdSpec::any() const {
-  if (all != Std::kNone) return true;
-  return std::ranges::any_of(by_local_rank, [](const auto& kv) { return kv.second != Std::kNone; });
-}
-
-bool LaunchConfig::shows_on_console(int local_rank, Std stream) const {
-  if (local_ranks_filter && local_ranks_filter->count(local_rank) == 0) return false;
-  if (has(tee.for_local_rank(local_rank), stream)) return true;
-  return !has(redirects.for_local_rank(local_rank), stream);
-}
-
-bool LaunchConfig::writes_to_file(int local_rank, Std stream) const {
-  return has(tee.for_local_rank(local_rank), stream) ||
-         has(redirects.for_local_rank(local_rank), stream);
-}
 
 int visible_gpus(int physical, const std::optional<std::string>& cuda_visible_devices) {
   if (!cuda_visible_devices) return physical;

@@ -59,6 +59,7 @@
 
 #include <fmt/format.h>
 
+#include "args.h"      // GroupSpec, worker_environment, UsageError
 #include "base/net.h"  // pick_free_port, host_name, unresolvable
 #include "ddp/env.h"   // current_environment
 #include "output.h"    // Stream, RunDirectory, note

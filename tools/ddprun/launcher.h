@@ -11,7 +11,7 @@
 // output, the run directory), summary.h (the root cause and the failure report).
 #pragma once
 
-#include "args.h"     // LaunchConfig
+#include "launch_config.h"  // LaunchConfig
 #include "process.h"  // ExecError
 
 namespace ddp::launcher {
