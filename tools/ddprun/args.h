@@ -66,13 +66,13 @@ struct GroupSpec {
   std::string run_id;
   int restart_count = 0;     // 0 on the first attempt
   std::string store_secret;  // DDP_STORE_SECRET for the workers; empty: none (Note [Job secret])
-  // The workers' store is the agent's, hosted by node 0's ddprun (several nodes: Note [Restart
-  // rounds] in rounds.h); false: global rank 0 hosts it.
+  // The workers' store is the agent's, hosted by a ddprun of the job (several nodes: Note
+  // [Restart rounds] in rounds.h); false: global rank 0 hosts it.
   bool agent_store = false;
 };
 
 // The full environment of local rank `local_rank`: `base` plus the torchrun contract
-// (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...), see Note [Worker environment] in args.cpp.
+// (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...), see Note [Worker environment] in worker_env.cpp.
 EnvMap worker_environment(const LaunchConfig& config, const GroupSpec& group, int local_rank,
                           const std::string& error_file, const EnvMap& base);
 

@@ -69,7 +69,8 @@ struct LaunchConfig {
   int node_rank = 0;                          // K: this node; global rank = K * P + local rank
   // Elastic (Note [Elastic rounds] in elastic.h): --rdzv-backend c10d with --nnodes MIN:MAX, or
   // without --node-rank. The nodes present form each round, between min_nodes and nnodes, and
-  // node ranks are given out at each round; node_rank above is unused.
+  // node ranks are given out at each round; node_rank above is unused. Otherwise several nodes
+  // are a fixed job: MIN = MAX = nnodes, node ranks given (Note [Membership policy]).
   bool elastic = false;
   int min_nodes = kDefaultNnodes;
   Seconds last_call_timeout = kDefaultLastCallTimeout;  // --rdzv-conf last_call_timeout

@@ -62,6 +62,7 @@
 #include "args.h"      // GroupSpec, worker_environment, UsageError
 #include "base/net.h"  // pick_free_port, host_name, unresolvable
 #include "ddp/env.h"   // current_environment
+#include "elastic.h"   // make_elastic_rounds: every multi-node job's rounds
 #include "output.h"    // Stream, RunDirectory, note
 #include "rounds.h"    // Rounds: restarting several nodes together
 #include "summary.h"   // WorkerEnd, pick_root_cause, format_failure_summary
@@ -596,6 +597,14 @@ GroupSpec group_for_round(const LaunchConfig& config, const std::string& run_id,
 }
 
 }  // namespace
+
+// The launcher is the one place that knows every kind of rounds (rounds.h): a single node's own
+// attempts, or the store-backed rounds of a multi-node job, fixed or elastic.
+std::unique_ptr<Rounds> make_rounds(const LaunchConfig& config, const EnvMap& base_env,
+                                    const std::string& run_id, const std::string& secret) {
+  if (!config.elastic && config.nnodes <= 1) return make_local_rounds();
+  return make_elastic_rounds(config, base_env, run_id, secret);
+}
 
 RunResult run(const LaunchConfig& config) {
   const EnvMap base_env = current_environment();
