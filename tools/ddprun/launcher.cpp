@@ -596,6 +596,148 @@ GroupSpec group_for_round(const LaunchConfig& config, const std::string& run_id,
   return g;
 }
 
+// PROGRAM as the workers will run it: its path, refused now when it cannot run.
+std::string program_to_run(const LaunchConfig& config, const EnvMap& base_env) {
+  auto path_it = base_env.find("PATH");
+  std::string path =
+      resolve_program(config.worker_argv.at(0),
+                      path_it != base_env.end() ? path_it->second : "/usr/local/bin:/usr/bin:/bin");
+  if (config.via_python && !config.module && ::access(config.program.c_str(), R_OK) != 0) {
+    throw ExecError(fmt::format("cannot run '{}' with {}: {}", config.program, kPythonInterpreter,
+                                std::strerror(errno)),
+                    127);
+  }
+  if (!config.master_addr_source.empty()) {  // Note [ddprun under srun] in args.cpp
+    if (std::optional<std::string> why = net::unresolvable(config.master_addr)) {
+      throw UsageError(fmt::format(
+          "the store's host '{}', {}, does not resolve on this node ({}): pass --master-addr "
+          "<the address of node 0> (or --rdzv-endpoint), or make the node names resolve here",
+          config.master_addr, config.master_addr_source, *why));
+    }
+  }
+  return path;
+}
+
+// Attempt after attempt of the worker group, each in the round every node joins (Note [Restart
+// rounds]), until one decides how the run ends.
+class RoundLoop {
+ public:
+  RoundLoop(SharedState& shared, Rounds& rounds, const std::string& run_id,
+            const std::string& secret)
+      : s_(shared), rounds_(rounds), run_id_(run_id), secret_(secret),
+        attempts_(shared.config.max_restarts + 1) {}
+
+  RunResult run();
+
+ private:
+  // Whether ddprun received a signal that ends its waits.
+  bool signalled();
+  // The next round this node runs in; a result instead when the run ends before it.
+  std::optional<RunResult> join(int next, std::optional<Membership>& m);
+  // What an attempt's outcome means: nullopt to run the next round, else the run's result.
+  std::optional<RunResult> after(const WorkerGroup& group, Outcome outcome, const Membership& m);
+  RunResult end_run(const WorkerGroup& group, Outcome outcome, const Membership& m);
+
+  // Constant after construction.
+  SharedState& s_;
+  Rounds& rounds_;
+  const std::string& run_id_;
+  const std::string& secret_;
+  const int attempts_;
+
+  int stop_signal_ = 0;
+  std::vector<std::string> earlier_;  // each failed attempt's root cause, for the last summary
+};
+
+RunResult RoundLoop::run() {
+  int next = 0;
+  while (true) {
+    std::optional<Membership> m;
+    if (std::optional<RunResult> ended = join(next, m)) return *ended;
+    WorkerGroup group(s_, rounds_,
+                      group_for_round(s_.config, run_id_, secret_, *m, rounds_.agent_store()));
+    const Outcome outcome = group.run();
+    if (std::optional<RunResult> done = after(group, outcome, *m)) return *done;
+    next = m->round + 1;
+  }
+}
+
+bool RoundLoop::signalled() {
+  for (int sig : s_.signals.read_pending()) {
+    if (sig != SIGCHLD && stop_signal_ == 0) stop_signal_ = sig;
+  }
+  return stop_signal_ != 0;
+}
+
+std::optional<RunResult> RoundLoop::join(int next, std::optional<Membership>& m) {
+  try {
+    m = rounds_.join(next, [this] { return signalled(); });
+  } catch (const JobEnded& e) {  // elastic: the job ended while this node waited to join
+    note(e.what());
+    return RunResult{e.succeeded ? 0 : 1, 0};
+  } catch (const Error&) {  // no next round (main() prints why): what the attempts ended with
+    if (!earlier_.empty()) {
+      std::string lines = "ddprun: the job's attempts so far:\n";
+      for (const std::string& line : earlier_) lines += "  " + line + "\n";
+      write_all(STDERR_FILENO, lines);
+    }
+    throw;
+  }
+  if (m) return std::nullopt;
+  note(fmt::format("stopped by {} while waiting for the other nodes", signal_name(stop_signal_)));
+  return RunResult{128 + stop_signal_, stop_signal_};
+}
+
+std::optional<RunResult> RoundLoop::after(const WorkerGroup& group, Outcome outcome,
+                                          const Membership& m) {
+  // Restarts used (elastic: failures only); what --max-restarts allows is checked against it.
+  const int used = m.restarts;
+  if (outcome == Outcome::kSucceeded) {
+    rounds_.leave(m.round, false, [this] { return signalled(); });
+    return RunResult{0, 0};
+  }
+  if (outcome == Outcome::kRegroup) {
+    note(fmt::format("re-forming the elastic job after round {} ({}); not counted as a restart",
+                     m.round, group.regroup()));
+    return std::nullopt;
+  }
+  if (outcome == Outcome::kFailed && used + 1 < attempts_) {
+    if (group.final_failure().empty() && !rounds_.final_failure(m.round)) {
+      note(fmt::format(
+          "worker group failed (attempt {} of {}): {}; restarting it (restart {} of {})",
+          used + 1, attempts_, group.one_line_failure(), used + 1, s_.config.max_restarts));
+      earlier_.push_back(fmt::format("attempt {}: {}", used + 1, group.one_line_failure()));
+      return std::nullopt;
+    }
+    note(fmt::format(
+        "not restarting ({} restart(s) left): {}; exit code {} means a usage or configuration "
+        "error, which a restart would repeat",
+        attempts_ - 1 - used,
+        group.final_failure().empty() ? group.one_line_failure() : group.final_failure(),
+        kUsageExitCode));
+  }
+  return end_run(group, outcome, m);
+}
+
+// The run ends with this attempt: it failed for good, or ddprun was signalled.
+RunResult RoundLoop::end_run(const WorkerGroup& group, Outcome outcome, const Membership& m) {
+  const std::string summary = group.summary(m.restarts + 1, attempts_, earlier_);
+  if (outcome == Outcome::kInterrupted) {
+    const int sig = group.interrupt_signal();
+    if (group.has_root_cause()) write_all(STDERR_FILENO, summary);
+    if (!group.leaving()) {
+      rounds_.report_failure(m.round, fmt::format("its ddprun was stopped by {}", signal_name(sig)));
+    }
+    rounds_.leave(m.round, true, [this] { return signalled(); });
+    note(fmt::format("stopped by {}{}", signal_name(sig),
+                     group.leaving() ? "; the elastic job goes on without this node" : ""));
+    return RunResult{128 + sig, sig};
+  }
+  write_all(STDERR_FILENO, summary);
+  rounds_.leave(m.round, true, [this] { return signalled(); });
+  return RunResult{1, 0};
+}
+
 }  // namespace
 
 // The launcher is the one place that knows every kind of rounds (rounds.h): a single node's own
@@ -608,24 +750,7 @@ std::unique_ptr<Rounds> make_rounds(const LaunchConfig& config, const EnvMap& ba
 
 RunResult run(const LaunchConfig& config) {
   const EnvMap base_env = current_environment();
-  auto path_it = base_env.find("PATH");
-  const std::string program_path =
-      resolve_program(config.worker_argv.at(0),
-                      path_it != base_env.end() ? path_it->second : "/usr/local/bin:/usr/bin:/bin");
-  if (config.via_python && !config.module && ::access(config.program.c_str(), R_OK) != 0) {
-    throw ExecError(fmt::format("cannot run '{}' with {}: {}", config.program, kPythonInterpreter,
-                                std::strerror(errno)),
-                    127);
-  }
-
-  if (!config.master_addr_source.empty()) {  // Note [ddprun under srun] in args.cpp
-    if (std::optional<std::string> why = net::unresolvable(config.master_addr)) {
-      throw UsageError(fmt::format(
-          "the store's host '{}', {}, does not resolve on this node ({}): pass --master-addr "
-          "<the address of node 0> (or --rdzv-endpoint), or make the node names resolve here",
-          config.master_addr, config.master_addr_source, *why));
-    }
-  }
+  const std::string program_path = program_to_run(config, base_env);
   ensure_standard_fds();
   const rlimit fd_limit = raise_fd_limit();
   const std::string run_id = config.random_run_id ? random_run_id() : config.run_id;
@@ -641,84 +766,7 @@ RunResult run(const LaunchConfig& config) {
 
   // Rounds: this node's attempts, the same on every node of the job (Note [Restart rounds]).
   std::unique_ptr<Rounds> rounds = make_rounds(config, base_env, run_id, secret);
-  int stop_signal = 0;
-  auto signalled = [&] {
-    for (int sig : signals.read_pending()) {
-      if (sig != SIGCHLD && stop_signal == 0) stop_signal = sig;
-    }
-    return stop_signal != 0;
-  };
-  const int attempts = config.max_restarts + 1;
-  std::vector<std::string> earlier;  // each failed attempt's root cause, for the last summary
-  int next = 0;
-  while (true) {
-    std::optional<Membership> m;
-    try {
-      m = rounds->join(next, signalled);
-    } catch (const JobEnded& e) {  // elastic: the job ended while this node waited to join
-      note(e.what());
-      return RunResult{e.succeeded ? 0 : 1, 0};
-    } catch (const Error&) {  // no next round (main() prints why): what the attempts ended with
-      if (!earlier.empty()) {
-        std::string lines = "ddprun: the job's attempts so far:\n";
-        for (const std::string& line : earlier) lines += "  " + line + "\n";
-        write_all(STDERR_FILENO, lines);
-      }
-      throw;
-    }
-    if (!m) {
-      note(
-          fmt::format("stopped by {} while waiting for the other nodes", signal_name(stop_signal)));
-      return RunResult{128 + stop_signal, stop_signal};
-    }
-    const int round = m->round;
-    // Restarts used (elastic: failures only); what --max-restarts allows is checked against it.
-    const int used = m->restarts;
-    WorkerGroup group(shared, *rounds,
-                      group_for_round(config, run_id, secret, *m, rounds->agent_store()));
-    Outcome outcome = group.run();
-    if (outcome == Outcome::kSucceeded) {
-      rounds->leave(round, false, signalled);
-      return RunResult{0, 0};
-    }
-    if (outcome == Outcome::kRegroup) {
-      note(fmt::format("re-forming the elastic job after round {} ({}); not counted as a restart",
-                       round, group.regroup()));
-      next = round + 1;
-      continue;
-    }
-    if (outcome == Outcome::kFailed && used + 1 < attempts &&
-        (!group.final_failure().empty() || rounds->final_failure(round))) {
-      note(fmt::format(
-          "not restarting ({} restart(s) left): {}; exit code {} means a usage or configuration "
-          "error, which a restart would repeat",
-          attempts - 1 - used,
-          group.final_failure().empty() ? group.one_line_failure() : group.final_failure(),
-          kUsageExitCode));
-    } else if (outcome == Outcome::kFailed && used + 1 < attempts) {
-      note(fmt::format(
-          "worker group failed (attempt {} of {}): {}; restarting it (restart {} of {})",
-          used + 1, attempts, group.one_line_failure(), used + 1, config.max_restarts));
-      earlier.push_back(fmt::format("attempt {}: {}", used + 1, group.one_line_failure()));
-      next = round + 1;
-      continue;
-    }
-    const std::string summary = group.summary(used + 1, attempts, earlier);
-    if (outcome == Outcome::kInterrupted) {
-      const int sig = group.interrupt_signal();
-      if (group.has_root_cause()) write_all(STDERR_FILENO, summary);
-      if (!group.leaving()) {
-        rounds->report_failure(round, fmt::format("its ddprun was stopped by {}", signal_name(sig)));
-      }
-      rounds->leave(round, true, signalled);
-      note(fmt::format("stopped by {}{}", signal_name(sig),
-                       group.leaving() ? "; the elastic job goes on without this node" : ""));
-      return RunResult{128 + sig, sig};
-    }
-    write_all(STDERR_FILENO, summary);
-    rounds->leave(round, true, signalled);
-    return RunResult{1, 0};
-  }
+  return RoundLoop(shared, *rounds, run_id, secret).run();
 }
 
 }  // namespace ddp::launcher
