@@ -36,13 +36,8 @@ class RoundStoreTest : public ::testing::Test {
     return host_agent_store(c, EnvMap{}, store::job_key("secret", "run"), "secret", "[test]");
   }
   static store::ClientOptions options(int port) {
-    store::ClientOptions o;
-    o.host = "127.0.0.1";
-    o.port = port;
-    o.key = store::job_key("secret", "run");
-    o.who = "[test]";
-    o.owner = "the test";
-    return o;
+    return {.host = "127.0.0.1", .port = port, .key = store::job_key("secret", "run"),
+            .who = "[test]", .owner = "the test"};
   }
   static Clock::time_point soon() { return Clock::now() + 5s; }
   // A key as it is on the wire, "" when unset.
