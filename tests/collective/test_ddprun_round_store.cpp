@@ -36,8 +36,11 @@ class RoundStoreTest : public ::testing::Test {
     return host_agent_store(c, EnvMap{}, store::job_key("secret", "run"), "secret", "[test]");
   }
   static store::ClientOptions options(int port) {
-    return {.host = "127.0.0.1", .port = port, .key = store::job_key("secret", "run"),
-            .who = "[test]", .owner = "the test"};
+    return {.host = "127.0.0.1",
+            .port = port,
+            .key = store::job_key("secret", "run"),
+            .who = "[test]",
+            .owner = "the test"};
   }
   static Clock::time_point soon() { return Clock::now() + 5s; }
   // A key as it is on the wire, "" when unset.
@@ -87,9 +90,9 @@ TEST_F(RoundStoreTest, TheKeysAreTheNotes) {
   EXPECT_EQ(keys.count_in(4, soon()), 1);
   EXPECT_EQ(keys.arrivals(4, soon()), 2);
   EXPECT_EQ(raw("ddprun/run/4/count"), "2");
-  keys.write_entry(4, 0, {.id = "h1:17:ab", .host = "h1", .addr = "10.0.0.1", .last_round = 3,
-                          .last_rank = 0},
-                   soon());
+  keys.write_entry(
+      4, 0, {.id = "h1:17:ab", .host = "h1", .addr = "10.0.0.1", .last_round = 3, .last_rank = 0},
+      soon());
   EXPECT_EQ(raw("ddprun/run/4/member/0"), "h1:17:ab h1 10.0.0.1 3 0");
 
   EXPECT_EQ(keys.closed(4, soon()), std::nullopt);
@@ -138,8 +141,7 @@ TEST_F(RoundStoreTest, TheFirstFailureWinsAndAFinalOneIsMarkedFirst) {
   EXPECT_EQ(keys.failure(0, soon()), "node 1 (h1): rank 2 failed (exit code 2)");
 
   // A final failure that comes second is not final: the first one decides.
-  EXPECT_EQ(keys.write_first_failure(1, "node 0 (h0): rank 0 failed", false, soon()),
-            std::nullopt);
+  EXPECT_EQ(keys.write_first_failure(1, "node 0 (h0): rank 0 failed", false, soon()), std::nullopt);
   keys.write_first_failure(1, "node 1 (h1): rank 3 failed (exit code 2)", true, soon());
   EXPECT_FALSE(keys.failure_is_final(1, soon()));
   EXPECT_EQ(keys.final_failure(1, soon()), std::nullopt);
@@ -167,8 +169,9 @@ TEST_F(RoundStoreTest, ANumberThatIsNotOneIsRefusedNamingTheKey) {
     keys.raise_round(0, soon());
     FAIL() << "read 'seven' as a round";
   } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "the agent store's round is 'seven', not a number: another "
-                                   "program wrote to this job's keys"))
+    EXPECT_TRUE(contains(e.what(),
+                         "the agent store's round is 'seven', not a number: another "
+                         "program wrote to this job's keys"))
         << e.what();
   }
   raw_.set("ddprun/run/failures", "-1", soon());

@@ -25,8 +25,9 @@ std::string address_toward(const std::string& host, int port) {
     if (fd < 0) continue;
     store::SocketAddress mine;
     mine.length = sizeof mine.storage;
-    const bool ok = ::connect(fd, a.get(), a.length) == 0 &&
-                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine.storage), &mine.length) == 0;
+    const bool ok =
+        ::connect(fd, a.get(), a.length) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine.storage), &mine.length) == 0;
     ::close(fd);
     if (ok) return store::ip_of(mine);
   }
@@ -100,9 +101,9 @@ HostedStores host_stores(const LaunchConfig& c, const MembershipPolicy& policy,
   }
   out.addr = address_toward(c.master_addr, c.master_port);
   if (endpoint_is_here(c.master_addr, c.master_port)) {
-    out.server = host_agent_store(c, base_env, key, secret,
-                                  "the ddprun on the rendezvous endpoint's host",
-                                  /*none_if_in_use=*/true);
+    out.server =
+        host_agent_store(c, base_env, key, secret, "the ddprun on the rendezvous endpoint's host",
+                         /*none_if_in_use=*/true);
     if (out.server) {
       note(fmt::format("hosting the elastic job's agent store on {}", out.server->listening()));
     }

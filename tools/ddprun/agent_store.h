@@ -20,8 +20,8 @@ namespace ddp::launcher {
 // workers get) supplies DDP_STORE_BIND and DDP_STORE_MAX_BYTES.
 std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& config, const EnvMap& base_env,
                                                 const std::string& key, const std::string& secret,
-                                                const std::string& who,
-                                                bool none_if_in_use = false, bool quiet = false);
+                                                const std::string& who, bool none_if_in_use = false,
+                                                bool quiet = false);
 
 // The stores this node's ddprun hosts, for the whole run.
 struct HostedStores {
@@ -36,7 +36,6 @@ struct HostedStores {
 // endpoint's port, empty and quiet (a socket and a thread), with "-" for an address where it
 // cannot.
 HostedStores host_stores(const LaunchConfig& config, const MembershipPolicy& policy,
-                         const EnvMap& base_env, const std::string& key,
-                         const std::string& secret);
+                         const EnvMap& base_env, const std::string& key, const std::string& secret);
 
 }  // namespace ddp::launcher

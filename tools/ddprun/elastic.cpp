@@ -152,7 +152,9 @@ void ElasticRounds::leave(int round, bool failed_round, const std::function<bool
       linger_for_others(round, failed_round, stop);
     }
   } catch (const Error& e) {
-    if (hosted_.server) note(fmt::format("ending {} {}: {}", policy_.round_name(), round, e.what()));
+    if (hosted_.server) {
+      note(fmt::format("ending {} {}: {}", policy_.round_name(), round, e.what()));
+    }
   }
 }
 
@@ -234,9 +236,9 @@ bool ElasticRounds::awaited(int round, Deadline deadline) {
   const std::vector<RoundEntry> here =
       store_.entries(round, store_.arrivals(round, deadline), milliseconds(1000));
   for (const RoundEntry& e : before) {
-    if (e.id == "?" || std::ranges::any_of(here, [&](const RoundEntry& h) { return h.id == e.id; })) {
-      continue;
-    }
+    const bool here_too =
+        std::ranges::any_of(here, [&](const RoundEntry& h) { return h.id == e.id; });
+    if (e.id == "?" || here_too) continue;
     if (store_.left(round - 1, e.id, deadline)) continue;
     if (shows_life(e.id, store_.beats(e.id, deadline), kDeadAfter)) return true;
   }

@@ -726,7 +726,8 @@ RunResult RoundLoop::end_run(const WorkerGroup& group, Outcome outcome, const Me
     const int sig = group.interrupt_signal();
     if (group.has_root_cause()) write_all(STDERR_FILENO, summary);
     if (!group.leaving()) {
-      rounds_.report_failure(m.round, fmt::format("its ddprun was stopped by {}", signal_name(sig)));
+      rounds_.report_failure(m.round,
+                             fmt::format("its ddprun was stopped by {}", signal_name(sig)));
     }
     rounds_.leave(m.round, true, [this] { return signalled(); });
     note(fmt::format("stopped by {}{}", signal_name(sig),

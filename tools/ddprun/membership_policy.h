@@ -46,8 +46,8 @@ struct MembershipPolicy {
   // The policy `config` asks for: elastic (config.elastic) or fixed.
   static MembershipPolicy of(const LaunchConfig& config);
 
-  int min_nodes = 1;  // a round needs at least this many nodes
-  int max_nodes = 1;  // and admits at most this many
+  int min_nodes = 1;             // a round needs at least this many nodes
+  int max_nodes = 1;             // and admits at most this many
   std::optional<int> node_rank;  // fixed: this node's rank in every round; nullopt: given out
   Arrivals arrivals = Arrivals::kEndTheRound;
   StoreHost store_host = StoreHost::kNodeZero;

@@ -165,7 +165,10 @@ bool ElasticRounds::enter(Join& j, Deadline deadline) {
   }
   j.index = store_.count_in(j.round, deadline);
   store_.write_entry(j.round, j.index,
-                     {.id = id_, .host = host_, .addr = hosted_.addr, .last_round = last_round_,
+                     {.id = id_,
+                      .host = host_,
+                      .addr = hosted_.addr,
+                      .last_round = last_round_,
                       .last_rank = last_rank_},
                      deadline);
   return true;
@@ -181,9 +184,10 @@ void ElasticRounds::end_predecessors_round(Join& j, Deadline deadline) {
       fmt::format("{}: its ddprun started again, so its workers of round {} are gone", where(),
                   j.round),
       /*final=*/false, Clock::now() + kCallTime);  // the watch took longer than `deadline` leaves
-  note(fmt::format("this node's previous ddprun took part in {} {}; ending that round so that "
-                   "every node restarts together",
-                   policy_.round_name(), j.round));
+  note(
+      fmt::format("this node's previous ddprun took part in {} {}; ending that round so that "
+                  "every node restarts together",
+                  policy_.round_name(), j.round));
   j.next = j.round + 1;
 }
 
@@ -222,8 +226,8 @@ std::optional<int> ElasticRounds::admissible(Join& j, int count, Clock::time_poi
   if (policy_.arrivals == Arrivals::kWaitToBeAdmitted && !over(j.round - 1, deadline)) {
     j.end = now + join_timeout_;  // the round before still runs
     if (!j.said_waiting) {
-      note(fmt::format("elastic round {} still runs; this node joins at the next one",
-                       j.round - 1));
+      note(
+          fmt::format("elastic round {} still runs; this node joins at the next one", j.round - 1));
       j.said_waiting = true;
     }
     return std::nullopt;
@@ -246,12 +250,13 @@ std::optional<int> ElasticRounds::admissible(Join& j, int count, Clock::time_poi
 
 std::optional<Membership> ElasticRounds::admit_or_wait(Join& j, int closed, Deadline deadline) {
   if (j.index < closed) return admit(j.round, closed, j.index, deadline);
-  note(fmt::format("{} {} began with {} node(s) before this node arrived (--nnodes {}): this "
-                   "node waits to be admitted when the job next re-forms{}",
-                   policy_.round_name(), j.round, closed, policy_.nnodes(),
-                   closed >= policy_.max_nodes ? ", which it does when a node leaves (it runs at "
-                                                 "its maximum)"
-                                               : ", at once"));
+  note(
+      fmt::format("{} {} began with {} node(s) before this node arrived (--nnodes {}): this "
+                  "node waits to be admitted when the job next re-forms{}",
+                  policy_.round_name(), j.round, closed, policy_.nnodes(),
+                  closed >= policy_.max_nodes ? ", which it does when a node leaves (it runs at "
+                                                "its maximum)"
+                                              : ", at once"));
   j.next = j.round + 1;
   return std::nullopt;
 }
@@ -268,9 +273,10 @@ Membership ElasticRounds::admit(int round, int n, int index, Deadline deadline) 
   if (!policy_.fixed_ranks()) {
     std::vector<std::string> hosts;
     for (const RoundEntry& e : nodes) hosts.push_back(e.host);
-    note(fmt::format("elastic round {}: {} node(s) ({} allowed), node ranks {}; this node is "
-                     "node {}",
-                     round, n, policy_.nnodes(), fmt::join(hosts, ", "), rank));
+    note(
+        fmt::format("elastic round {}: {} node(s) ({} allowed), node ranks {}; this node is "
+                    "node {}",
+                    round, n, policy_.nnodes(), fmt::join(hosts, ", "), rank));
   }
   last_round_ = round;
   last_rank_ = rank;

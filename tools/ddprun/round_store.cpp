@@ -35,9 +35,10 @@ int parse_count(const std::string& text, const char* what) {
   int value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || value < 0) {
-    throw Error(fmt::format("the agent store's {} is '{}', not a number: another program wrote "
-                            "to this job's keys",
-                            what, text));
+    throw Error(
+        fmt::format("the agent store's {} is '{}', not a number: another program wrote "
+                    "to this job's keys",
+                    what, text));
   }
   return value;
 }
@@ -70,8 +71,9 @@ int RoundStore::raise_round(int next, Deadline deadline) {
   const std::string k = job_key("round");
   int round = parse_count(client_->compare_set(k, "", "0", deadline), "round");
   while (round < next) {
-    round = parse_count(
-        client_->compare_set(k, std::to_string(round), std::to_string(next), deadline), "round");
+    round =
+        parse_count(client_->compare_set(k, std::to_string(round), std::to_string(next), deadline),
+                    "round");
   }
   return round;
 }
@@ -161,9 +163,9 @@ std::optional<int> RoundStore::closed(int round, Deadline deadline) {
 }
 
 int RoundStore::close(int round, int admitted, Deadline deadline) {
-  return parse_count(
-      client_->compare_set(key(round, "closed"), "", std::to_string(admitted), deadline),
-      "closed count");
+  return parse_count(client_->compare_set(key(round, "closed"), "", std::to_string(admitted),
+                                          deadline),
+                     "closed count");
 }
 
 // --- how a round ends

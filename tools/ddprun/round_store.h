@@ -54,7 +54,7 @@ namespace ddp::launcher {
 
 // One node's entry in a round ("<R>/member/<i>").
 struct RoundEntry {
-  std::string id;       // "?": unknown (its node died before writing it, or it is garbled)
+  std::string id;  // "?": unknown (its node died before writing it, or it is garbled)
   std::string host;
   std::string addr;     // its address toward the store ("-": none), where it would host one
   int last_round = -1;  // the round it last ran in; -1: none (a new node)

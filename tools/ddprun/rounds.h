@@ -8,10 +8,11 @@
 // node's ddprun hosts; the workers rendezvous there too (TORCHELASTIC_USE_AGENT_STORE=True,
 // DDP_AGENT_STORE=ddp) under their round's keys ("ddp/<run id>/attempt_<round>/"), so two rounds
 // never meet (Python workers, whose TCPStore clients cannot talk to our store, get their rank 0
-// hosting PyTorch's on the next port instead). One protocol serves both kinds of job: a fixed job (--nnodes N, --node-rank K) is
-// an elastic one (--nnodes MIN:MAX, Note [Elastic rounds] in elastic.h) with MIN = MAX = N and
-// given node ranks; what else differs is its membership policy (Note [Membership policy] in
-// membership_policy.h). Its keys: Note [Round store keys] in round_store.h.
+// hosting PyTorch's on the next port instead). One protocol serves both kinds of job: a fixed
+// job (--nnodes N, --node-rank K) is an elastic one (--nnodes MIN:MAX, Note [Elastic rounds] in
+// elastic.h) with MIN = MAX = N and given node ranks; what else differs is its membership policy
+// (Note [Membership policy] in membership_policy.h). Its keys: Note [Round store keys] in
+// round_store.h.
 // Joining (ElasticRounds::join, round_join.cpp): short bounded steps, repeated every kWaitStep
 // until the join timeout (the rendezvous timeout; the store's host may not listen yet, or may be
 // starting again, so a store that does not answer is asked again). Each step goes through:
