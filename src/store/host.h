@@ -1,6 +1,6 @@
 // Hosting the rendezvous store: the one place that turns "this process hosts the job's store"
 // into a listening server. Used by rank 0 (rendezvous.cpp) and by node 0's ddprun (a multi-node
-// job's agent store, tools/ddprun/rounds.cpp). Torch-free.
+// job's agent store, tools/ddprun/agent_store.cpp). Torch-free.
 //
 // Note [Hosting the store]
 // Both hosts apply the same rules: listen where the job's processes reach the store (Note

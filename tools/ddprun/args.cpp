@@ -8,7 +8,6 @@
 #include <sys/wait.h>  // waitpid
 #include <unistd.h>    // sysconf, fork, pipe2
 
-#include <algorithm>  // std::ranges::any_of
 #include <filesystem>
 #include <sstream>
 #include <system_error>
@@ -22,6 +21,28 @@
 
 namespace ddp::launcher {
 namespace {
+
+// --nproc-per-node: N, or what the host has.
+int parse_nproc(const std::string& source, const std::string& value, const HostInfo& host) {
+  if (value == "cpu") return host.cpus;
+  if (value == "auto") {
+    const int gpus = host.visible_gpus();
+    return gpus > 0 ? gpus : host.cpus;
+  }
+  if (value == "gpu") {
+    const int gpus = host.visible_gpus();
+    if (gpus == 0) {
+      bad_value(source, value,
+                "no CUDA device is visible (no NVIDIA driver or GPU, or CUDA_VISIBLE_DEVICES "
+                "hides them all); give a number of processes or 'cpu'");
+    }
+    return gpus;
+  }
+  if (value == "xpu") {
+    bad_value(source, value, "XPU devices are not supported; use N, auto, cpu or gpu");
+  }
+  return parse_int(source, value, 1, 1 << 16, "a number of processes >= 1, or auto, cpu or gpu");
+}
 
 // From raw flags to a LaunchConfig, one concern at a time.
 
@@ -49,55 +70,48 @@ void apply_topology(const RawFlags& raw, const HostInfo& host, LaunchConfig& c) 
   }
 }
 
-void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
+// --rdzv-conf: the keys ddprun reads (the others are accepted and ignored, as by torchrun).
+void apply_rdzv_conf(const RawFlags& raw, LaunchConfig& c) {
+  auto* v = raw.get("rdzv_conf");
+  if (v == nullptr) return;
+  c.rdzv_conf = parse_rdzv_conf(v->source, v->text);
+  for (const char* key : {"timeout", "join_timeout"}) {  // join_timeout wins: applied last
+    if (auto it = c.rdzv_conf.find(key); it != c.rdzv_conf.end()) {
+      c.rdzv_timeout = parse_seconds(v->source + " " + key, it->second, false);
+    }
+  }
+  if (auto it = c.rdzv_conf.find("last_call_timeout"); it != c.rdzv_conf.end()) {
+    c.last_call_timeout = parse_seconds(v->source + " last_call_timeout", it->second, true);
+  }
+}
+
+// --standalone: a single node on a free port of 127.0.0.1 with a random run id; false without it.
+bool apply_standalone(const RawFlags& raw, CommandLine& out) {
+  if (!raw.flag("standalone")) return false;
   LaunchConfig& c = out.config;
-  if (auto* v = raw.get("rdzv_backend")) {
-    if (v->text == "c10d") {
-      c.rdzv_backend = RdzvBackend::kC10d;
-    } else if (v->text != "static") {
-      bad_value(v->source, v->text, "expected static or c10d (etcd backends are not supported)");
-    }
+  if (c.nnodes != 1) {
+    throw UsageError(
+        fmt::format("--standalone runs a single node, but --nnodes is {}; drop "
+                    "--standalone or use --nnodes 1",
+                    c.nnodes));
   }
-  if (auto* v = raw.get("rdzv_id")) c.run_id = v->text.empty() ? kDefaultRunId : v->text;
-  if (auto* v = raw.get("role")) c.role = v->text.empty() ? kDefaultRole : v->text;
-  if (auto* v = raw.get("rdzv_conf")) {
-    c.rdzv_conf = parse_rdzv_conf(v->source, v->text);
-    for (const char* key : {"timeout", "join_timeout"}) {  // join_timeout wins: applied last
-      if (auto it = c.rdzv_conf.find(key); it != c.rdzv_conf.end()) {
-        c.rdzv_timeout = parse_seconds(v->source + " " + key, it->second, false);
-      }
-    }
-    if (auto it = c.rdzv_conf.find("last_call_timeout"); it != c.rdzv_conf.end()) {
-      c.last_call_timeout = parse_seconds(v->source + " last_call_timeout", it->second, true);
-    }
+  for (const char* dest : {"rdzv_backend", "rdzv_endpoint", "rdzv_id"}) {
+    if (raw.given(dest))
+      out.notes.push_back(fmt::format("--standalone: ignoring {}", raw.get(dest)->source));
   }
+  c.rdzv_backend = RdzvBackend::kC10d;
+  c.master_addr = "127.0.0.1";
+  c.pick_free_port = true;
+  c.random_run_id = true;
+  c.run_id.clear();
+  return true;
+}
 
-  if (raw.flag("standalone")) {
-    if (c.nnodes != 1) {
-      throw UsageError(
-          fmt::format("--standalone runs a single node, but --nnodes is {}; drop "
-                      "--standalone or use --nnodes 1",
-                      c.nnodes));
-    }
-    for (const char* dest : {"rdzv_backend", "rdzv_endpoint", "rdzv_id"}) {
-      if (raw.given(dest))
-        out.notes.push_back(fmt::format("--standalone: ignoring {}", raw.get(dest)->source));
-    }
-    c.rdzv_backend = RdzvBackend::kC10d;
-    c.master_addr = "127.0.0.1";
-    c.pick_free_port = true;
-    c.random_run_id = true;
-    c.run_id.clear();
-    return;
-  }
-
-  if (auto* v = raw.get("rdzv_endpoint"); v != nullptr && !v->text.empty()) {
-    Endpoint e = parse_endpoint(v->source, v->text);
-    c.master_addr = e.host;
-    c.master_port = e.port;
-  }
-  // Elastic: a range of nodes, or c10d's node ranks given out at each round (Note [Elastic
-  // rounds] in elastic.h). A fixed --nnodes N with --node-rank keeps the static rounds.
+// Elastic: a range of nodes, or c10d's node ranks given out at each round (Note [Elastic
+// rounds] in elastic.h). A fixed --nnodes N with --node-rank is a fixed membership: MIN = MAX,
+// ranks given (Note [Membership policy] in membership_policy.h).
+void apply_membership(const RawFlags& raw, CommandLine& out) {
+  LaunchConfig& c = out.config;
   if (c.min_nodes != c.nnodes) {
     if (c.rdzv_backend != RdzvBackend::kC10d) {
       throw UsageError(fmt::format(
@@ -115,6 +129,27 @@ void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
     c.elastic = true;
   }
   if (c.elastic) c.node_rank = 0;
+}
+
+void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
+  LaunchConfig& c = out.config;
+  if (auto* v = raw.get("rdzv_backend")) {
+    if (v->text == "c10d") {
+      c.rdzv_backend = RdzvBackend::kC10d;
+    } else if (v->text != "static") {
+      bad_value(v->source, v->text, "expected static or c10d (etcd backends are not supported)");
+    }
+  }
+  if (auto* v = raw.get("rdzv_id")) c.run_id = v->text.empty() ? kDefaultRunId : v->text;
+  if (auto* v = raw.get("role")) c.role = v->text.empty() ? kDefaultRole : v->text;
+  apply_rdzv_conf(raw, c);
+  if (apply_standalone(raw, out)) return;
+  if (auto* v = raw.get("rdzv_endpoint"); v != nullptr && !v->text.empty()) {
+    Endpoint e = parse_endpoint(v->source, v->text);
+    c.master_addr = e.host;
+    c.master_port = e.port;
+  }
+  apply_membership(raw, out);
   if (c.master_port == 0) {
     if (c.nnodes > 1) {
       throw UsageError(
@@ -134,12 +169,12 @@ void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
 // is refused before anything starts: several ddprun tasks on one node (each would start the
 // node's workers: two jobs on one port), or --nnodes other than the step's node count (each
 // node would wait for nodes that never come, or run a job of its own).
-void apply_slurm(const RawFlags& raw, const EnvMap& env, CommandLine& out) {
-  LaunchConfig& c = out.config;
-  // Inside a torchrun-style launch (RANK set) the Slurm variables are the outer job's.
+// The Slurm step this ddprun runs as a task of; nullopt when it runs outside one (or inside a
+// torchrun-style launch, RANK set, where the Slurm variables are the outer job's).
+std::optional<DistEnv> slurm_step(const EnvMap& env) {
   if (env.contains("RANK") || env.contains("WORLD_SIZE") || !env.contains("SLURM_PROCID") ||
       !env.contains("SLURM_STEP_NUM_TASKS")) {
-    return;
+    return std::nullopt;
   }
   DistEnv step;
   try {
@@ -149,9 +184,14 @@ void apply_slurm(const RawFlags& raw, const EnvMap& env, CommandLine& out) {
                                  "inconsistent: {}",
                                  e.what()));
   }
-  if (step.contract != LaunchContract::kSlurm) return;
-  int nodes = 1;  // parse_dist_env checked it is an integer in range
-  if (auto it = env.find("SLURM_STEP_NUM_NODES"); it != env.end()) nodes = std::stoi(it->second);
+  if (step.contract != LaunchContract::kSlurm) return std::nullopt;
+  return step;
+}
+
+// What the step says the job is, against what the command line says: one ddprun per node, and
+// as many nodes as --nnodes (elastic: within its range).
+void check_slurm_step(const RawFlags& raw, const EnvMap& env, const DistEnv& step, int nodes,
+                      const LaunchConfig& c) {
   if (step.local_world_size > 1) {
     const auto per_node = env.find("SLURM_STEP_TASKS_PER_NODE");
     throw UsageError(fmt::format(
@@ -162,35 +202,41 @@ void apply_slurm(const RawFlags& raw, const EnvMap& env, CommandLine& out) {
         step.local_world_size, step.rank,
         per_node == env.end() ? std::string("(unset)") : per_node->second, c.nproc_per_node));
   }
-  if (c.elastic) {
-    if (nodes < c.min_nodes || nodes > c.nnodes) {
-      throw UsageError(fmt::format(
-          "--nnodes {}:{}, but the Slurm step runs ddprun on {} node(s) "
-          "(SLURM_STEP_NUM_NODES={}): give a range that includes it",
-          c.min_nodes, c.nnodes, nodes, nodes));
-    }
-    return;  // node ranks are given out at each round
+  if (c.elastic && (nodes < c.min_nodes || nodes > c.nnodes)) {
+    throw UsageError(fmt::format(
+        "--nnodes {}:{}, but the Slurm step runs ddprun on {} node(s) "
+        "(SLURM_STEP_NUM_NODES={}): give a range that includes it",
+        c.min_nodes, c.nnodes, nodes, nodes));
   }
-  if (c.nnodes != nodes) {
+  if (!c.elastic && c.nnodes != nodes) {
     throw UsageError(fmt::format(
         "--nnodes {}{}, but the Slurm step runs ddprun on {} node(s) (SLURM_STEP_NUM_NODES={}): "
         "pass --nnodes {} (e.g. --nnodes $SLURM_STEP_NUM_NODES), or srun -N {}",
         c.nnodes, raw.given("nnodes") ? "" : " (the default)", nodes, nodes, nodes, c.nnodes));
   }
-  if (nodes == 1) return;
+}
+
+void apply_slurm(const RawFlags& raw, const EnvMap& env, CommandLine& out) {
+  LaunchConfig& c = out.config;
+  const std::optional<DistEnv> step = slurm_step(env);
+  if (!step) return;
+  int nodes = 1;  // parse_dist_env checked it is an integer in range
+  if (auto it = env.find("SLURM_STEP_NUM_NODES"); it != env.end()) nodes = std::stoi(it->second);
+  check_slurm_step(raw, env, *step, nodes, c);
+  if (c.elastic || nodes == 1) return;  // elastic: node ranks are given out at each round
   if (!raw.given("node_rank")) {
-    c.node_rank = step.group_rank;
+    c.node_rank = step->group_rank;
     out.notes.push_back(
         fmt::format("node rank {} from Slurm (SLURM_NODEID; --node-rank sets another)",
                     c.node_rank));
-  } else if (c.node_rank != step.group_rank) {
+  } else if (c.node_rank != step->group_rank) {
     out.notes.push_back(fmt::format("--node-rank {} differs from Slurm's SLURM_NODEID={}",
-                                    c.node_rank, step.group_rank));
+                                    c.node_rank, step->group_rank));
   }
-  if (!raw.given("master_addr") && !raw.given("rdzv_endpoint") && !step.master_addr.empty() &&
-      !step.master_addr_source.empty()) {
-    c.master_addr = step.master_addr;
-    c.master_addr_source = step.master_addr_source;
+  if (!raw.given("master_addr") && !raw.given("rdzv_endpoint") && !step->master_addr.empty() &&
+      !step->master_addr_source.empty()) {
+    c.master_addr = step->master_addr;
+    c.master_addr_source = step->master_addr_source;
     out.notes.push_back(fmt::format("the store's host: {}, {} (--master-addr sets another)",
                                     c.master_addr, c.master_addr_source));
   }
@@ -288,28 +334,6 @@ void apply_program(const RawFlags& raw, std::vector<std::string> rest, LaunchCon
 }
 
 }  // namespace
-
-Std StdSpec::for_local_rank(int local_rank) const {
-  if (by_local_rank.empty()) return all;
-  auto it = by_local_rank.find(local_rank);
-  return it == by_local_rank.end() ? Std::kNone : it->second;
-}
-
-bool StdSpec::any() const {
-  if (all != Std::kNone) return true;
-  return std::ranges::any_of(by_local_rank, [](const auto& kv) { return kv.second != Std::kNone; });
-}
-
-bool LaunchConfig::shows_on_console(int local_rank, Std stream) const {
-  if (local_ranks_filter && local_ranks_filter->count(local_rank) == 0) return false;
-  if (has(tee.for_local_rank(local_rank), stream)) return true;
-  return !has(redirects.for_local_rank(local_rank), stream);
-}
-
-bool LaunchConfig::writes_to_file(int local_rank, Std stream) const {
-  return has(tee.for_local_rank(local_rank), stream) ||
-         has(redirects.for_local_rank(local_rank), stream);
-}
 
 int visible_gpus(int physical, const std::optional<std::string>& cuda_visible_devices) {
   if (!cuda_visible_devices) return physical;

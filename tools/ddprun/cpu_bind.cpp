@@ -83,47 +83,48 @@ std::vector<Cpu> read_cpus(const std::vector<int>& allowed, const std::string& s
   return out;
 }
 
-BindingPlan plan_cpu_binding(CpuBind mode, const std::vector<Cpu>& cpus, int workers) {
+namespace {
+
+// --cpu-bind numa: the workers in blocks over the NUMA nodes, each given its node's CPUs.
+BindingPlan plan_numa(const std::vector<Cpu>& cpus, size_t w) {
   BindingPlan plan;
-  if (mode == CpuBind::kNone || cpus.empty() || workers < 1) return plan;
-  const size_t w = static_cast<size_t>(workers);
   plan.workers.resize(w);
-
-  if (mode == CpuBind::kNuma) {
-    std::map<int, std::vector<int>> by_node;
-    for (const Cpu& c : cpus) by_node[c.numa].push_back(c.id);
-    std::vector<std::vector<int>> nodes;
-    std::vector<int> node_ids;
-    for (auto& [id, list] : by_node) {
-      std::sort(list.begin(), list.end());
-      nodes.push_back(list);
-      node_ids.push_back(id);
-    }
-    const size_t k = nodes.size();
-    std::vector<int> sharing(k, 0);
-    std::vector<size_t> node_of(w);
-    for (size_t i = 0; i < w; ++i) {
-      node_of[i] = i * k / w;  // workers in blocks over the nodes
-      ++sharing[node_of[i]];
-    }
-    for (size_t i = 0; i < w; ++i) {
-      const std::vector<int>& list = nodes[node_of[i]];
-      plan.workers[i].cpus = list;
-      plan.workers[i].threads =
-          std::max(1, static_cast<int>(list.size()) / sharing[node_of[i]]);
-    }
-    std::vector<std::string> parts;
-    for (size_t n = 0; n < k; ++n) {
-      if (sharing[n] == 0) continue;
-      parts.push_back(fmt::format("node {} (CPUs {}): {} worker(s)", node_ids[n],
-                                  format_cpu_list(nodes[n]), sharing[n]));
-    }
-    plan.note = fmt::format("--cpu-bind numa: {}{}", fmt::join(parts, "; "),
-                            k == 1 ? " (one NUMA node: the workers are not separated)" : "");
-    return plan;
+  std::map<int, std::vector<int>> by_node;
+  for (const Cpu& c : cpus) by_node[c.numa].push_back(c.id);
+  std::vector<std::vector<int>> nodes;
+  std::vector<int> node_ids;
+  for (auto& [id, list] : by_node) {
+    std::sort(list.begin(), list.end());
+    nodes.push_back(list);
+    node_ids.push_back(id);
   }
+  const size_t k = nodes.size();
+  std::vector<int> sharing(k, 0);
+  std::vector<size_t> node_of(w);
+  for (size_t i = 0; i < w; ++i) {
+    node_of[i] = i * k / w;  // workers in blocks over the nodes
+    ++sharing[node_of[i]];
+  }
+  for (size_t i = 0; i < w; ++i) {
+    const std::vector<int>& list = nodes[node_of[i]];
+    plan.workers[i].cpus = list;
+    plan.workers[i].threads = std::max(1, static_cast<int>(list.size()) / sharing[node_of[i]]);
+  }
+  std::vector<std::string> parts;
+  for (size_t n = 0; n < k; ++n) {
+    if (sharing[n] == 0) continue;
+    parts.push_back(fmt::format("node {} (CPUs {}): {} worker(s)", node_ids[n],
+                                format_cpu_list(nodes[n]), sharing[n]));
+  }
+  plan.note = fmt::format("--cpu-bind numa: {}{}", fmt::join(parts, "; "),
+                          k == 1 ? " (one NUMA node: the workers are not separated)" : "");
+  return plan;
+}
 
-  // Cores: whole physical cores in (node, package, core) order, in equal blocks.
+// What --cpu-bind cores hands out in blocks: whole physical cores in (node, package, core)
+// order, or their hardware threads one by one when there are fewer cores than workers (`how`
+// says which).
+std::vector<std::vector<int>> core_units(const std::vector<Cpu>& cpus, size_t w, std::string& how) {
   std::map<std::tuple<int, int, int>, std::vector<int>> by_core;
   for (const Cpu& c : cpus) by_core[{c.numa, c.package, c.core}].push_back(c.id);
   std::vector<std::vector<int>> cores;
@@ -131,24 +132,32 @@ BindingPlan plan_cpu_binding(CpuBind mode, const std::vector<Cpu>& cpus, int wor
     std::sort(list.begin(), list.end());
     cores.push_back(list);
   }
-  std::vector<std::vector<int>> units = cores;  // what the blocks are made of
-  std::string how = "whole cores";
-  if (cores.size() < w) {  // fewer cores than workers: hardware threads one by one
-    units.clear();
-    for (const auto& core : cores) {
-      for (int id : core) units.push_back({id});
-    }
-    how = "single hardware threads (fewer cores than workers)";
+  how = "whole cores";
+  if (cores.size() >= w) return cores;
+  std::vector<std::vector<int>> threads;
+  for (const auto& core : cores) {
+    for (int id : core) threads.push_back({id});
   }
+  how = "single hardware threads (fewer cores than workers)";
+  return threads;
+}
+
+// --cpu-bind cores: equal blocks of core_units(); workers share them when there are fewer CPUs.
+BindingPlan plan_cores(const std::vector<Cpu>& cpus, size_t w) {
+  BindingPlan plan;
+  plan.workers.resize(w);
+  std::string how;
+  const std::vector<std::vector<int>> units = core_units(cpus, w, how);
   if (units.size() < w) {  // fewer CPUs than workers: they share, round-robin
     for (size_t i = 0; i < w; ++i) {
       plan.workers[i].cpus = units[i % units.size()];
       plan.workers[i].threads = 1;
     }
-    plan.note = fmt::format("--cpu-bind cores: {} workers on {} CPU(s): workers share CPUs",
-                            workers, units.size());
+    plan.note = fmt::format("--cpu-bind cores: {} workers on {} CPU(s): workers share CPUs", w,
+                            units.size());
     return plan;
   }
+  std::vector<std::string> parts;
   for (size_t i = 0; i < w; ++i) {
     std::vector<int>& mine = plan.workers[i].cpus;
     for (size_t u = block_start(i, w, units.size()); u < block_start(i + 1, w, units.size());
@@ -157,14 +166,18 @@ BindingPlan plan_cpu_binding(CpuBind mode, const std::vector<Cpu>& cpus, int wor
     }
     std::sort(mine.begin(), mine.end());
     plan.workers[i].threads = static_cast<int>(mine.size());
-  }
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < w; ++i) {
-    parts.push_back(
-        fmt::format("local rank {} on CPUs {}", i, format_cpu_list(plan.workers[i].cpus)));
+    parts.push_back(fmt::format("local rank {} on CPUs {}", i, format_cpu_list(mine)));
   }
   plan.note = fmt::format("--cpu-bind cores ({}): {}", how, fmt::join(parts, ", "));
   return plan;
+}
+
+}  // namespace
+
+BindingPlan plan_cpu_binding(CpuBind mode, const std::vector<Cpu>& cpus, int workers) {
+  if (mode == CpuBind::kNone || cpus.empty() || workers < 1) return BindingPlan{};
+  const size_t w = static_cast<size_t>(workers);
+  return mode == CpuBind::kNuma ? plan_numa(cpus, w) : plan_cores(cpus, w);
 }
 
 std::string format_cpu_list(const std::vector<int>& cpus) {

@@ -1,38 +1,23 @@
-// Elastic rounds: a job of MIN to MAX nodes that re-forms whenever one leaves or arrives.
+// Elastic rounds: the round protocol of every multi-node job (Note [Restart rounds] in rounds.h)
+// over its agent store. A job of MIN to MAX nodes re-forms whenever one leaves or arrives; a
+// fixed job of N nodes is one with MIN = MAX = N and given node ranks (Note [Membership policy]
+// in membership_policy.h).
 //
 // Note [Elastic rounds]
 // torchrun's --nnodes MIN:MAX with the c10d rendezvous, on our agent store (src/store: bounded,
 // admitting only holders of the job's key). The ddprun on the rendezvous endpoint's host hosts
 // the store (the first to bind it there); every ddprun, that one included, is a client. A node
-// is one ddprun, named by "<host>:<pid>:<random>"; a ddprun started again is a new node. Keys,
-// under "ddprun/<run id>/":
-//   round            the newest round; it only grows (compare_set)
-//   <R>/count        add(1) by each node joining round R: its arrival index i
-//   <R>/member/<i>   that node's entry: "<id> <host> <address> <round it last ran> <its node
-//                    rank there>" (the address: where its standby store listens, or "-")
-//   <R>/closed       the number of nodes admitted to R, written once (compare_set): MAX as soon
-//                    as MAX have arrived; else, once MIN have, the count after last_call_timeout
-//                    (measured by each waiting node from when it saw MIN: the first to close
-//                    wins) and once no node of R - 1 is still on its way: one that has neither
-//                    arrived nor left and whose ddprun showed a sign of life within kDeadAfter
-//                    (a node checkpointing its workers may take longer than the last call; a
-//                    dead one is not waited for, nor, past the join timeout, a live one that
-//                    never comes). A round closes only when the round before it is over (below).
-//                    Arrivals i < closed are R's nodes; later ones wait for R + 1.
-//   <R>/failed       R's first failure (as in Note [Restart rounds]); <R>/final: it is final
-//   <R>/left/<id>    set by a node that leaves after R (nobody waits for it)
-//   <R>/regroup      why R ends without a failure: a node leaves (its ddprun got SIGTERM, the
-//                    scheduler's notice), or a node waits in R + 1 while R has fewer than MAX
-//   <R>/regroup_seen how many nodes have read R's regroup (a leaving store host waits for them)
-//   <R>/finished     the node whose workers all exited 0 first
-//   <R>/ended        how many of R's nodes are done with it
-//   failures         rounds that ended in a failure: what --max-restarts counts (torchrun counts
-//                    failures, not changes of membership)
-//   alive/<id>       counts each node's polls (its sign of life)
-//   <R>/store_home   set with R's regroup when the job's store moves back to the endpoint
-//                    (Note [Moving the store] in elastic.cpp)
-// Round R is over when failed, regroup or finished is set, or when none of its nodes' alive
-// counts has moved for kStaleAfter (they all vanished).
+// is one ddprun, named by "<host>:<pid>:<random>"; a ddprun started again is a new node. The
+// keys: Note [Round store keys] in round_store.h. What is particular to an elastic round:
+// Closing: R admits MAX as soon as MAX have arrived; else, once MIN have, the count after
+// last_call_timeout (measured by each waiting node from when it saw MIN: the first to close
+// wins) and once no node of R - 1 is still on its way: one that has neither arrived nor left and
+// whose ddprun showed a sign of life within kDeadAfter (a node checkpointing its workers may take
+// longer than the last call; a dead one is not waited for, nor, past the join timeout, a live one
+// that never comes). A round closes only when the round before it is over: failed, regroup or
+// finished is set, or none of its nodes' alive counts has moved for kStaleAfter (they all
+// vanished). While it is not, the join timeout does not run: waiting to be admitted while the
+// job runs at its maximum is not a rendezvous that failed.
 // Node ranks: R's nodes sorted by the round they last ran in (newest first), then by their node
 // rank there, then newcomers by arrival: a node keeps its rank while the nodes before it stay,
 // and rank 0 (and with it the checkpoint writer) moves only when its node leaves.
@@ -51,10 +36,21 @@
 // torchrun's c10d backend loses the job with that node.
 #pragma once
 
+#include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
-#include "args.h"
+#include "agent_store.h"  // HostedStores
+#include "ddp/env.h"      // ddp::EnvMap
+#include "launch_config.h"
+#include "membership_policy.h"
+#include "round_store.h"
 #include "rounds.h"
 
 namespace ddp::launcher {
@@ -68,6 +64,129 @@ inline constexpr std::chrono::milliseconds kDeadAfter{3000};
 // How long the store must not answer before the nodes move it (Note [Moving the store]).
 inline constexpr std::chrono::milliseconds kStoreLost{3000};
 
+// The rounds of one node of a multi-node job. Used by one thread (the launcher's).
+class ElasticRounds final : public Rounds {
+ public:
+  // Hosts the stores `config`'s membership policy gives this node (host_stores) and connects to
+  // the job's. Throws ddp::Error when it cannot host what it must.
+  ElasticRounds(const LaunchConfig& config, const EnvMap& base_env, const std::string& run_id,
+                const std::string& secret);
+
+  bool agent_store() const override { return true; }
+  std::optional<Membership> join(int next, const std::function<bool()>& stop) override;
+  std::optional<std::string> regroup(int round, bool now) override;
+  bool announce_leaving(int round, const std::string& why) override;
+  std::optional<std::string> failure_elsewhere(int round) override;
+  std::optional<std::string> report_failure(int round, const std::string& what,
+                                            bool final) override;
+  bool final_failure(int round) override;
+  void leave(int round, bool failed, const std::function<bool()>& stop) override;
+
+ private:
+  using Clock = store::Clock;
+  using Deadline = Clock::time_point;
+  using milliseconds = std::chrono::milliseconds;
+
+  // What one join() carries from step to step.
+  struct Join {
+    int next = 0;     // the lowest round this node may run
+    int round = -1;   // the round it is entering; -1: none yet (or the store just moved)
+    int index = -1;   // its arrival index in `round`; -1: not counted in yet
+    bool shape_checked = false;
+    bool said_waiting = false;  // that the round before still runs, said once
+    Clock::time_point end;      // the join timeout (pushed back while the round before runs)
+    std::optional<Clock::time_point> min_seen;  // when `round` was first seen with MIN nodes
+    std::optional<int> short_of;  // `round`'s count at the join timeout, below MIN
+    std::string last_error;       // why the store did not answer this step ("": it did)
+  };
+
+  // --- joining (round_join.cpp), in the order of one step: Note [Restart rounds]
+  std::optional<Membership> join_step(Join& j);
+  void check_shape(Join& j, Deadline deadline);
+  void find_round(Join& j, Deadline deadline);
+  void check_round_before(int round, Deadline deadline);
+  void check_restarts(int round, Deadline deadline);
+  bool enter(Join& j, Deadline deadline);
+  void end_predecessors_round(Join& j, Deadline deadline);
+  void refuse_if_alive(Deadline deadline);
+  std::optional<int> close(Join& j, Clock::time_point now, Deadline deadline);
+  std::optional<int> admissible(Join& j, int count, Clock::time_point now, Deadline deadline);
+  std::optional<Membership> admit_or_wait(Join& j, int closed, Deadline deadline);
+  Membership admit(int round, int n, int index, Deadline deadline);
+  void store_silent(Join& j, const RendezvousError& e);
+  [[noreturn]] void too_few(int round, int count, Deadline deadline);
+  [[noreturn]] void missing_ranks(int round, Deadline deadline);
+  [[noreturn]] void unreachable(const std::string& error) const;
+
+  // --- the rounds' ends and the nodes' signs of life (elastic.cpp)
+  // `round` is over: failed, re-forming, finished, or all its nodes gone silent.
+  bool over(int round, Deadline deadline);
+  // Whether a node of the round before `round` may still come: it has not arrived in `round`,
+  // has not left, and its ddprun still shows signs of life (within kDeadAfter).
+  bool awaited(int round, Deadline deadline);
+  // Records the signs of life of this round's other nodes now, as the round ends: a dead node
+  // is then known dead kDeadAfter from here, not from when the next round starts to close.
+  void watch_members(Deadline deadline);
+  // Whether node `id`, whose alive count is `beats` now, moved it within `window` (as far as this
+  // node has watched it; a count seen for the first time counts as moving).
+  bool shows_life(const std::string& id, int64_t beats, milliseconds window);
+
+  // --- the store's place (elastic.cpp: Note [Moving the store])
+  store::ClientOptions client_options(const std::string& host, int port) const;
+  void connect_to(const std::string& host, int port);
+  // The store stopped answering: the next node of the last round takes it over (this one, or
+  // the one this connects to). False when no node is left to take it.
+  bool move_store(const std::string& why);
+  // On the store just moved to: the last round is over there, the failures so far carried.
+  void settle_moved_store(Deadline deadline);
+  // Back to the endpoint, where a node waits (go_home_).
+  void return_home();
+  // While the store is moved: a node waiting at the rendezvous endpoint (its host came back).
+  std::optional<std::string> waiting_at_home(int round);
+  bool moved() const { return store_host_ != c_.master_addr; }
+
+  // --- leaving (elastic.cpp)
+  void linger_for_readers(int round, const std::function<bool()>& stop);
+  void linger_for_others(int round, bool failed, const std::function<bool()>& stop);
+
+  std::string where() const { return policy_.where(host_, pid_); }
+
+  // Constant after construction.
+  const LaunchConfig& c_;
+  const MembershipPolicy policy_;
+  const std::string job_key_;
+  const std::string run_id_;
+  const std::string host_;
+  const int pid_;
+  const std::string id_;  // fixed: the node rank; elastic: "<host>:<pid>:<random>"
+  const milliseconds join_timeout_;  // --rdzv-timeout, else the workers' rendezvous timeout
+  const milliseconds last_call_;
+  const HostedStores hosted_;  // the job's store (when this node hosts it), or a standby
+
+  // Where the job's store is (Note [Moving the store]).
+  std::string store_host_;  // --master-addr / --rdzv-endpoint, or where the store moved
+  int store_port_ = 0;
+  RoundStore store_;                 // its keys
+  std::set<std::string> lost_;       // store addresses that stopped answering
+  std::optional<Clock::time_point> unreachable_since_;
+  std::string moved_note_;           // set by a move until settle_moved_store() writes it
+  int known_failures_ = 0;           // the failure count last read
+  bool unreported_failure_ = false;  // a failure report that did not reach the store
+  bool go_home_ = false;             // the next join moves the store back to the endpoint
+  Clock::time_point next_home_poll_{};
+
+  // The last round this node ran: its number, this node's rank there, its nodes in rank order.
+  int last_round_ = -1;
+  int last_rank_ = -1;
+  std::vector<RoundEntry> members_;
+  bool leaving_ = false;
+  StorePoll poll_;  // failure_elsewhere()
+  Clock::time_point next_regroup_poll_{};
+  // Signs of life seen: id -> (alive count, when it last moved).
+  std::map<std::string, std::pair<int64_t, Clock::time_point>> seen_alive_;
+};
+
+// The rounds of a multi-node job, of the membership `config` asks for.
 std::unique_ptr<Rounds> make_elastic_rounds(const LaunchConfig& config, const EnvMap& base_env,
                                             const std::string& run_id, const std::string& secret);
 

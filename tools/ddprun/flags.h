@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "args.h"
+#include "ddp/env.h"  // ddp::EnvMap
 
 namespace ddp::launcher {
 

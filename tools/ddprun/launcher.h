@@ -7,17 +7,15 @@
 // workers' PR_SET_PDEATHSIG fires when the thread that forked them exits). Everything it started
 // has been reaped when it returns or throws.
 //
-// Its parts: process.h (fds, signals, spawning and stopping process groups), output.h (worker
-// output, the run directory), summary.h (the root cause and the failure report).
+// Its parts: worker_group.h (one attempt of the worker group), rounds.h (the attempts every
+// node runs together), process.h (fds, signals, spawning and stopping process groups), output.h
+// (worker output, the run directory), summary.h (the root cause and the failure report).
 #pragma once
 
-#include "args.h"     // LaunchConfig
-#include "process.h"  // ExecError
+#include "launch_config.h"  // LaunchConfig
+#include "process.h"        // ExecError
 
 namespace ddp::launcher {
-
-// After SIGKILL, how long to wait for the kernel to take processes down before giving up.
-inline constexpr Seconds kKillWait{5.0};
 
 // How a run ended.
 struct RunResult {

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <utility>  // std::move
 
-#include "args.h"     // LaunchConfig
+#include "launch_config.h"  // LaunchConfig
 #include "process.h"  // UniqueFd
 
 namespace ddp::launcher {

@@ -1,48 +1,54 @@
-// Restart rounds: how the ddprun of every node of a job restarts the job together.
+// Restart rounds: how the ddprun of every node of a job starts, stops and restarts the job
+// together.
 //
 // Note [Restart rounds]
 // Each ddprun starts, stops and restarts only its own node's workers; a job of several nodes must
-// restart as a whole. It does so in rounds that every node's ddprun joins through the agent
-// store: node 0's ddprun hosts our store (src/store: bounded, admitting only holders of the job's
-// key) on MASTER_ADDR:MASTER_PORT for the whole run, and the workers rendezvous there too
-// (TORCHELASTIC_USE_AGENT_STORE=True, DDP_AGENT_STORE=ddp) under their round's keys
-// ("ddp/<run id>/attempt_<round>/"), so two rounds never meet. ddprun's keys, under
-// "ddprun/<run id>/":
-//   round          the newest round; it only grows (compare_set)
-//   <R>/node/<K>   add(1) by node K's ddprun joining round R: 1 for the first, more when a
-//                  ddprun of node K joins again (its scheduler started it again)
-//   <R>/joined     how many nodes joined round R
-//   <R>/failed     round R's first failure, one line ("node 1 (host h): rank 3 failed (exit
-//                  code 1)"); the first writer wins
-//   <R>/final      set (before <R>/failed) when that failure is final: no node restarts
-//   <R>/ended      how many nodes are done with round R
-//   <R>/finished   the first node whose workers all exited 0 in round R: a node that failed in
-//                  R does not restart then (the finished node is gone), it says why
-//   shape          "--nnodes N, --nproc-per-node P" of the first node to join: every node must
-//                  agree
-//   alive/<K>      counts node K's ddprun's polls (each join step, each kPollInterval while its
-//                  workers run, stopping included)
-// Joining: a node raises "round" to the round it may run next (0 at first, R + 1 after round R
-// failed), counts itself in and waits until every node has, bounded by the rendezvous timeout
-// (the missing nodes are named); if round R fails or a newer round opens meanwhile, it joins that
-// one instead. The round is the job's restart count, the same on every node: it is the workers'
-// TORCHELASTIC_RESTART_COUNT, and a round past --max-restarts is refused.
+// restart as a whole. It does so in numbered rounds that every node's ddprun joins through the
+// job's agent store (src/store: bounded, admitting only holders of the job's key), which one
+// node's ddprun hosts; the workers rendezvous there too (TORCHELASTIC_USE_AGENT_STORE=True,
+// DDP_AGENT_STORE=ddp) under their round's keys ("ddp/<run id>/attempt_<round>/"), so two rounds
+// never meet (Python workers, whose TCPStore clients cannot talk to our store, get their rank 0
+// hosting PyTorch's on the next port instead). One protocol serves both kinds of job: a fixed
+// job (--nnodes N, --node-rank K) is an elastic one (--nnodes MIN:MAX, Note [Elastic rounds] in
+// elastic.h) with MIN = MAX = N and given node ranks; what else differs is its membership policy
+// (Note [Membership policy] in membership_policy.h). Its keys: Note [Round store keys] in
+// round_store.h.
+// Joining (ElasticRounds::join, round_join.cpp): short bounded steps, repeated every kWaitStep
+// until the join timeout (the rendezvous timeout; the store's host may not listen yet, or may be
+// starting again, so a store that does not answer is asked again). Each step goes through:
+//   the shape   every node must have the same --nnodes and --nproc-per-node ("shape");
+//   the round   "round" is raised to the lowest round this node may run (0 at first, R + 1 after
+//               round R failed or re-formed); a newer one, opened meanwhile, is joined instead.
+//               None is when the round before ended for good: a node finished it (its workers
+//               all exited 0: it is gone), or its failure was final, or --max-restarts is used;
+//   entering    count in ("<R>/count", once per round) with this node's entry; with fixed ranks
+//               claim the rank first ("<R>/node/<K>"): a rank claimed twice means this node's
+//               ddprun was started again while its earlier one had entered R, so R's workers on
+//               this node are gone (unless "alive/<K>" still moves within kAliveWindow: then two
+//               ddprun were given rank K, and the newcomer stops with that error). It fails R
+//               ("node K's ddprun started again") and enters R + 1, where the others, stopped by
+//               that failure, meet it;
+//   closing     the first node to see that R may begin writes how many it admits
+//               ("<R>/closed"): fixed, all N; elastic, Note [Elastic rounds]. A round that failed
+//               before it closed gives way to the next;
+//   admission   arrivals below that count are R's nodes, ranked (fixed: by --node-rank); a
+//               later one waits for R + 1. Too few nodes by the join timeout is an error that
+//               names the missing ones.
+// The round is the job's restart count, the same on every node: the workers'
+// TORCHELASTIC_RESTART_COUNT.
 // Running: a failure on this node is written to "<R>/failed" as soon as ddprun reaps it, and
 // every node polls that key (kPollInterval): another node's failure stops this node's workers at
-// once (SIGTERM, grace period, SIGKILL) instead of leaving them to a collective timeout.
-// Rejoining: a ddprun killed with its node and started again joins with nothing to remember: it
-// finds "<R>/node/<K>" already counted, so its node's workers of round R are gone (unless
-// "alive/<K>" still moves within kAliveWindow: then two ddprun were given node rank K, and the
-// newcomer stops with that error). It fails round
-// R ("node K's ddprun started again") and joins R + 1, where the others, stopped by that
-// failure, meet it.
-// Ending: node 0's store must outlive the others' use of it. When its part of a round is over it
-// waits until "<R>/ended" counts every node: after a success up to kSuccessLinger (the others
-// may still be finishing), after a failure at most the grace period and kFailureLinger (the
-// others only need to read why, and stop); a signal to ddprun ends the wait.
-// What this cannot keep: node 0's host dying takes the store and its counts with it. A ddprun
-// started again there hosts a fresh store, and the other nodes, which retry connecting until the
-// rendezvous timeout, raise "round" to theirs again, so the job goes on with its round numbers.
+// once (SIGTERM, grace period, SIGKILL) instead of leaving them to a collective timeout. Each
+// poll is also this node's sign of life ("alive/<id>").
+// Ending: the store's host must outlive the others' use of it. When its part of a round is over
+// it waits until "<R>/ended" counts every node of the round: after a success up to
+// kSuccessLinger (the others may still be finishing), after a failure, or once another node
+// fails, at most the grace period and kFailureLinger (the others only need to read why, and
+// stop); a signal to ddprun ends the wait.
+// What a fixed job cannot keep: node 0's host dying takes the store and its counts with it. A
+// ddprun started again there hosts a fresh store, and the other nodes, which retry connecting
+// until the join timeout, raise "round" to theirs again, so the job goes on with its round
+// numbers. (An elastic job moves its store instead: Note [Moving the store] in elastic.cpp.)
 // A single-node job needs none of this: its rounds are its own attempts (LocalRounds).
 #pragma once
 
@@ -52,28 +58,27 @@
 #include <optional>
 #include <string>
 
-#include "args.h"  // LaunchConfig, EnvMap
+#include "ddp/env.h"    // ddp::EnvMap
 #include "ddp/error.h"
-#include "store/client.h"
-#include "store/host.h"
+#include "launch_config.h"
+#include "store/client.h"  // store::Clock
 
 namespace ddp::launcher {
 
 // How often a node asks whether another node's workers failed.
 inline constexpr std::chrono::milliseconds kPollInterval{500};
-// A ddprun that finds its node already counted in a round watches that node's "alive" count
-// this long: if it moves, the other ddprun is running (a duplicate --node-rank).
+// A ddprun that finds its node rank already claimed in a round watches that rank's "alive"
+// count this long: if it moves, the other ddprun is running (a duplicate --node-rank).
 inline constexpr std::chrono::milliseconds kAliveWindow{2500};
 // After a failed poll (the store did not answer), the next one waits this long.
 inline constexpr std::chrono::milliseconds kPollBackoff{5000};
 // Each store call made while workers run is bounded by this.
 inline constexpr std::chrono::milliseconds kCallTime{2000};
-// How long a node waits for the others to join a round, without --rdzv-timeout: as long as the
-// workers' rendezvous (kDefaultRendezvousTimeout, DDP_RDZV_TIMEOUT's default).
-// After a success, how long node 0 keeps the store up for the others at most (their workers are
-// at their end too; more only with a shorter rendezvous timeout).
+// After a success, how long the store's host keeps the store up for the others at most (their
+// workers are at their end too; less only with a shorter rendezvous timeout).
 inline constexpr std::chrono::milliseconds kSuccessLinger{60'000};
-// After a failure, how long node 0 keeps the store up beyond the grace period for the others.
+// After a failure, how long the store's host keeps the store up beyond the grace period for the
+// others.
 inline constexpr std::chrono::milliseconds kFailureLinger{5000};
 
 // Where this node stands in a round.
@@ -83,7 +88,7 @@ struct Membership {
   int nnodes = 1;     // nodes in the round
   int restarts = 0;   // restarts used so far against --max-restarts (elastic: failures only)
   // Where the workers' store is when it is not --master-addr/--master-port: an elastic job's
-  // store moved to another node (Note [Moving the store] in elastic.h).
+  // store moved to another node (Note [Moving the store] in elastic.cpp).
   std::string store_addr;
   int store_port = 0;
 };
@@ -99,7 +104,7 @@ class Rounds {
  public:
   virtual ~Rounds() = default;
 
-  // Whether the workers reach the store through the agent (node 0's ddprun).
+  // Whether the workers reach the store through the agent (the ddprun hosting the job's store).
   virtual bool agent_store() const = 0;
 
   // The round this node's next attempt runs as, once every node has joined it; `next` is the
@@ -131,30 +136,10 @@ class Rounds {
   // Whether `round`'s first failure was reported final, on any node.
   virtual bool final_failure(int round) = 0;
 
-  // This node is done with `round` (it succeeded, or failed for good). Node 0 waits, bounded,
-  // until the others are done with its store too, or until `stop` says so (a signal).
+  // This node is done with `round` (it succeeded, or failed for good). The store's host waits,
+  // bounded, until the others are done with its store too, or until `stop` says so (a signal).
   virtual void leave(int round, bool failed, const std::function<bool()>& stop = {}) = 0;
 };
-
-// Hosts the job's agent store on this host (Note [Hosting the store] in rounds.cpp); `who`
-// names this ddprun in errors ("node 0"). Throws ddp::Error saying what to change; returns null
-// when the port is taken and `none_if_in_use` (another ddprun on this host hosts it). `quiet`:
-// without the store's notes (a standby store: Note [Moving the store] in elastic.cpp).
-std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& config, const EnvMap& base_env,
-                                                const std::string& key, const std::string& secret,
-                                                const std::string& who,
-                                                bool none_if_in_use = false, bool quiet = false);
-
-// What the store-backed rounds share (StoreRounds in rounds.cpp, ElasticRounds in elastic.cpp):
-// a round's failure keys, "<prefix><round>/failed" and "<prefix><round>/final".
-//
-// Writes `line` as `round`'s failure unless another came first (then returns that one);
-// "final" first when `final`, so that whoever sees the failure sees whether it is final.
-// Throws ddp::Error when the store does not answer within kCallTime.
-std::optional<std::string> write_first_failure(store::Client& client, const std::string& prefix,
-                                               int round, const std::string& line, bool final);
-// Whether `round`'s failure is final; false also when the store does not answer.
-bool failure_is_final(store::Client& client, const std::string& prefix, int round);
 
 // Asks the store while workers run: at most every kPollInterval, kPollBackoff after the store
 // did not answer (said once: the workers go on, and fail by themselves if their peers are gone).
@@ -171,9 +156,13 @@ class StorePoll {
   bool noted_ = false;
 };
 
-// LocalRounds for a single node; store rounds (hosting the store on node 0) for several; elastic
-// rounds (elastic.h) for an elastic job.
-// `base_env` supplies DDP_STORE_BIND; `secret` and `run_id` make the store's key.
+// A single node restarts alone: its rounds are its own attempts.
+std::unique_ptr<Rounds> make_local_rounds();
+
+// The rounds this node runs in: LocalRounds for a single node, ElasticRounds (elastic.h) for a
+// job of several, fixed or elastic. `base_env` supplies DDP_STORE_BIND; `secret` and `run_id`
+// make the store's key. Defined by the launcher (launcher.cpp), the one place that knows every
+// kind of rounds.
 std::unique_ptr<Rounds> make_rounds(const LaunchConfig& config, const EnvMap& base_env,
                                     const std::string& run_id, const std::string& secret);
 

@@ -1,4 +1,4 @@
-// ddprun's small value parsers (see values.h) and the flag-value formats of args.h.
+// ddprun's small value parsers (see values.h).
 #include "values.h"
 
 #include <fmt/format.h>
@@ -50,28 +50,6 @@ std::vector<std::string> split(const std::string& text, char sep) {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// --nproc-per-node: N, or what the host has.
-int parse_nproc(const std::string& source, const std::string& value, const HostInfo& host) {
-  if (value == "cpu") return host.cpus;
-  if (value == "auto") {
-    const int gpus = host.visible_gpus();
-    return gpus > 0 ? gpus : host.cpus;
-  }
-  if (value == "gpu") {
-    const int gpus = host.visible_gpus();
-    if (gpus == 0) {
-      bad_value(source, value,
-                "no CUDA device is visible (no NVIDIA driver or GPU, or CUDA_VISIBLE_DEVICES "
-                "hides them all); give a number of processes or 'cpu'");
-    }
-    return gpus;
-  }
-  if (value == "xpu") {
-    bad_value(source, value, "XPU devices are not supported; use N, auto, cpu or gpu");
-  }
-  return parse_int(source, value, 1, 1 << 16, "a number of processes >= 1, or auto, cpu or gpu");
 }
 
 // --nnodes: N or MIN:MAX.

@@ -1,6 +1,7 @@
-// ddprun's small value parsers: flag and PET_* values to numbers, lists and durations. Every
-// error is a UsageError naming where the value came from (`source`: "--nnodes" or
-// "PET_NNODES"), the value and what was expected. Internal to ddprun (args.cpp, flags.cpp).
+// ddprun's small value parsers: flag and PET_* values to numbers, lists, durations, endpoints
+// and --redirects specs. Every error is a UsageError naming where the value came from
+// (`source`: "--nnodes" or "PET_NNODES"), the value and what was expected. Used by args.cpp
+// and flags.cpp; the types they produce are launch_config.h's, so this depends on neither.
 #pragma once
 
 #include <map>
@@ -8,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "args.h"
+#include "launch_config.h"  // UsageError, Seconds, StdSpec, kDefaultRdzvPort
 
 namespace ddp::launcher {
 
@@ -21,9 +22,6 @@ Seconds parse_seconds(const std::string& source, const std::string& value, bool 
 bool parse_bool(const std::string& source, const std::string& value);
 std::vector<std::string> split(const std::string& text, char sep);
 bool ends_with(const std::string& s, const std::string& suffix);
-// --nproc-per-node: N, or what the host has.
-int parse_nproc(const std::string& source, const std::string& value, const HostInfo& host);
-// --nnodes: N or MIN:MAX with MIN == MAX.
 // --nnodes: N (min = max = N) or MIN:MAX (an elastic range, 1 <= MIN <= MAX).
 struct NodeRange {
   int min = 1;
@@ -35,5 +33,15 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& source,
                                                    const std::string& value);
 // --local-ranks-filter 0,1
 std::set<int> parse_rank_list(const std::string& source, const std::string& value, int nproc);
+
+// "--redirects 0:1,1:2" and friends; `flag` names the flag in errors. Throws UsageError.
+StdSpec parse_std_spec(const std::string& flag, const std::string& value);
+
+// host[:port] or [v6addr][:port]; port defaults to kDefaultRdzvPort. Throws UsageError.
+struct Endpoint {
+  std::string host;
+  int port = kDefaultRdzvPort;
+};
+Endpoint parse_endpoint(const std::string& flag, const std::string& value);
 
 }  // namespace ddp::launcher
