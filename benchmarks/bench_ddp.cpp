@@ -27,6 +27,7 @@
 #include <torch/torch.h>
 
 #include "ddp/ddp.h"
+#include "ddp/runtime.h"
 
 namespace {
 

@@ -19,7 +19,9 @@
 
 #include <torch/torch.h>
 
+#include <ddp/datasets.h>
 #include <ddp/ddp.h>
+#include <ddp/runtime.h>
 
 #include "models.h"  // tools/common: the comparison models, as torch_ddp.py builds them
 

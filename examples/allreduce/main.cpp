@@ -19,6 +19,7 @@
 #include <torch/torch.h>
 
 #include "ddp/ddp.h"
+#include "ddp/runtime.h"  // ensure_fast_blas, inspect_blas
 
 namespace {
 

@@ -8,7 +8,9 @@
 
 #include <torch/torch.h>  // torch::nn, torch::optim, torch::save
 
-#include <ddp/ddp.h>  // DistributedDataParallel, DistributedSampler, DataLoader, Checkpointer, ...
+#include <ddp/datasets.h>  // FashionMnist
+#include <ddp/ddp.h>       // DistributedDataParallel, DistributedSampler, Checkpointer, ...
+#include <ddp/runtime.h>   // ensure_fast_blas
 
 struct NetImpl : torch::nn::Module {  // [B, 1, 28, 28] -> 16 maps 13 x 13 -> 128 -> 10 logits
   torch::nn::Conv2d conv{register_module("conv", torch::nn::Conv2d(1, 16, 3))};

@@ -200,9 +200,10 @@ struct CheckpointerOptions {
   int keep = kDefaultCheckpointKeep;
   bool save_last = true;    // maintain last.ckpt
   std::string model_label;  // written into each checkpoint; quoted when a model does not fit
-  // Testing only: called as a write reaches each stage ("open", "write" (half the bytes are
-  // written), "fsync", "rename", "sync_dir"; "last" before linking last.ckpt) with the file's
-  // path; a hook that throws simulates a failure there (a full disk, an I/O error).
+  // Fault injection, to test a program's recovery: called as a write reaches each stage
+  // ("open", "write" (half the bytes are written), "fsync", "rename", "sync_dir"; "last" before
+  // linking last.ckpt) with the file's path; a hook that throws simulates a failure there (a
+  // full disk, an I/O error). Empty in production.
   std::function<void(std::string_view stage, const std::filesystem::path& file)> fault_hook;
 };
 

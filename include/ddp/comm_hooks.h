@@ -48,7 +48,8 @@ class Future {
   // The next stage: the returned Future, once waited for, waits for this one, calls
   // `next(value)` (which may issue collectives) and waits for the Future it returns. Stages
   // run on the waiting thread (DDP's end of backward, buckets in order), so every rank issues
-  // a chain's collectives in the same order (Note [Chained futures] in comm_hooks.cpp).
+  // a chain's collectives in the same order: never from a completion thread, where the order
+  // would depend on which collective finished first.
   Future then(std::function<Future(at::Tensor)> next) const;
 
  private:
@@ -102,7 +103,8 @@ CommHook fp16_compress();
 CommHook bf16_compress();
 
 // PowerSGD (Vogels et al., NeurIPS 2019), as PyTorch's powerSGD_hook with the same parameters
-// and the same arithmetic (Note [PowerSGD] in src/parallel/powersgd.cpp):
+// and the same arithmetic (bitwise equal to PyTorch's hook under PyTorch's DDP on the same
+// gradients):
 //
 //   auto state = std::make_shared<ddp::comm_hooks::PowerSGDState>(
 //       ddp::comm_hooks::PowerSGDOptions{.matrix_approximation_rank = 2,

@@ -45,7 +45,7 @@
 
 #include <c10/core/Device.h>
 
-#include "ddp/datasets.h"
+#include "ddp/dataset.h"
 #include "ddp/sampler.h"
 
 namespace ddp {

@@ -1,55 +1,18 @@
-// Datasets: indexable collections of (data, target) samples that a DataLoader batches.
+// The datasets ddp-cpp ships: Fashion-MNIST (Debian's dataset-fashion-mnist) and the IDX files it
+// is stored in. The Dataset interface itself: ddp/dataset.h.
 //
 //   ddp::FashionMnist train(ddp::Split::kTrain);            // Debian's dataset-fashion-mnist
 //   ddp::Batch b = train.get_batch({0, 1, 2});              // b.data [3,1,28,28], b.target [3]
-//   ddp::TensorDataset toy(torch::randn({100, 4}), torch::arange(100));
-//
-// A Dataset is read-only after construction and get_batch() is called from the loader's worker
-// threads concurrently, so implementations must be thread-safe for reads (the ones here are:
-// they hold tensors and only index_select from them).
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "ddp/dataset.h"
+
 namespace ddp {
-
-// A batch of samples: data [B, ...] and target [B, ...], row i from the i-th requested index.
-struct Batch {
-  at::Tensor data;
-  at::Tensor target;
-};
-
-class Dataset {
- public:
-  virtual ~Dataset() = default;
-  virtual int64_t size() const = 0;
-  // Rows `indices` (each in [0, size()), repeats allowed) in that order. Thread-safe.
-  // Throws ddp::DataError for an index out of range.
-  virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
-};
-
-// Samples held in memory: data[i] and targets[i] are sample i. Batches are index_select
-// gathers (one copy of the selected rows, no per-sample work).
-class TensorDataset : public Dataset {
- public:
-  // Throws ddp::ConfigError unless data and targets are defined, at least 1-D, CPU or on one
-  // device, and agree on their first dimension.
-  TensorDataset(at::Tensor data, at::Tensor targets);
-
-  int64_t size() const override;
-  Batch get_batch(const std::vector<int64_t>& indices) const override;
-
-  const at::Tensor& data() const { return data_; }
-  const at::Tensor& targets() const { return targets_; }
-
- private:
-  at::Tensor data_;     // [N, ...]
-  at::Tensor targets_;  // [N, ...]
-};
 
 // --- IDX files (the MNIST format): big-endian header, then raw uint8 payload.
 //   images: magic 2051, count, rows, cols, then count*rows*cols pixels (row-major)

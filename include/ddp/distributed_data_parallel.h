@@ -9,7 +9,11 @@
 //   opt.step();
 //
 // Names, options and defaults follow PyTorch's torch.nn.parallel.DistributedDataParallel, so
-// code ports line by line. How it works: Note [Reducer] in src/parallel/reducer.h.
+// code ports line by line. How it works: a hook on each parameter's gradient marks it ready;
+// a bucket (gradients in reverse registration order, bucket_cap_mb each) is all-reduced as
+// soon as its last gradient is ready, while backward goes on; the end of backward waits for
+// every bucket and writes the averages into .grad. After the first iteration the buckets are
+// rebuilt once in the order the gradients arrived (bucket_order()).
 //
 // Construction (with init_sync) is a collective: every rank must construct its wrapper, with
 // the same parameters (count, names, shapes, dtypes) registered in the same order; rank 0's
@@ -81,10 +85,10 @@ struct IterationStats {
 };
 
 class DistributedDataParallelBase;
+class Join;
 
 namespace detail {
-class DdpCore;  // the machinery behind the wrapper: src/parallel/ddp_core.h
-DdpCore& core_of(DistributedDataParallelBase& model);  // for ddp::Join (src/parallel/join.cpp)
+class DdpCore;  // the machinery behind the wrapper: the library's
 }  // namespace detail
 
 // While it lives, backward passes through the wrapper do not reduce gradients (see no_sync()).
@@ -151,7 +155,7 @@ class DistributedDataParallelBase {
   }
 
  private:
-  friend detail::DdpCore& detail::core_of(DistributedDataParallelBase& model);
+  friend class Join;  // drives the wrapper's rounds (ddp/join.h)
   // Null when `t` is undefined, already there, or no device_ids was given.
   at::Tensor* to_input_device(const at::Tensor& t);
   std::unique_ptr<detail::DdpCore> core_;

@@ -75,7 +75,7 @@ struct DistEnv {
   std::optional<std::chrono::milliseconds> collective_timeout;  // DDP_COLLECTIVE_TIMEOUT
   DebugLevel debug = DebugLevel::kOff;  // DDP_DEBUG, else TORCH_DISTRIBUTED_DEBUG
   // DDP_FLIGHT_RECORDER: collectives each group remembers for hang reports (0: off); unset:
-  // flight::kDefaultEntries (src/process_group/flight_recorder.h).
+  // the default of kEnvKnobs' row below.
   std::optional<int> flight_recorder_entries;
 
   // One line for logs: "rank 1/4 (local 1/2, node 0) via torchrun; store 127.0.0.1:29500".
@@ -94,6 +94,10 @@ EnvMap current_environment();
 
 // Positive number of seconds, e.g. "30" or "2.5"; `name` is used in the error message.
 std::chrono::milliseconds parse_seconds(const std::string& name, const std::string& value);
+
+// DDP_STORE_MAX_BYTES of `env` (a size: "268435456", "256M", "1G"); nullopt when unset or empty.
+// Throws ddp::ConfigError for another value. The same rule for rank 0's store and ddprun's.
+std::optional<uint64_t> parse_store_max_bytes(const EnvMap& env);
 
 // Note [Environment knobs]
 // A rank that has not joined within this time is reported missing. Multi-node jobs start

@@ -66,8 +66,9 @@ void record_error(std::string_view message);
 // torchrun's @record for C++: an exception that escapes main() (or any thread) is printed once,
 // "[rank R]: error: uncaught ddp::CollectiveError: <what>", written to the error file as
 // record_error() does, and the process exits with status 1 instead of the runtime's abort (no
-// core dump, no second copy of the message). init_process_group() installs it (Note [Process
-// defaults]); a program that never calls it can with this one line. `rank` < 0: RANK from the
+// core dump, no second copy of the message). init_process_group() installs it (one of its
+// process defaults: InitOptions::process_defaults); a program that never calls it can with this
+// one line. `rank` < 0: RANK from the
 // environment, if any. Installs nothing, returning false, when the program has a terminate
 // handler of its own (that handler wins; one set later replaces this one).
 bool record_uncaught_errors(int rank = -1);

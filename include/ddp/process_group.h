@@ -42,11 +42,12 @@ struct InitOptions {
   // "nccl" (CUDA builds) or "auto": nccl when compiled in and a GPU is visible; else shm when
   // every rank shares this host; else shm+gloo where it can form; else gloo. "tuned": auto, and
   // shm+gloo's large all_reduces over flat Gloo where that measured faster as the group formed
-  // (not reproducible bit for bit: Note [Choosing the all_reduce route]). backend() says which.
+  // (not reproducible bit for bit: a timed choice may differ from run to run, and the two routes
+  // sum in different orders). backend() says which.
   // Unset: DDP_BACKEND, else "auto".
   std::optional<std::string> backend;
-  // Explicit placement; when rank and world_size are both set, the launch environment is not
-  // consulted for them (useful to host N ranks as N threads of one test).
+  // Explicit placement (PyTorch's init_process_group(rank=, world_size=)); when both are set, the
+  // launch environment is not consulted for them.
   std::optional<int> rank;
   std::optional<int> world_size;
   std::optional<std::string> master_addr;  // default: MASTER_ADDR
@@ -60,28 +61,20 @@ struct InitOptions {
   std::optional<std::string> gloo_interface;
   // Store key namespace, so one store can host several groups.
   std::string group_name = "default";
-  // Which ranks count as one host (may share memory). Unset: the kernel's view (hostname, boot
-  // id, pid namespace, user), compared through the store. Ranks that set equal ids must really
-  // share a kernel and pid namespace; tests use it to lay thread-ranks out as several hosts.
-  std::optional<std::string> host_id;
-  // The CUDA device this rank uses (an index into the visible devices), bound before anything
-  // touches CUDA. Unset: LOCAL_RANK with the nccl backend; no device with the CPU backends
-  // (Note [Device binding], src/process_group/cuda_device.h).
+  // The CUDA device this rank uses (an index into the visible devices), bound (cudaSetDevice)
+  // before anything touches CUDA, so that NCCL and every CUDA allocation of this rank land on
+  // it. Unset: LOCAL_RANK with the nccl backend; no device with the CPU backends.
   std::optional<int> device_id;
   // init_process_group() only (the default group): set this process's threads (LibTorch and the
   // BLAS), keep freed memory in malloc and record uncaught errors, each unless the user chose
-  // otherwise (Note [Process defaults], src/runtime/process_defaults.cpp). Unset:
-  // DDP_PROCESS_DEFAULTS (0 turns them off), else on.
+  // otherwise (a count set before, a malloc tunable in the environment, a terminate handler of
+  // its own). Unset: DDP_PROCESS_DEFAULTS (0 turns them off), else on.
   std::optional<bool> process_defaults;
 };
 
-class ProcessGroup;
 namespace detail {
-// Implementation details (src/process_group/internal.h); users never name them.
-struct WorkState;
-struct ProcessGroupImpl;
-ProcessGroupImpl& impl_of(ProcessGroup& pg);
-}  // namespace detail
+struct WorkState;  // a Work's state, shared by its copies
+}
 
 // The outcome of one asynchronous collective. Copyable; copies share the same operation.
 class Work {
@@ -108,11 +101,10 @@ class Work {
   std::shared_ptr<detail::WorkState> state_;
 };
 
+// Made by make_process_group() only; what it holds is the library's.
 class ProcessGroup {
  public:
-  // make_process_group() builds groups; the state is internal (src/process_group/internal.h).
-  explicit ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl);
-  ~ProcessGroup();
+  virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -149,7 +141,7 @@ class ProcessGroup {
   // A zeroed 1-D tensor of `numel` elements (CPU) that this group's collectives move without
   // copying: with the shm backend every rank of the host maps every rank's buffer, and an
   // all_reduce of a tensor inside it (the whole buffer or any contiguous part, at the same
-  // offset on every rank) reduces the peers' data in place (Note [Shared-memory collectives]).
+  // offset on every rank) reduces the peers' data in place, with no copy in or out.
   // DistributedDataParallel keeps its gradient buckets in such buffers. Other backends return
   // ordinary memory. Collective: every rank calls it in the same order (relative to its other
   // comm_buffer calls) with the same numel and dtype; a rank whose memory limit refuses the
@@ -159,10 +151,8 @@ class ProcessGroup {
   // for ordinary memory, and on backends where comm buffers are ordinary memory.
   bool is_comm_buffer(const at::Tensor& t) const;
 
- private:
-  friend detail::ProcessGroupImpl& detail::impl_of(ProcessGroup& pg);
-
-  std::unique_ptr<detail::ProcessGroupImpl> impl_;
+ protected:
+  ProcessGroup() = default;
 };
 
 // Forms a new group (see the top of this file). Throws ddp::ConfigError for a malformed

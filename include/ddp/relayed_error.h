@@ -6,7 +6,7 @@
 // the launcher (record_error). The launcher blames the earliest record, so without a mark the
 // announcing rank can lose that race to a rank that merely repeats the news. A relayed error
 // carries the rank it came from; record_error writes it as extraInfo.relayed_from, and ddprun's
-// summary names that rank as the root cause (Note [Root cause] in tools/ddprun/summary.h).
+// summary names that rank as the root cause.
 #pragma once
 
 #include <exception>

@@ -8,8 +8,8 @@
 // thread count, so the same seed ended with other weights than under ddprun.
 //
 // init_process_group() sets each rank's count with set_num_threads(threads_per_rank(local))
-// (Note [Process defaults], src/runtime/process_defaults.cpp); programs that want another count
-// call ddp::set_num_threads afterwards rather than torch::set_num_threads.
+// (one of its process defaults: InitOptions::process_defaults); programs that want another
+// count call ddp::set_num_threads afterwards rather than torch::set_num_threads.
 #pragma once
 
 namespace ddp {

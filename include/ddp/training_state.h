@@ -12,7 +12,7 @@
 //   ckpt.save(state, {.step = step, .epoch = epoch}, *pg);       // ddp::Checkpointer
 //   ckpt.load(path, state, *pg);            // every object restored in place, or none
 //
-// What the library's own objects save (their adapters, src/state/):
+// What the library's own objects save (their adapters):
 //   torch::nn::Module                 parameters then buffers by name (recursive, registration
 //                                     order); loading copies in place (optimizers and DDP's
 //                                     bucket views keep seeing the same storage) and refuses

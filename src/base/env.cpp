@@ -273,17 +273,21 @@ void parse_store_knobs(const EnvMap& env, DistEnv& out) {
   }
   if (const std::string* v = find(env, "DDP_STORE_SECRET")) out.store_secret = *v;
   if (const std::string* v = find(env, "DDP_STORE_BIND")) out.store_bind = *v;
-  if (const std::string* v = find(env, "DDP_STORE_MAX_BYTES"); v != nullptr && !v->empty()) {
-    const std::optional<uint64_t> bytes = parse::byte_size(*v);
-    DDP_CHECK(bytes, ConfigError,
-              "invalid environment: DDP_STORE_MAX_BYTES='{}' is not a size in bytes (e.g. "
-              "268435456, 256M or 1G)",
-              *v);
-    out.store_max_bytes = *bytes;
-  }
+  out.store_max_bytes = parse_store_max_bytes(env);
 }
 
 }  // namespace
+
+std::optional<uint64_t> parse_store_max_bytes(const EnvMap& env) {
+  const std::string* v = find(env, "DDP_STORE_MAX_BYTES");
+  if (v == nullptr || v->empty()) return std::nullopt;
+  const std::optional<uint64_t> bytes = parse::byte_size(*v);
+  DDP_CHECK(bytes, ConfigError,
+            "invalid environment: DDP_STORE_MAX_BYTES='{}' is not a size in bytes (e.g. "
+            "268435456, 256M or 1G)",
+            *v);
+  return bytes;
+}
 
 const char* to_string(LaunchContract contract) {
   switch (contract) {

@@ -65,8 +65,6 @@ void DistributedDataParallelBase::restore_bucket_order(const std::vector<int64_t
   core_->restore_bucket_order(order);
 }
 
-detail::DdpCore& detail::core_of(DistributedDataParallelBase& model) { return *model.core_; }
-
 namespace detail {
 namespace {
 

@@ -12,8 +12,7 @@
 
 namespace ddp {
 
-Join::Join(DistributedDataParallelBase& model, JoinOptions options)
-    : core_(detail::core_of(model)) {
+Join::Join(DistributedDataParallelBase& model, JoinOptions options) : core_(*model.core_) {
   options_holder_ = options;  // the core reads them through a pointer while attached
   core_.attach_join(&options_holder_);
 }

@@ -15,6 +15,7 @@
 #include "base/check.h"
 #include "base/log.h"
 #include "process_group/flight_recorder.h"
+#include "process_group/internal.h"  // impl_of: the bucket names in the flight records
 #include "parallel/bucketing.h"
 
 namespace ddp::detail {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/proc_stat.h"  // live_process
+#include "process_group/desync.h"
 
 namespace ddp::flight {
 namespace {
@@ -240,8 +241,7 @@ std::string verdict(int my_rank, const Record& failed, const std::vector<PeerVie
     }
     if (const Record* theirs = find(*p.records, failed.call.seq)) {
       if (!theirs->call.same_call(failed.call)) {
-        desync.push_back(fmt::format("rank {} issued {}, rank {} issued {}", my_rank,
-                                     failed.describe(), p.rank, theirs->describe()));
+        desync.push_back(desync_pair(my_rank, failed.describe(), p.rank, theirs->describe()));
       }
       continue;
     }

@@ -22,15 +22,21 @@
 
 namespace ddp {
 
-struct detail::ProcessGroupImpl {
-  // Constant after construction.
+namespace detail {
+
+// The one implementation of ProcessGroup (whose public header shows no state): made by
+// make_process_group, every ProcessGroup is one, so the library reaches it with impl_of.
+struct ProcessGroupImpl final : ProcessGroup {
+  ProcessGroupImpl() = default;
+  ~ProcessGroupImpl() override;
+
+  // Constant after construction (make_process_group fills them before handing the group out).
   DistEnv env;  // rank, size, local placement as the group was formed
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<::c10d::Store> store;
   // What moves the data (Note [Transports]); its capabilities name the backend.
   std::unique_ptr<Transport> transport;
   std::optional<int> cuda_device;  // Note [Device binding]; nullopt: none bound
-  ShmPeers shm_peers;  // the ranks sharing transport->shared_memory() (comm_buffer's exchange)
 
   // Diagnostics (Notes [Flight recorder], [Hang reports]): null when DDP_FLIGHT_RECORDER=0;
   // no reporter for a group of one.
@@ -60,6 +66,13 @@ struct detail::ProcessGroupImpl {
   // later collective fails at once with this text.
   std::string aborted GUARDED_BY(issue_mu);
 };
+
+inline ProcessGroupImpl& impl_of(ProcessGroup& pg) { return static_cast<ProcessGroupImpl&>(pg); }
+inline const ProcessGroupImpl& impl_of(const ProcessGroup& pg) {
+  return static_cast<const ProcessGroupImpl&>(pg);
+}
+
+}  // namespace detail
 
 // Note [Work completion]
 // A c10d work finishes its network part on a backend thread. Some of our operations need a

@@ -20,6 +20,7 @@
 #include "process_group/route_choice.h"
 #include "process_group/shm_setup.h"
 #include "process_group/store_exchange.h"
+#include "process_group/testing.h"
 #include "process_group/transport/transports.h"
 #include "rendezvous/rendezvous.h"
 
@@ -107,16 +108,25 @@ std::string requested_backend(const InitOptions& o) {
   return env_knob("DDP_BACKEND").value_or("auto");
 }
 
-// The backend before locality is known: "gloo", "nccl", "shm", "shm+gloo" (shm on one host), or
-// "cpu-auto" (shm when every rank shares this host, else the hierarchy or gloo), "cpu-tuned"
-// (the same, the hierarchy's all_reduce route measured: Note [Choosing the all_reduce route]).
-std::string choose_backend(const std::string& requested) {
-  if (requested == "gloo" || requested == "shm" || requested == "shm+gloo") return requested;
+// What a group asks for, resolved as far as it can be before the ranks' locality is known.
+enum class Backend {
+  kShm,      // "shm": one shared-memory group (every rank on this host), or an error
+  kGloo,     // "gloo"
+  kShmGloo,  // "shm+gloo": the hierarchy (shm when every rank is on this host), or an error
+  kNccl,     // "nccl"; "auto" or "tuned" on a CUDA build with a GPU
+  kAuto,     // "auto" on the CPU: shm on one host, else the hierarchy where it forms, else gloo
+  kTuned,    // "tuned" on the CPU: auto, the hierarchy's all_reduce route measured
+};
+
+Backend choose_backend(const std::string& requested) {
+  if (requested == "gloo") return Backend::kGloo;
+  if (requested == "shm") return Backend::kShm;
+  if (requested == "shm+gloo") return Backend::kShmGloo;
   if (requested == "nccl") {
     DDP_CHECK(DDP_WITH_NCCL, ConfigError,
               "backend 'nccl' is not available: this build of ddp-cpp uses a CPU-only LibTorch. "
               "Use backend 'gloo' (or 'auto'), or rebuild against a CUDA LibTorch.");
-    return requested;
+    return Backend::kNccl;
   }
   DDP_CHECK(requested == "auto" || requested == "tuned", ConfigError,
             "unknown backend '{}': choose 'shm' (CPU, ranks on one host), 'gloo' (CPU), "
@@ -124,9 +134,9 @@ std::string choose_backend(const std::string& requested) {
             "'tuned' (auto, the all_reduce route across hosts measured)",
             requested);
 #if DDP_WITH_NCCL
-  if (torch::cuda::is_available()) return "nccl";
+  if (torch::cuda::is_available()) return Backend::kNccl;
 #endif
-  return requested == "tuned" ? "cpu-tuned" : "cpu-auto";
+  return requested == "tuned" ? Backend::kTuned : Backend::kAuto;
 }
 
 // Every rank must ask for the same transport (DDP_BACKEND set differently on two nodes would
@@ -254,14 +264,15 @@ auto connected(const DistEnv& env, const std::string& backend, Connect&& connect
   }
 }
 
-// Gloo or NCCL over the whole group (keys under "<backend>/").
+// Gloo or NCCL over the whole group (keys under "gloo/" or "nccl/").
 std::unique_ptr<Transport> c10d_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
-                                          const std::string& backend) {
+                                          Backend which) {
   const DistEnv& env = impl.env;
+  const std::string backend = which == Backend::kNccl ? "nccl" : "gloo";
   auto store = c10::make_intrusive<::c10d::PrefixStore>(backend, impl.store);
   return connected(env, backend, [&] {
 #if DDP_WITH_NCCL
-    if (backend == "nccl") {
+    if (which == Backend::kNccl) {
       return make_c10d_transport(backend,
                                  c10d_compat::make_nccl(store, env.rank, env.world_size,
                                                         impl.timeout, impl.cuda_device.value()),
@@ -280,9 +291,11 @@ std::string form_shm(detail::ProcessGroupImpl& impl, std::unique_ptr<Transport>&
   const DistEnv& env = impl.env;
   std::vector<int> all(env.world_size);
   std::iota(all.begin(), all.end(), 0);
-  impl.shm_peers = {"shm/", env.rank, env.world_size, all, env.run_id};
-  ShmSetup shm = make_shm_group(*impl.store, impl.shm_peers, impl.timeout);
-  if (shm.group) out = make_shm_transport(std::move(shm.group));
+  ShmPeers peers{"shm/", env.rank, env.world_size, all, env.run_id};
+  ShmSetup shm = make_shm_group(*impl.store, peers, impl.timeout);
+  if (shm.group) {
+    out = make_shm_transport(shm.group, ShmCommBuffers(impl.store, shm.group, std::move(peers)));
+  }
   return shm.why_not;
 }
 
@@ -299,9 +312,9 @@ std::string form_hierarchy(detail::ProcessGroupImpl& impl, const InitOptions& o,
   layout.local = where.local_rank[env.rank];
   for (int other = 0; other < where.hosts(); ++other)
     layout.rank_at.push_back(where.ranks_on(other));
-  impl.shm_peers = {fmt::format("shm/host{}/", h), layout.local, where.host_size[h],
-                    where.ranks_on(h), env.run_id};
-  ShmSetup local = make_shm_group(*impl.store, impl.shm_peers, impl.timeout);
+  ShmPeers peers{fmt::format("shm/host{}/", h), layout.local, where.host_size[h], where.ranks_on(h),
+                 env.run_id};
+  ShmSetup local = make_shm_group(*impl.store, peers, impl.timeout);
   const std::vector<std::string> outcomes =
       store_exchange::exchange(*impl.store, "shm/hierarchy", env.rank, env.world_size,
                                local.why_not);
@@ -317,8 +330,9 @@ std::string form_hierarchy(detail::ProcessGroupImpl& impl, const InitOptions& o,
                                        gloo_device(o, env));
     auto rail = c10d_compat::make_gloo(rail_store, layout.host, layout.hosts(), impl.timeout,
                                        gloo_device(o, env));
-    return make_hierarchy_transport(std::move(local.group), std::move(rail), std::move(flat),
-                                    layout);
+    ShmCommBuffers buffers(impl.store, local.group, std::move(peers));
+    return make_hierarchy_transport(std::move(local.group), std::move(buffers), std::move(rail),
+                                    std::move(flat), layout);
   });
   return "";
 }
@@ -335,9 +349,10 @@ std::string form_hierarchy(detail::ProcessGroupImpl& impl, const InitOptions& o,
 // auto, tuned or shm+gloo); the hierarchy when the ranks span hosts with several on each (auto;
 // tuned, which then measures its route; shm+gloo, which must get it); else Gloo.
 std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
-                                         const std::string& choice) {
+                                         Backend choice,
+                                         const std::optional<std::string>& host_id) {
   const DistEnv& env = impl.env;
-  const Locality where = exchange_locality(*impl.store, env, o.host_id);
+  const Locality where = exchange_locality(*impl.store, env, host_id);
   std::unique_ptr<Transport> out;
   std::string why_not;
   if (where.hosts() == 1) {
@@ -345,14 +360,14 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
   } else {
     why_not = where.first_difference;
     const bool uniform = where.uniform() && where.host_size.front() > 1;
-    if (choice == "shm") {
+    if (choice == Backend::kShm) {
       refuse_together(impl, fmt::format("[rank {}] backend 'shm' cannot be used: {}. It needs "
                                         "every rank of the group on one host (same kernel, same "
                                         "pid namespace); use backend 'auto' (shared memory "
                                         "inside each host, Gloo between them) or 'gloo'.",
                                         env.rank, why_not));
     }
-    if (!uniform && choice == "shm+gloo") {
+    if (!uniform && choice == Backend::kShmGloo) {
       refuse_together(impl, fmt::format("[rank {}] backend 'shm+gloo' cannot be used: {} hosts "
                                         "with {} ranks; it needs the same number of ranks, more "
                                         "than one, on every host. Use backend 'auto' or 'gloo'.",
@@ -361,7 +376,7 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
     }
     if (uniform) {
       why_not = form_hierarchy(impl, o, where, out);
-      if (!why_not.empty() && choice == "shm+gloo") {
+      if (!why_not.empty() && choice == Backend::kShmGloo) {
         refuse_together(impl, fmt::format("[rank {}] backend 'shm+gloo' cannot be used: {}. Use "
                                           "backend 'auto' or 'gloo'.",
                                           env.rank, why_not));
@@ -374,23 +389,22 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
     }
   }
   if (out) return out;
-  DDP_CHECK(choice != "shm", RendezvousError,
+  DDP_CHECK(choice != Backend::kShm, RendezvousError,
             "[rank {}] backend 'shm' cannot be used: {}. It needs every rank of the group on one "
             "host (same kernel, same pid namespace); use backend 'auto' or 'gloo'.",
             env.rank, why_not);
   if (env.rank == 0 && (debug_info(env) || why_not.find("hosts") == std::string::npos)) {
     log::note(env.rank, "shared-memory transport not used ({}); using gloo", why_not);
   }
-  impl.shm_peers = {};
-  return c10d_transport(impl, o, "gloo");
+  return c10d_transport(impl, o, Backend::kGloo);
 }
 
 // Note [Choosing the all_reduce route] (route_choice.h): backend tuned's hierarchy measures
 // which way its all_reduces go.
-void choose_route(ProcessGroup& pg, Transport& transport, const DistEnv& env) {
+void choose_route(ProcessGroup& pg, RouteTuning& routes, const DistEnv& env) {
   std::vector<RouteSample> samples;
   try {
-    samples = measure_routes(pg, transport);
+    samples = measure_routes(pg, routes);
   } catch (const Error& e) {
     throw RendezvousError(fmt::format(
         "[rank {}] all {} ranks joined and the shm+gloo transport formed, but measuring its "
@@ -398,26 +412,25 @@ void choose_route(ProcessGroup& pg, Transport& transport, const DistEnv& env) {
         env.rank, env.world_size, e.what()));
   }
   const uint64_t from = flat_route_from(samples);
-  transport.set_flat_route_from(from);
+  routes.set_flat_route_from(from);
   if (env.rank == 0 && debug_info(env)) log::note(env.rank, "{}", describe_routes(samples, from));
 }
 
-}  // namespace
-
 // Forming a group, step by step: where this rank stands, the timeouts, the rendezvous, one
-// transport agreed by all, the diagnostics.
-std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
-  auto impl = std::make_unique<detail::ProcessGroupImpl>();
+// transport agreed by all, the diagnostics. `host_id`: detail::TestingOptions'.
+std::shared_ptr<ProcessGroup> make_group(const InitOptions& o,
+                                         const std::optional<std::string>& host_id) {
+  auto impl = std::make_shared<detail::ProcessGroupImpl>();
   impl->env = resolve_env(o);
   const DistEnv& env = impl->env;
   const std::string requested = requested_backend(o);
-  const std::string choice = choose_backend(requested);
+  const Backend choice = choose_backend(requested);
   const Timeouts timeouts = resolve_timeouts(o, env);
   impl->timeout = timeouts.collective;
   // Note [Device binding]: before the backend (NCCL) or anything else touches CUDA.
-  if (o.device_id || choice == "nccl") {
+  if (o.device_id || choice == Backend::kNccl) {
     impl->cuda_device = choose_cuda_device(o.device_id, env.local_rank, visible_cuda_devices(),
-                                           choice == "nccl", env.rank);
+                                           choice == Backend::kNccl, env.rank);
     if (impl->cuda_device) bind_cuda_device(*impl->cuda_device);
   }
   if (env.world_size > 1) ignore_default_sigpipe();  // Note [SIGPIPE]
@@ -427,18 +440,28 @@ std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& o) {
   agree_on_backend(*impl->store, env, requested);
   // All ranks are present: the transport forms (Gloo and NCCL connect their pairs through the
   // same store).
-  impl->transport = choice == "shm" || choice == "shm+gloo" || choice.starts_with("cpu-")
-                        ? cpu_transport(*impl, o, choice)
-                        : c10d_transport(*impl, o, choice);
+  impl->transport = choice == Backend::kGloo || choice == Backend::kNccl
+                        ? c10d_transport(*impl, o, choice)
+                        : cpu_transport(*impl, o, choice, host_id);
   if (env.rank == 0 && debug_info(env)) {
     log::note(env.rank, "process group '{}' of {} ranks over {}", o.group_name, env.world_size,
               impl->caps().name);
   }
   add_diagnostics(*impl, o, rc.key_prefix);
-  Transport& transport = *impl->transport;
-  auto pg = std::make_shared<ProcessGroup>(std::move(impl));
-  if (choice == "cpu-tuned" && transport.has_flat_route()) choose_route(*pg, transport, env);
-  return pg;
+  if (RouteTuning* routes = impl->transport->route_tuning(); routes && choice == Backend::kTuned) {
+    choose_route(*impl, *routes, env);
+  }
+  return impl;
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options) {
+  return make_group(options, std::nullopt);
+}
+
+std::shared_ptr<ProcessGroup> make_process_group(const detail::TestingOptions& options) {
+  return make_group(options, options.host_id);
 }
 
 }  // namespace ddp

@@ -41,7 +41,7 @@ bool poll_until(Clock::time_point deadline, Ready&& ready) {
 }  // namespace
 
 void ProcessGroup::monitored_barrier(std::optional<milliseconds> timeout) {
-  detail::ProcessGroupImpl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
   const int me = pg.env.rank;
   const int n = pg.env.world_size;
   const milliseconds limit = timeout.value_or(pg.timeout);

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "base/check.h"
+#include "process_group/desync.h"
 #include "process_group/internal.h"
 #include "process_group/shm_setup.h"
 #include "process_group/transport/tensors.h"
@@ -154,11 +155,8 @@ void compare_calls(detail::ProcessGroupImpl& pg, detail::WorkState& s) {
     const CollectiveDesc& theirs = (*all)[r];
     if (theirs == s.call) continue;
     if (s.recorder) s.recorder->finish(s.call.seq, false);
-    throw CollectiveError(fmt::format(
-        "[rank {}] {} desync: rank {} issued {}, rank {} issued {}\n"
-        "Every rank must issue the same collectives in the same order, with the same dtypes, "
-        "shapes and parameters (found by DDP_DEBUG=detail before running the collective).",
-        s.rank, name(s.call.op), s.rank, s.call.describe(), r, theirs.describe()));
+    throw CollectiveError(desync_error(s.rank, s.call.describe(), r, theirs.describe(),
+                                       "found by DDP_DEBUG=detail before running the collective"));
   }
 }
 
@@ -219,39 +217,40 @@ std::shared_ptr<detail::WorkState> issue(detail::ProcessGroupImpl& pg, Collectiv
 
 }  // namespace
 
-ProcessGroup::ProcessGroup(std::unique_ptr<detail::ProcessGroupImpl> impl)
-    : impl_(std::move(impl)) {}
-detail::ProcessGroupImpl& detail::impl_of(ProcessGroup& pg) { return *pg.impl_; }
 const Capabilities& capabilities_of(ProcessGroup& pg) { return detail::impl_of(pg).caps(); }
+
+ProcessGroup::~ProcessGroup() = default;
 
 // A rank whose group goes away while its peers may still be in a collective (its program
 // returned early) says so first, before the transport's connections close: over Gloo the peers
 // otherwise see only "Connection closed by peer" (shm's control block tells them anyway).
-ProcessGroup::~ProcessGroup() {
-  if (impl_ && impl_->reporter && !impl_->caps().announces_departure) {
+detail::ProcessGroupImpl::~ProcessGroupImpl() {
+  if (reporter && transport && !caps().announces_departure) {
     try {
       // Calls go to the store under the prefix, whose own timeout bounds them.
-      if (auto* prefixed = dynamic_cast<::c10d::PrefixStore*>(impl_->diag_store.get())) {
+      if (auto* prefixed = dynamic_cast<::c10d::PrefixStore*>(diag_store.get())) {
         prefixed->getUnderlyingStore()->setTimeout(kDepartLimit);
       }
     } catch (const std::exception&) {
     }
-    impl_->reporter->depart();
+    reporter->depart();
   }
 }
 
-int ProcessGroup::rank() const { return impl_->env.rank; }
-int ProcessGroup::size() const { return impl_->env.world_size; }
-int ProcessGroup::local_rank() const { return impl_->env.local_rank; }
-int ProcessGroup::local_size() const { return impl_->env.local_world_size; }
-const std::string& ProcessGroup::backend() const { return impl_->caps().name; }
-std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
-const DistEnv& ProcessGroup::env() const { return impl_->env; }
-uint64_t ProcessGroup::last_sequence_number() const { return impl_->seq.load(); }
-std::optional<int> ProcessGroup::bound_device_id() const { return impl_->cuda_device; }
+int ProcessGroup::rank() const { return detail::impl_of(*this).env.rank; }
+int ProcessGroup::size() const { return detail::impl_of(*this).env.world_size; }
+int ProcessGroup::local_rank() const { return detail::impl_of(*this).env.local_rank; }
+int ProcessGroup::local_size() const { return detail::impl_of(*this).env.local_world_size; }
+const std::string& ProcessGroup::backend() const { return detail::impl_of(*this).caps().name; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return detail::impl_of(*this).timeout; }
+const DistEnv& ProcessGroup::env() const { return detail::impl_of(*this).env; }
+uint64_t ProcessGroup::last_sequence_number() const { return detail::impl_of(*this).seq.load(); }
+std::optional<int> ProcessGroup::bound_device_id() const {
+  return detail::impl_of(*this).cuda_device;
+}
 
 Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
-  detail::ProcessGroupImpl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
   DDP_CHECK(tensor.defined(), Error, "[rank {}] all_reduce #{}: the tensor is undefined",
             pg.env.rank, pg.seq + 1);
   CollectiveDesc call = describe(Collective::kAllReduce, tensor);
@@ -268,7 +267,7 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
 }
 
 Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
-  detail::ProcessGroupImpl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
   DDP_CHECK(tensor.defined(), Error, "[rank {}] broadcast #{}: the tensor is undefined",
             pg.env.rank, pg.seq + 1);
   DDP_CHECK(root >= 0 && root < pg.env.world_size, Error,
@@ -285,7 +284,7 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
 }
 
 Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
-  detail::ProcessGroupImpl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
   const int n = pg.env.world_size;
   DDP_CHECK(input.defined(), Error, "[rank {}] all_gather #{}: the input is undefined", pg.env.rank,
             pg.seq + 1);
@@ -312,7 +311,7 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
 
 Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
                                   ReduceOp op) {
-  detail::ProcessGroupImpl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
   const int n = pg.env.world_size;
   DDP_CHECK(output.defined(), Error, "[rank {}] reduce_scatter #{}: the output is undefined",
             pg.env.rank, pg.seq + 1);
@@ -342,33 +341,21 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
 }
 
 Work ProcessGroup::barrier() {
-  detail::ProcessGroupImpl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
   return Work(issue(pg, CollectiveDesc{},
                     [&](const CollectiveDesc& c) { return pg.transport->barrier(c); }));
 }
 
 at::Tensor ProcessGroup::comm_buffer(int64_t numel, const at::TensorOptions& options) {
-  detail::ProcessGroupImpl& pg = *impl_;
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
   DDP_CHECK(numel >= 0, Error, "[rank {}] comm_buffer: numel {} is negative", pg.env.rank, numel);
   const uint64_t id = ++pg.comm_buffers;
-  shm::Group* group = pg.transport->shared_memory();
-  if (group == nullptr || !options.device().is_cpu() || numel == 0 || pg.shm_peers.size == 1) {
-    return at::zeros({numel}, options);
-  }
-  const size_t bytes =
-      static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
-  std::shared_ptr<shm::SharedBuffer> buffer =
-      make_shared_buffer(*pg.store, *group, pg.shm_peers, id, bytes);
-  if (!buffer) return at::zeros({numel}, options);
-  char* mine = buffer->base[pg.shm_peers.rank];  // zeroed: a fresh memfd
-  return at::from_blob(
-      mine, {numel}, [buffer](void*) mutable { buffer.reset(); }, options);
+  at::Tensor shared = pg.transport->comm_buffer(id, numel, options);
+  return shared.defined() ? shared : at::zeros({numel}, options);
 }
 
 bool ProcessGroup::is_comm_buffer(const at::Tensor& t) const {
-  shm::Group* group = impl_->transport->shared_memory();
-  if (group == nullptr || !t.defined() || !t.device().is_cpu() || !t.is_contiguous()) return false;
-  return group->find(t.data_ptr(), t.numel() * t.element_size()).buffer != nullptr;
+  return detail::impl_of(*this).transport->is_comm_buffer(t);
 }
 
 }  // namespace ddp

@@ -50,7 +50,7 @@ uint64_t flat_route_from(const std::vector<RouteSample>& samples) {
                                                        samples[first - 1].hierarchy_ms) {
     --first;
   }
-  if (first == samples.size()) return Transport::kNever;
+  if (first == samples.size()) return RouteTuning::kNever;
   if (first == 0) return samples[0].bytes;
   const double mid = std::sqrt(static_cast<double>(samples[first - 1].bytes) *
                                static_cast<double>(samples[first].bytes));
@@ -64,17 +64,17 @@ std::string describe_routes(const std::vector<RouteSample>& samples, uint64_t fr
     out += fmt::format("{} {} {:.2f}/{:.2f}", i == 0 ? "" : ",", size_text(s.bytes),
                        s.hierarchy_ms, s.flat_ms);
   }
-  out += from == Transport::kNever
+  out += from == RouteTuning::kNever
              ? "; every all_reduce through the hierarchy"
              : fmt::format("; all_reduces of {} and more over flat gloo", size_text(from));
   return out;
 }
 
-std::vector<RouteSample> measure_routes(ProcessGroup& pg, Transport& transport) {
+std::vector<RouteSample> measure_routes(ProcessGroup& pg, RouteTuning& routes) {
   struct Unforce {  // however the measurement ends
-    Transport& t;
-    ~Unforce() { t.force_route(std::nullopt); }
-  } unforce{transport};
+    RouteTuning& r;
+    ~Unforce() { r.force_route(std::nullopt); }
+  } unforce{routes};
   std::vector<RouteSample> samples;
   for (const uint64_t bytes : kSizes) {
     at::Tensor t = at::zeros({static_cast<int64_t>(bytes / sizeof(float))}, at::kFloat);
@@ -82,13 +82,13 @@ std::vector<RouteSample> measure_routes(ProcessGroup& pg, Transport& transport) 
     for (int round = 0; round <= kTimedRounds; ++round) {
       for (int k = 0; k < 2; ++k) {
         const bool take_flat = (round + k) % 2 == 1;  // the order alternates between rounds
-        transport.force_route(take_flat);
+        routes.force_route(take_flat);
         const double ms = time_all_reduce(pg, t);
         if (round > 0) (take_flat ? flat : hierarchy).push_back(ms);
       }
     }
     // The slowest rank's medians: every rank decides from the same numbers.
-    transport.force_route(false);
+    routes.force_route(false);
     at::Tensor agreed = at::tensor({median(hierarchy), median(flat)}, at::kDouble);
     pg.all_reduce(agreed, ReduceOp::kMax).wait();
     samples.push_back({bytes, agreed[0].item<double>(), agreed[1].item<double>()});

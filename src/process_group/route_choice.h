@@ -37,7 +37,7 @@
 namespace ddp {
 
 class ProcessGroup;
-class Transport;
+class RouteTuning;
 
 // One measured size: the slowest rank's median milliseconds of each route.
 struct RouteSample {
@@ -49,15 +49,15 @@ struct RouteSample {
 inline constexpr double kRouteMargin = 0.05;     // flat must be this much faster to be taken
 inline constexpr double kRouteSizeLimitMs = 30;  // no larger size once a route took longer
 
-// From which size flat Gloo takes an all_reduce (Transport::kNever: never), given `samples` in
+// From which size flat Gloo takes an all_reduce (RouteTuning::kNever: never), given `samples` in
 // ascending size. Pure.
 uint64_t flat_route_from(const std::vector<RouteSample>& samples);
 
 // "256 KiB 0.41/0.52 ms, 1 MiB ..., so flat gloo from 2 MiB" (hierarchy/flat): for notes.
 std::string describe_routes(const std::vector<RouteSample>& samples, uint64_t from);
 
-// Measures both routes of `transport` (whose group is `pg`; has_flat_route()) as the Note says
-// and returns the samples; leaves the transport unforced. Collective: every rank calls it.
-std::vector<RouteSample> measure_routes(ProcessGroup& pg, Transport& transport);
+// Measures both routes of `pg`'s transport (`routes`: its tuning hook) as the Note says and
+// returns the samples; leaves the routes unforced. Collective: every rank calls it.
+std::vector<RouteSample> measure_routes(ProcessGroup& pg, RouteTuning& routes);
 
 }  // namespace ddp

@@ -8,6 +8,7 @@
 #include <cstdlib>  // getenv, strtoll
 #include <fstream>
 
+#include <ATen/ops/from_blob.h>
 #include <fmt/format.h>
 
 #include "base/check.h"
@@ -214,6 +215,28 @@ std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm:
   }
   group.register_buffer(buffer);
   return buffer;
+}
+
+ShmCommBuffers::ShmCommBuffers(c10::intrusive_ptr<::c10d::Store> store,
+                               std::shared_ptr<shm::Group> group, ShmPeers peers)
+    : store_(std::move(store)), group_(std::move(group)), peers_(std::move(peers)) {}
+
+at::Tensor ShmCommBuffers::make(uint64_t id, int64_t numel,
+                                const at::TensorOptions& options) const {
+  if (!options.device().is_cpu() || numel == 0 || peers_.size == 1) return {};
+  const size_t bytes =
+      static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  std::shared_ptr<shm::SharedBuffer> buffer =
+      make_shared_buffer(*store_, *group_, peers_, id, bytes);
+  if (!buffer) return {};
+  char* mine = buffer->base[peers_.rank];  // zeroed: a fresh memfd
+  return at::from_blob(
+      mine, {numel}, [buffer](void*) mutable { buffer.reset(); }, options);
+}
+
+bool ShmCommBuffers::holds(const at::Tensor& t) const {
+  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous()) return false;
+  return group_->find(t.data_ptr(), t.numel() * t.element_size()).buffer != nullptr;
 }
 
 }  // namespace ddp

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "ddp/env.h"
@@ -16,7 +17,7 @@
 namespace ddp {
 
 // Where each rank of a group runs. Decided per group by comparing every rank's host identity
-// (hostname, boot id, pid namespace, uid; or InitOptions::host_id) through the store, not from
+// (hostname, boot id, pid namespace, uid; or detail::TestingOptions::host_id) through the store, not from
 // LOCAL_WORLD_SIZE (cpu-collectives.md §3.4): ranks may share memory when they run on the same
 // kernel in the same pid namespace. Every rank reads every identity, so all agree.
 struct Locality {
@@ -67,5 +68,23 @@ ShmSetup make_shm_group(::c10d::Store& store, const ShmPeers& peers,
 std::shared_ptr<shm::SharedBuffer> make_shared_buffer(::c10d::Store& store, shm::Group& group,
                                                       const ShmPeers& peers, uint64_t id,
                                                       size_t bytes);
+
+// The comm buffers of the transports over shared memory (shm, and the hierarchy's host group):
+// ProcessGroup::comm_buffer's memory, every peer's part mapped by every peer, reduced in place.
+class ShmCommBuffers {
+ public:
+  ShmCommBuffers(c10::intrusive_ptr<::c10d::Store> store, std::shared_ptr<shm::Group> group,
+                 ShmPeers peers);
+  // A collective over the peers (make_shared_buffer): this peer's part, zeroed; undefined when
+  // there is nothing to share (one peer, a CUDA or empty tensor) or the peers could not make it.
+  at::Tensor make(uint64_t id, int64_t numel, const at::TensorOptions& options) const;
+  // Whether `t` lies in one of this group's shared buffers.
+  bool holds(const at::Tensor& t) const;
+
+ private:
+  c10::intrusive_ptr<::c10d::Store> store_;
+  std::shared_ptr<shm::Group> group_;
+  ShmPeers peers_;
+};
 
 }  // namespace ddp

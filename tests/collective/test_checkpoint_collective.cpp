@@ -255,7 +255,7 @@ std::vector<std::vector<at::Tensor>> train_ddp(const fs::path& dir, bool find_un
   std::vector<std::vector<at::Tensor>> finals(kWorld);
   const int port = testing::free_port();
   auto errors = testing::run_threads(kWorld, [&](int r) {
-    InitOptions o = testing::thread_rank(r, kWorld, port);
+    auto o = testing::thread_rank(r, kWorld, port);
     o.backend = "gloo";
     auto pg = make_process_group(o);
     OrderNet net(find_unused);

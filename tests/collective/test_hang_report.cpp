@@ -200,7 +200,7 @@ TEST(HangReport, LeavingAfterTheStoreHostIsBoundedByTheDepartLimit) {
   const int port = testing::free_port();
   std::shared_ptr<ProcessGroup> groups[2];
   auto errors = testing::run_threads(2, [&](int r) {
-    InitOptions o = testing::thread_rank(r, 2, port);
+    auto o = testing::thread_rank(r, 2, port);
     o.backend = "gloo";  // shm ranks learn of a departure from the shared segment instead
     groups[r] = make_process_group(o);
     auto t = torch::ones({4});

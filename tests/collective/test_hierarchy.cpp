@@ -1,6 +1,6 @@
 // The hierarchical transport (Note [Hierarchical collectives] in
 // src/process_group/transport/hierarchy.cpp)
-// with thread-ranks laid out as hosts through InitOptions::host_id: which layouts choose it,
+// with thread-ranks laid out as hosts through TestingOptions::host_id: which layouts choose it,
 // every collective's result, bit-identical replicas, comm buffers, and a rank that leaves.
 #include <latch>
 
@@ -23,12 +23,13 @@ using testing::message_of;
 using testing::run_threads;
 using testing::thread_rank;
 
-constexpr uint64_t kNever = Transport::kNever;
+constexpr uint64_t kNever = RouteTuning::kNever;
 
 // `hosts[r]` names rank r's host. "shm+gloo": the hierarchy, its route not measured.
-InitOptions on_host(int rank, const std::vector<std::string>& hosts, int port,
-                    std::chrono::milliseconds timeout = 60s, std::string backend = "shm+gloo") {
-  InitOptions o = thread_rank(rank, static_cast<int>(hosts.size()), port, timeout);
+detail::TestingOptions on_host(int rank, const std::vector<std::string>& hosts, int port,
+                               std::chrono::milliseconds timeout = 60s,
+                               std::string backend = "shm+gloo") {
+  auto o = thread_rank(rank, static_cast<int>(hosts.size()), port, timeout);
   o.backend = std::move(backend);
   o.host_id = hosts[rank];
   return o;
@@ -43,7 +44,9 @@ void run_on_hosts(const std::vector<std::string>& hosts,
   const int n = static_cast<int>(hosts.size());
   auto errors = run_threads(n, [&](int r) {
     auto pg = make_process_group(on_host(r, hosts, port, 60s, backend));
-    if (flat_from != kNever) detail::impl_of(*pg).transport->set_flat_route_from(flat_from);
+    if (flat_from != kNever) {
+      detail::impl_of(*pg).transport->route_tuning()->set_flat_route_from(flat_from);
+    }
     fn(*pg);
     pg->barrier().wait();
   });
@@ -112,7 +115,7 @@ TEST(Hierarchy, TunedMeasuresItsAllReduceRouteAndEveryRankChoosesTheSame) {
         kTwoByTwo,
         [&](ProcessGroup& pg) {
           ASSERT_EQ(pg.backend(), "shm+gloo");
-          from[pg.rank()] = detail::impl_of(pg).transport->flat_route_from();
+          from[pg.rank()] = detail::impl_of(pg).transport->route_tuning()->flat_route_from();
           issued[pg.rank()] = pg.last_sequence_number();
           const auto records = detail::impl_of(pg).recorder->snapshot();
           if (!records.empty()) first[pg.rank()] = records.front().call.describe();
@@ -142,7 +145,7 @@ TEST(Hierarchy, ExplicitShmAcrossHostsIsAnErrorOnEveryRank) {
   const int port = testing::free_port();
   std::vector<std::string> messages(2);
   auto errors = run_threads(2, [&](int r) {
-    InitOptions o = on_host(r, {"a", "b"}, port);
+    auto o = on_host(r, {"a", "b"}, port);
     o.backend = "shm";
     try {
       make_process_group(o);
@@ -175,7 +178,7 @@ TEST(Hierarchy, TransportsDeclareTypedCapabilities) {
       EXPECT_EQ(caps.checks_calls, pg.backend() == "shm") << pg.backend();
       EXPECT_TRUE(caps.reduces(DType::kF32));
       EXPECT_FALSE(caps.reduces(DType::kOther));
-      EXPECT_EQ(detail::impl_of(pg).transport->shared_memory() != nullptr, !gloo);
+      EXPECT_EQ(pg.is_comm_buffer(pg.comm_buffer(16, at::kFloat)), !gloo);
     }, kNever, "auto");
   }
 }

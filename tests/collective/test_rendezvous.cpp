@@ -18,7 +18,7 @@ using Clock = std::chrono::steady_clock;
 using testing::message_of;
 
 InitOptions quick(int rank, int world, int port, std::chrono::milliseconds rdzv = 1s) {
-  InitOptions o = testing::thread_rank(rank, world, port);
+  auto o = testing::thread_rank(rank, world, port);
   o.rendezvous_timeout = rdzv;
   return o;
 }

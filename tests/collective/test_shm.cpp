@@ -27,7 +27,7 @@ using testing::run_threads;
 using testing::thread_rank;
 
 InitOptions shm_rank(int rank, int world, int port, std::chrono::milliseconds timeout = 60s) {
-  InitOptions o = thread_rank(rank, world, port, timeout);
+  auto o = thread_rank(rank, world, port, timeout);
   o.backend = "shm";
   return o;
 }
@@ -138,7 +138,7 @@ TEST_P(ShmCollectives, ReplicasAreBitIdenticalAndMatchGloo) {
   std::vector<at::Tensor> results(n);
   auto errors = run_threads(n, [&](int r) {
     auto shm = make_process_group(shm_rank(r, n, port));
-    InitOptions go = thread_rank(r, n, gloo_port);
+    auto go = thread_rank(r, n, gloo_port);
     go.backend = "gloo";
     go.group_name = "gloo";
     auto gloo = make_process_group(go);
@@ -300,7 +300,7 @@ TEST(ShmCommBuffers, OtherBackendsAndOneRankGiveOrdinaryMemory) {
   one->all_reduce(t).wait();
   const int port = testing::free_port();
   auto errors = run_threads(2, [&](int r) {
-    InitOptions o = thread_rank(r, 2, port);
+    auto o = thread_rank(r, 2, port);
     o.backend = "gloo";
     auto pg = make_process_group(o);
     at::Tensor b = pg->comm_buffer(1000, torch::kFloat);

@@ -160,7 +160,7 @@ TEST(Gpu, NcclTakesCpuTensorsThroughTheBoundDevice) {
 void collectives_on_cuda(const std::string& backend) {
   const int port = free_port();
   auto errors = run_threads(2, [&](int r) {
-    InitOptions o = thread_rank(r, 2, port);
+    auto o = thread_rank(r, 2, port);
     o.backend = backend;
     o.host_id.reset();
     o.device_id = 0;

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "ddp/ddp.h"
+#include "ddp/runtime.h"
 
 int main(int argc, char** argv) {
   ddp::ensure_fast_blas(argc, argv);

@@ -18,6 +18,7 @@
 
 #include "base/net.h"
 #include "ddp/process_group.h"
+#include "process_group/testing.h"  // TestingOptions: thread-ranks laid out as hosts
 
 namespace ddp::testing {
 
@@ -30,7 +31,7 @@ inline std::string test_backend() {
   return v != nullptr && *v != '\0' ? v : "gloo";
 }
 
-// DDP_TEST_HOSTS=K lays thread-ranks out as K hosts of consecutive ranks (InitOptions::host_id):
+// DDP_TEST_HOSTS=K lays thread-ranks out as K hosts of consecutive ranks (TestingOptions::host_id):
 // with backend "shm+gloo" (or "auto") and equal hosts, the suites run over the hierarchical
 // transport.
 inline int test_hosts() {
@@ -53,10 +54,11 @@ inline std::string test_backend_for(int world) {
   return b == "shm+gloo" && !hierarchy ? "auto" : b;
 }
 
-// Options that place `rank` of `world` on a store at 127.0.0.1:`port`.
-inline InitOptions thread_rank(int rank, int world, int port,
-                               std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  InitOptions o;
+// Options that place `rank` of `world` on a store at 127.0.0.1:`port` (and, with
+// DDP_TEST_HOSTS, on its host: detail::TestingOptions).
+inline detail::TestingOptions thread_rank(
+    int rank, int world, int port, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  detail::TestingOptions o;
   o.backend = test_backend_for(world);
   o.host_id = test_host_of(rank, world);
   o.rank = rank;

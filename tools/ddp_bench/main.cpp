@@ -20,6 +20,7 @@
 #include "cli.h"
 #include "collectives.h"
 #include "ddp/ddp.h"
+#include "ddp/runtime.h"  // ensure_fast_blas, retain_freed_memory
 #include "train.h"
 
 namespace {

@@ -13,7 +13,9 @@
 #include <torch/cuda.h>  // is_available, synchronize
 #include <torch/torch.h>
 
+#include "ddp/datasets.h"  // FashionMnist
 #include "ddp/ddp.h"
+#include "ddp/runtime.h"  // set_num_threads, threads_per_rank
 #include "models.h"
 #include "report.h"
 #include "sweep.h"

@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "ddp/ddp.h"
+#include "ddp/runtime.h"  // ensure_fast_blas, retain_freed_memory
 #include "messages.h"
 #include "trainer.h"
 

@@ -17,7 +17,9 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
 
+#include "ddp/datasets.h"  // FashionMnist
 #include "ddp/ddp.h"
+#include "ddp/runtime.h"  // set_num_threads, inspect_blas, parse_dist_env
 #include "grad_scaler.h"
 #include "models.h"
 #include "preemption.h"

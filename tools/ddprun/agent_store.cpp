@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "base/parse.h"  // byte_size
+#include "ddp/env.h"  // parse_store_max_bytes
 #include "ddp/error.h"
 #include "output.h"  // note
 #include "store/bind.h"
@@ -61,13 +61,7 @@ std::unique_ptr<store::Server> host_agent_store(const LaunchConfig& c, const Env
   o.bind = knob("DDP_STORE_BIND");
   o.key = key;
   o.has_secret = !secret.empty();
-  if (const std::string max = knob("DDP_STORE_MAX_BYTES"); !max.empty()) {
-    o.max_bytes = parse::byte_size(max);
-    if (!o.max_bytes) {
-      throw Error(fmt::format(
-          "DDP_STORE_MAX_BYTES='{}' is not a size in bytes (e.g. 268435456, 256M or 1G)", max));
-    }
-  }
+  o.max_bytes = parse_store_max_bytes(base_env);
   o.name = "the agent store";
   o.log = [quiet](const std::string& line) {  // "ddp: ...": ours, not a worker's
     if (quiet) return;

@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "base/proc_stat.h"  // read_proc_stat: a stopped worker
+
 namespace ddp::launcher {
 
 void throw_errno(const std::string& what) {
@@ -201,16 +203,8 @@ bool signal_process_group(pid_t pgid, int signal) {
 
 bool process_is_frozen(pid_t pid) {
   if (pid <= 0) return false;
-  UniqueFd fd(::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return false;  // gone
-  char buf[512];
-  const ssize_t n = ::read(fd.get(), buf, sizeof buf);
-  if (n <= 0) return false;
-  const std::string stat(buf, static_cast<std::size_t>(n));
-  const auto paren = stat.rfind(')');  // "pid (comm) STATE ...": comm may hold ") "
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
-  const char state = stat[paren + 2];
-  return state == 'T' || state == 't';
+  const std::optional<ProcStat> s = read_proc_stat(pid);  // nullopt: gone
+  return s && s->stopped();
 }
 
 }  // namespace ddp::launcher

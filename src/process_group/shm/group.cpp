@@ -17,6 +17,7 @@
 #include "base/check.h"
 #include "base/proc_stat.h"     // live_process: a dead or stopped peer
 #include "ddp/relayed_error.h"  // Relayed: a peer's failure, announced
+#include "process_group/desync.h"
 #include "process_group/shm/reduce.h"
 
 namespace ddp::shm {
@@ -642,11 +643,8 @@ void Group::check_fingerprints() {
       const Slot::Published& c = slots_[p]->ring[cur % kRing];
       their_call = unpack(c.word.load(), c.count.load(), cur).describe();
     }
-    throw CollectiveError(fmt::format(
-        "[rank {}] collectives differ between ranks: this rank issued {}, rank {} issued {}. "
-        "Every rank must issue the same collectives in the same order, with the same sizes "
-        "and types.",
-        me(), op.fp.describe(), name(p), their_call));
+    throw CollectiveError(
+        desync_error(me(), op.fp.describe(), name(p), their_call, "found by shared memory"));
   }
 }
 

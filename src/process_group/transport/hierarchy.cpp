@@ -105,12 +105,13 @@ void bf16_rail_all_reduce(Rails& r, const CollectiveDesc& call, at::Tensor& slic
   slice.copy_(gathered.view(-1).narrow(0, 0, n));
 }
 
-class HierarchyTransport final : public Transport {
+class HierarchyTransport final : public Transport, public RouteTuning {
  public:
-  HierarchyTransport(std::shared_ptr<shm::Group> local,
+  HierarchyTransport(std::shared_ptr<shm::Group> local, ShmCommBuffers buffers,
                      c10::intrusive_ptr<c10d_compat::Backend> rail,
                      c10::intrusive_ptr<c10d_compat::Backend> flat, HierarchyLayout layout)
       : rails_(std::make_shared<Rails>(Rails{std::move(local), std::move(rail), layout, {}})),
+        buffers_(std::move(buffers)),
         flat_(make_c10d_transport("gloo", std::move(flat), layout.size())) {
     caps_.name = "shm+gloo";
     caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kOther});
@@ -123,9 +124,12 @@ class HierarchyTransport final : public Transport {
   }
 
   const Capabilities& capabilities() const override { return caps_; }
-  shm::Group* shared_memory() const override { return local_.get(); }
+  at::Tensor comm_buffer(uint64_t id, int64_t numel, const at::TensorOptions& options) override {
+    return buffers_.make(id, numel, options);
+  }
+  bool is_comm_buffer(const at::Tensor& t) const override { return buffers_.holds(t); }
 
-  bool has_flat_route() const override { return true; }
+  RouteTuning* route_tuning() override { return this; }
   void set_flat_route_from(uint64_t bytes) override { flat_from_ = bytes; }
   void force_route(std::optional<bool> flat) override { forced_ = flat; }
   uint64_t flat_route_from() const override { return flat_from_; }
@@ -314,6 +318,7 @@ class HierarchyTransport final : public Transport {
   const std::shared_ptr<Rails> rails_;
   const std::shared_ptr<shm::Group>& local_ = rails_->local;
   const HierarchyLayout& l_ = rails_->l;
+  const ShmCommBuffers buffers_;
   const std::unique_ptr<Transport> flat_;
   Capabilities caps_;
   // Set between collectives by the group's issuing thread, read when one is issued.
@@ -324,11 +329,12 @@ class HierarchyTransport final : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> make_hierarchy_transport(std::shared_ptr<shm::Group> local,
+                                                    ShmCommBuffers buffers,
                                                     c10::intrusive_ptr<c10d_compat::Backend> rail,
                                                     c10::intrusive_ptr<c10d_compat::Backend> flat,
                                                     HierarchyLayout layout) {
-  return std::make_unique<HierarchyTransport>(std::move(local), std::move(rail), std::move(flat),
-                                              std::move(layout));
+  return std::make_unique<HierarchyTransport>(std::move(local), std::move(buffers), std::move(rail),
+                                              std::move(flat), std::move(layout));
 }
 
 }  // namespace ddp

@@ -15,7 +15,8 @@ using transport::dtype_of;
 
 class ShmTransport final : public Transport {
  public:
-  explicit ShmTransport(std::shared_ptr<shm::Group> group) : group_(std::move(group)) {
+  ShmTransport(std::shared_ptr<shm::Group> group, ShmCommBuffers buffers)
+      : group_(std::move(group)), buffers_(std::move(buffers)) {
     caps_.name = "shm";
     caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kOther});
     caps_.reducible_dtypes = caps_.reduced_dtypes;
@@ -27,7 +28,10 @@ class ShmTransport final : public Transport {
   }
 
   const Capabilities& capabilities() const override { return caps_; }
-  shm::Group* shared_memory() const override { return group_.get(); }
+  at::Tensor comm_buffer(uint64_t id, int64_t numel, const at::TensorOptions& options) override {
+    return buffers_.make(id, numel, options);
+  }
+  bool is_comm_buffer(const at::Tensor& t) const override { return buffers_.holds(t); }
 
   Started all_reduce(const CollectiveDesc& call, at::Tensor& tensor) override {
     at::Tensor buf = cpu_contiguous(tensor, call, group_->me(), caps_.name);
@@ -101,6 +105,7 @@ class ShmTransport final : public Transport {
   }
 
   const std::shared_ptr<shm::Group> group_;
+  const ShmCommBuffers buffers_;
   Capabilities caps_;
 };
 
@@ -112,8 +117,9 @@ void ShmPending::wait(const detail::WorkState&) {
 
 bool ShmPending::is_completed() const { return op_->done.load(); }
 
-std::unique_ptr<Transport> make_shm_transport(std::shared_ptr<shm::Group> group) {
-  return std::make_unique<ShmTransport>(std::move(group));
+std::unique_ptr<Transport> make_shm_transport(std::shared_ptr<shm::Group> group,
+                                              ShmCommBuffers buffers) {
+  return std::make_unique<ShmTransport>(std::move(group), std::move(buffers));
 }
 
 }  // namespace ddp

@@ -36,9 +36,6 @@ class ProcessGroup;
 namespace detail {
 struct WorkState;
 }
-namespace shm {
-class Group;
-}
 
 // What a transport does itself, typed.
 struct Capabilities {
@@ -57,6 +54,20 @@ struct Capabilities {
   bool can_reduce(DType t) const { return (reducible_dtypes >> static_cast<unsigned>(t)) & 1u; }
   // Every reducing op on `t` (kAvg on floating types); the transport's own dtype, no widening.
   static uint32_t all_dtypes_but(std::initializer_list<DType> excluded);
+};
+
+// A transport with a second way to all-reduce (the hierarchy: flat Gloo over the whole group,
+// Note [Choosing the all_reduce route] in route_choice.h) takes it for all_reduces of at least
+// flat_route_from() bytes (kNever: never), or for every all_reduce while a route is forced (the
+// measurement's). Called between collectives, in issue order.
+class RouteTuning {
+ public:
+  static constexpr uint64_t kNever = UINT64_MAX;
+  virtual ~RouteTuning() = default;
+  virtual void set_flat_route_from(uint64_t bytes) = 0;
+  virtual uint64_t flat_route_from() const = 0;
+  // true: every all_reduce flat, false: none, nullopt: by size again.
+  virtual void force_route(std::optional<bool> flat) = 0;
 };
 
 // A started collective.
@@ -104,19 +115,21 @@ class Transport {
   // NCCL's communicator abort, after a collective ran past the timeout on the GPU.
   virtual void abort() {}
 
-  // The shared-memory group whose memory comm_buffer() hands out (shm; the hierarchy's host
-  // group), or null.
-  virtual shm::Group* shared_memory() const { return nullptr; }
+  // ProcessGroup::comm_buffer's memory: `numel` zeroed CPU elements that this transport moves in
+  // place (capabilities().in_place_comm_buffers: shared memory every rank of the host maps),
+  // made collectively (`id`: the group's count of comm buffers, the same on every rank).
+  // Undefined where the transport has none, or could not make one: the group then hands out
+  // ordinary memory.
+  virtual at::Tensor comm_buffer(uint64_t /*id*/, int64_t /*numel*/,
+                                 const at::TensorOptions& /*options*/) {
+    return {};
+  }
+  // Whether `t` lies in a comm buffer of this transport.
+  virtual bool is_comm_buffer(const at::Tensor& /*t*/) const { return false; }
 
-  // A transport with a second way to all-reduce (the hierarchy: flat Gloo over the whole group,
-  // Note [Choosing the all_reduce route] in route_choice.h) takes it for all_reduces of at least
-  // `bytes` (kNever: never), or for every all_reduce while `forced` is set (the measurement's);
-  // the others have one way and ignore both. Called between collectives, in issue order.
-  static constexpr uint64_t kNever = UINT64_MAX;
-  virtual bool has_flat_route() const { return false; }
-  virtual void set_flat_route_from(uint64_t /*bytes*/) {}
-  virtual void force_route(std::optional<bool> /*flat*/) {}
-  virtual uint64_t flat_route_from() const { return kNever; }
+  // The one tuning hook: a second way to all-reduce, where the transport has one (the hierarchy:
+  // flat Gloo), else null.
+  virtual RouteTuning* route_tuning() { return nullptr; }
 };
 
 // What `pg`'s transport does (for the library's other components: checkpoints, hooks), without

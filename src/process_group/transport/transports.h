@@ -6,12 +6,15 @@
 #include <vector>
 
 #include "c10d/compat.h"
+#include "process_group/shm_setup.h"  // ShmCommBuffers
 #include "process_group/transport/transport.h"
 
 namespace ddp {
 
-// Every rank of the group on this host, sharing `group`.
-std::unique_ptr<Transport> make_shm_transport(std::shared_ptr<shm::Group> group);
+// Every rank of the group on this host, sharing `group`; its comm buffers are made through
+// `buffers` (over the same group).
+std::unique_ptr<Transport> make_shm_transport(std::shared_ptr<shm::Group> group,
+                                              ShmCommBuffers buffers);
 
 // A LibTorch backend; `name` is "gloo" or "nccl".
 std::unique_ptr<Transport> make_c10d_transport(std::string name,
@@ -30,10 +33,12 @@ struct HierarchyLayout {
   int size() const { return hosts() * per_host(); }
 };
 
-// Note [Hierarchical collectives]: `local` (this host's ranks), `rail` (Gloo among the ranks
-// of this local index, one per host, in host order) and `flat` (Gloo over the whole group:
-// DDP_DEBUG=detail's call comparison and dtypes the shm kernels do not know).
+// Note [Hierarchical collectives]: `local` (this host's ranks, its comm buffers made through
+// `buffers`), `rail` (Gloo among the ranks of this local index, one per host, in host order)
+// and `flat` (Gloo over the whole group: DDP_DEBUG=detail's call comparison and dtypes the shm
+// kernels do not know).
 std::unique_ptr<Transport> make_hierarchy_transport(std::shared_ptr<shm::Group> local,
+                                                    ShmCommBuffers buffers,
                                                     c10::intrusive_ptr<c10d_compat::Backend> rail,
                                                     c10::intrusive_ptr<c10d_compat::Backend> flat,
                                                     HierarchyLayout layout);
