@@ -1,4 +1,7 @@
 // Optimizers as Stateful: any torch::optim optimizer, and ZeroRedundancyOptimizer.
+#include <algorithm>
+#include <functional>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -51,6 +54,93 @@ c10::optional<c10::Device> device_of(const torch::optim::Optimizer& o) {
   return c10::nullopt;
 }
 
+// Note [Optimizer archives across LibTorch versions]
+// Optimizer::save names each parameter's state after the address of its TensorImpl, and
+// Optimizer::load matches those names with the ones its param groups list. LibTorch 1.13 prints
+// the address as a pointer ("0x55d0c2a1b3f0") and compares names as strings; 2.x prints it as a
+// decimal integer and parses names with std::stoull, which reads every "0x..." name as 0: a 1.13
+// archive loaded by 2.x gives the parameters one state, or another's, or none. A checkpoint
+// outlives the LibTorch that wrote it, so before a load the names of an archive that are not all
+// decimal are replaced by 1, 2, ... (the same number wherever a name appears), which both versions
+// read. The archive is copied for that (tensors by reference, then serialised once): a load-time
+// cost for archives that 1.13 wrote, the same on every version so the path is always tested.
+
+bool decimal(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Every entry of `in` into `out`: sub-archives recursively, tensors and other values as
+// attributes (InputArchive reads a tensor whatever way it was written); `edit`, where given,
+// may replace the values of `in` itself.
+using Edit = std::function<c10::IValue(const std::string& key, c10::IValue value)>;
+void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
+                  const Edit& edit = nullptr) {
+  for (const std::string& key : in.keys()) {
+    c10::IValue value;
+    in.read(key, value);
+    if (value.isObject()) {
+      torch::serialize::InputArchive sub;
+      in.read(key, sub);
+      torch::serialize::OutputArchive sub_out(out.compilation_unit());
+      copy_archive(sub, sub_out);
+      out.write(key, sub_out);
+    } else {
+      out.write(key, edit ? edit(key, std::move(value)) : value);
+    }
+  }
+}
+
+// `optimizer` (what Optimizer::save wrote) with its state names decimal; false when they were.
+bool number_state_names(torch::serialize::InputArchive& optimizer) {
+  torch::serialize::InputArchive state, groups;
+  optimizer.read("state", state);
+  optimizer.read("param_groups", groups);
+  const std::vector<std::string> names = state.keys();
+  if (std::all_of(names.begin(), names.end(), decimal)) return false;
+  std::map<std::string, std::string> number;
+  auto renamed = [&](const std::string& name) {
+    return number.emplace(name, std::to_string(number.size() + 1)).first->second;
+  };
+  torch::serialize::OutputArchive out;
+  c10::IValue version;
+  optimizer.read("pytorch_version", version);
+  out.write("pytorch_version", version);
+  torch::serialize::OutputArchive state_out(out.compilation_unit());
+  for (const std::string& name : names) {
+    torch::serialize::InputArchive one;
+    state.read(name, one);
+    torch::serialize::OutputArchive one_out(out.compilation_unit());
+    copy_archive(one, one_out);
+    state_out.write(renamed(name), one_out);
+  }
+  out.write("state", state_out);
+  // param_groups: "param_groups/size", and "param_groups/<i>" holding "params/size",
+  // "params/<j>" (a state's name) and "options".
+  torch::serialize::OutputArchive groups_out(out.compilation_unit());
+  at::Tensor count;
+  groups.read("param_groups/size", count);
+  groups_out.write("param_groups/size", count);
+  for (int64_t i = 0; i < count.item<int64_t>(); ++i) {
+    const std::string key = fmt::format("param_groups/{}", i);
+    torch::serialize::InputArchive group;
+    groups.read(key, group);
+    torch::serialize::OutputArchive group_out(out.compilation_unit());
+    copy_archive(group, group_out, [&](const std::string& entry, c10::IValue value) {
+      return entry.starts_with("params/") && value.isString()
+                 ? c10::IValue(renamed(value.toStringRef()))
+                 : value;
+    });
+    groups_out.write(key, group_out);
+  }
+  out.write("param_groups", groups_out);
+  std::ostringstream os;
+  out.save_to(os);
+  const std::string bytes = std::move(os).str();
+  optimizer = torch::serialize::InputArchive();
+  optimizer.load_from(bytes.data(), bytes.size());
+  return true;
+}
+
 // The state is one LibTorch archive ("archive": its bytes) holding "optimizer" (what
 // Optimizer::save writes: per-parameter state) and "optimizer_groups" ("group/<i>": each param
 // group's options, which Optimizer::load does not restore but a scheduler may have changed);
@@ -101,6 +191,7 @@ class OptimizerState : public Stateful {
           !p.whole.try_read("optimizer_groups", p.groups)) {
         return "its archive lacks the optimizer state or the param groups' options";
       }
+      number_state_names(p.optimizer);  // Note [Optimizer archives across LibTorch versions]
     } catch (const c10::Error& e) {
       return fmt::format("LibTorch cannot read its optimizer archive ({})",
                          e.what_without_backtrace());
