@@ -23,6 +23,10 @@ function(ddp_add_test)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE GTest::gtest GTest::gtest_main fmt::fmt ${T_LIBS})
+  # Test files are compiled for build speed: see DDP_TEST_OPTIMIZE.
+  if(DDP_TEST_OPTIMIZE)
+    target_compile_options(${T_NAME} PRIVATE ${DDP_TEST_OPTIMIZE})
+  endif()
   # Tests may reach internals (src/) to test pure logic alone.
   target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
   set(environment "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};${T_ENV}")

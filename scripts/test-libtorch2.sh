@@ -6,6 +6,8 @@
 #   scripts/test-libtorch2.sh --shell [command...]   a shell (or one command) inside the root,
 #                                                    source tree mounted, e.g. to run python3
 #   scripts/test-libtorch2.sh --prepare              create/update the root only
+#   scripts/test-libtorch2.sh --build                the root and the build, no ctest (test.sh
+#                                                    runs it niced beside the bookworm suite)
 #
 # Run as root. What it does, each step skipped when already done (idempotent):
 #   1. apt-get installs debootstrap on the host (if missing);
@@ -54,6 +56,7 @@ mode=test
 case "${1:-}" in
   --shell) mode=shell; shift ;;
   --prepare) mode=prepare; shift ;;
+  --build) mode=build; shift ;;
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 esac
 
@@ -172,6 +175,7 @@ cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
 in_root cmake -S "$SRC_IN" -B "$BUILD_IN" "${cmake_args[@]}" >/dev/null
 in_root cmake --build "$BUILD_IN" -j"$JOBS"
 log "built in $((SECONDS - start)) s"
+if [[ $mode == build ]]; then exit 0; fi
 
 # --- 6. the whole suite ------------------------------------------------------------------------
 start=$SECONDS

@@ -8,11 +8,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase's wall time, printed as it ends and again at the end.
+phases=()
+phase_start=$SECONDS
+phase_done() {
+  phases+=("$(printf '%-44s %5d s' "$1" $((SECONDS - phase_start)))")
+  echo "test.sh: $1: $((SECONDS - phase_start)) s" >&2
+  phase_start=$SECONDS
+}
+
 # Host packages first: apt must not run twice at once.
 scripts/install-deps.sh
+phase_done "host packages (apt)"
 
 # The trixie root (debootstrap + packages: downloads and unpacking, ~10 min from scratch) is made
-# or updated while the bookworm build below uses the CPUs.
+# and its tree built in the background, niced: the bookworm build takes the CPUs first, the
+# trixie build fills what the bookworm suite leaves idle (most of its tests wait on other ranks,
+# timeouts and processes), and the trixie suite at the end finds its build done.
 # runs WHAT SKIP_VARIABLE SCRIPT [ARGS...]: 1 when the step runs, else 0 with the reason said.
 runs() {
   local what=$1 var=$2 script=$3
@@ -33,7 +45,7 @@ libtorch2=$(runs "LibTorch 2.x suite" DDP_SKIP_LIBTORCH2 scripts/test-libtorch2.
 prepare_log=$(mktemp /tmp/ddp-libtorch2-prepare.XXXXXX)
 prepare_pid=
 if ((libtorch2)); then
-  scripts/test-libtorch2.sh --prepare >"$prepare_log" 2>&1 &
+  nice -n 19 scripts/test-libtorch2.sh --build >"$prepare_log" 2>&1 &
   prepare_pid=$!
 fi
 # The same for the Debian packages' clean bookworm root (debootstrap and downloads, ~1 min here).
@@ -51,10 +63,12 @@ trap '[[ -n $prepare_pid ]] && kill "$prepare_pid" 2>/dev/null
 # objects instead of compiling LibTorch code again (~7 min on 2 cores).
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 scripts/build.sh  # its install-deps.sh finds everything installed
+phase_done "bookworm build (LibTorch 1.13)"
 BUILD_DIR=${DDP_BUILD_DIR:-build}
 # Serial: the collective and multi-process tests start several ranks each on a 2-core machine.
 rc=0
 (cd "$BUILD_DIR" && ctest --output-on-failure "$@") || rc=$?
+phase_done "bookworm suite (ctest)"
 
 # Sanitizers, the torch-free part: ASan+UBSan and TSan over the store (protocol, epoll server,
 # ddprun's restart rounds against a real agent store), env, allocator and completion tests; a
@@ -65,6 +79,7 @@ if [[ ${DDP_SKIP_SANITIZE:-0} == 1 || $# -gt 0 ]]; then
   echo "test.sh: sanitizer step skipped (DDP_SKIP_SANITIZE=1 or ctest arguments given)"
 else
   scripts/sanitize.sh all --torch-free || rc=1
+  phase_done "sanitizers (torch-free, ASan+UBSan, TSan)"
 fi
 
 # The Debian packages: built in build-deb/ (ccache shares build/'s objects), installed by apt in
@@ -88,16 +103,21 @@ if ((deb)); then
     rc=1
   fi
   deb_pid=
+  phase_done "Debian packages (build, install, use)"
 fi
 
 if ((libtorch2)); then
   echo "test.sh: LibTorch 1.13 (bookworm) suite exit $rc; now the LibTorch 2.6 (trixie) suite"
-  if prepared "$prepare_pid" "$prepare_log" "the trixie root"; then
+  if prepared "$prepare_pid" "$prepare_log" "the trixie root and build"; then
+    phase_done "waiting for the trixie root and build"
     grep -a '^test-libtorch2:' "$prepare_log" || true
     scripts/test-libtorch2.sh "$@" || rc=$?
   else
     rc=1
   fi
   prepare_pid=
+  phase_done "trixie suite (LibTorch 2.6, ctest)"
 fi
+echo "test.sh: exit $rc; the phases' wall times:" >&2
+printf 'test.sh:   %s\n' "${phases[@]}" >&2
 exit $rc
