@@ -108,8 +108,8 @@ inline constexpr std::chrono::seconds kDefaultCollectiveTimeout{600};
 
 // Besides the launch contract above, these variables tune ddp-cpp. This table is the one list:
 // env_knob() reads no other name, the "Environment knobs" table of docs/errors-and-environment.md
-// shows the same rows (tests/unit/check_env_knobs.sh checks both, and that nothing outside
-// src/base reads the environment directly). Options in code (InitOptions, DDPOptions, flags)
+// shows the same rows (a test checks both, and that no other part of ddp-cpp reads the
+// environment directly). Options in code (InitOptions, DDPOptions, flags)
 // win over knobs.
 struct EnvKnob {
   std::string_view name;
