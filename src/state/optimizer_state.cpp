@@ -71,7 +71,7 @@ bool decimal(const std::string& s) {
 
 // Every entry of `in` into `out`: sub-archives recursively, tensors and other values as
 // attributes (InputArchive reads a tensor whatever way it was written); `edit`, where given,
-// may replace the values of `in` itself.
+// may replace any value, at any depth.
 using Edit = std::function<c10::IValue(const std::string& key, c10::IValue value)>;
 void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out,
                   const Edit& edit = nullptr) {
@@ -82,7 +82,7 @@ void copy_archive(torch::serialize::InputArchive& in, torch::serialize::OutputAr
       torch::serialize::InputArchive sub;
       in.read(key, sub);
       torch::serialize::OutputArchive sub_out(out.compilation_unit());
-      copy_archive(sub, sub_out);
+      copy_archive(sub, sub_out, edit);
       out.write(key, sub_out);
     } else {
       out.write(key, edit ? edit(key, std::move(value)) : value);
@@ -114,24 +114,13 @@ bool number_state_names(torch::serialize::InputArchive& optimizer) {
     state_out.write(renamed(name), one_out);
   }
   out.write("state", state_out);
-  // param_groups: "param_groups/size", and "param_groups/<i>" holding "params/size",
-  // "params/<j>" (a state's name) and "options".
+  // param_groups: "param_groups/<i>" holds "params/<j>", a state's name.
   torch::serialize::OutputArchive groups_out(out.compilation_unit());
-  at::Tensor count;
-  groups.read("param_groups/size", count);
-  groups_out.write("param_groups/size", count);
-  for (int64_t i = 0; i < count.item<int64_t>(); ++i) {
-    const std::string key = fmt::format("param_groups/{}", i);
-    torch::serialize::InputArchive group;
-    groups.read(key, group);
-    torch::serialize::OutputArchive group_out(out.compilation_unit());
-    copy_archive(group, group_out, [&](const std::string& entry, c10::IValue value) {
-      return entry.starts_with("params/") && value.isString()
-                 ? c10::IValue(renamed(value.toStringRef()))
-                 : value;
-    });
-    groups_out.write(key, group_out);
-  }
+  copy_archive(groups, groups_out, [&](const std::string& entry, c10::IValue value) {
+    return entry.starts_with("params/") && value.isString()
+               ? c10::IValue(renamed(value.toStringRef()))
+               : value;
+  });
   out.write("param_groups", groups_out);
   std::ostringstream os;
   out.save_to(os);
