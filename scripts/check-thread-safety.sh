@@ -75,6 +75,11 @@ def check_file(f):
     if e is None:
         return True, f"check-thread-safety: {f}: not in the build, skipped"
     args = shlex.split(e["command"])
+    # The launcher before the compiler: "cmake -E env VAR=value ... ccache c++" (CMakeLists.txt).
+    if len(args) > 2 and os.path.basename(args[0]) == "cmake" and args[1:3] == ["-E", "env"]:
+        args = args[3:]
+        while args and "=" in args[0] and not args[0].startswith("-"):
+            args = args[1:]
     while args and os.path.basename(args[0]) in ("ccache", "c++", "g++", "gcc", "cc"):
         args = args[1:]
     out, skip = [], False
