@@ -52,7 +52,7 @@ tsan_env=(
 )
 
 # Tests that link neither libddp nor LibTorch (checked with ldd after the build).
-torch_free_tests='test_env|test_blas|test_allocator|test_completion|test_ddprun_args|test_store_protocol|test_ddprun_rounds|test_elastic_rounds|test_ddprun_round_store'
+torch_free_tests='test_env|test_blas|test_allocator|test_completion|test_ddprun_args|test_ddprun_quorum|test_store_protocol|test_ddprun_rounds|test_elastic_rounds|test_ddprun_round_store'
 
 # The chosen tests of a configured build folder, as "name<TAB>target" lines: labels unit or
 # collective, run straight from an executable of this build (not scripts such as

@@ -93,7 +93,23 @@ TEST_F(RoundStoreTest, TheKeysAreTheNotes) {
   keys.write_entry(
       4, 0, {.id = "h1:17:ab", .host = "h1", .addr = "10.0.0.1", .last_round = 3, .last_rank = 0},
       soon());
-  EXPECT_EQ(raw("ddprun/run/4/member/0"), "h1:17:ab h1 10.0.0.1 3 0");
+  EXPECT_EQ(raw("ddprun/run/4/member/0"), "h1:17:ab h1 10.0.0.1 3 0 -");
+  keys.write_entry(4, 1,
+                   {.id = "h2:18:cd",
+                    .host = "h2",
+                    .addr = "-",
+                    .last_round = 3,
+                    .last_rank = 1,
+                    .last_members = {"h1:17:ab", "h2:18:cd"}},
+                   soon());
+  EXPECT_EQ(raw("ddprun/run/4/member/1"), "h2:18:cd h2 - 3 1 h1:17:ab,h2:18:cd");
+
+  // The newest round that began here: only raised.
+  EXPECT_EQ(keys.last_round(soon()).round, -1);
+  keys.record_round({.round = 4, .members = {"h1:17:ab", "h2:18:cd"}}, soon());
+  keys.record_round({.round = 3, .members = {"h1:17:ab"}}, soon());
+  EXPECT_EQ(raw("ddprun/run/last_round"), "4 h1:17:ab,h2:18:cd");
+  EXPECT_EQ(keys.last_round(soon()).members, (std::vector<std::string>{"h1:17:ab", "h2:18:cd"}));
 
   EXPECT_EQ(keys.closed(4, soon()), std::nullopt);
   EXPECT_EQ(keys.close(4, 2, soon()), 2);
@@ -111,6 +127,10 @@ TEST_F(RoundStoreTest, TheKeysAreTheNotes) {
   keys.saw_regroup(4, soon());
   keys.leave(4, "h2:18:cd", soon());
   keys.send_store_home(4, soon());
+  EXPECT_FALSE(keys.store_goes_away(4, soon()));
+  keys.send_store_away(4, soon());
+  EXPECT_TRUE(keys.store_goes_away(4, soon()));
+  EXPECT_EQ(raw("ddprun/run/4/store_away"), "1");
   EXPECT_EQ(raw("ddprun/run/4/regroup"), "node h2 leaves");
   EXPECT_EQ(raw("ddprun/run/4/regroup_seen"), "1");
   EXPECT_EQ(raw("ddprun/run/4/left/h2:18:cd"), "1");
@@ -159,7 +179,7 @@ TEST_F(RoundStoreTest, EntriesAreReadOnceAndAMissingOneIsUnknown) {
   EXPECT_EQ(two[1].id, "?") << "never written within the wait: an unknown node";
   EXPECT_EQ(two[1].arrival, 1);
   EXPECT_EQ(RoundEntry::parse("garbled", 3).id, "?");
-  EXPECT_EQ(RoundEntry::parse("a h 1.2.3.4 7 2", 0).format(), "a h 1.2.3.4 7 2");
+  EXPECT_EQ(RoundEntry::parse("a h 1.2.3.4 7 2", 0).format(), "a h 1.2.3.4 7 2 -");
 }
 
 TEST_F(RoundStoreTest, ANumberThatIsNotOneIsRefusedNamingTheKey) {

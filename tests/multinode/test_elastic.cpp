@@ -3,10 +3,12 @@
 // rendezvous on host 0 (which hosts the store), two ddp-train workers per host. A host whose
 // processes are all SIGKILLed drops out and the job goes on without it; started again, it is
 // admitted and the job grows back; a host told SIGTERM (a spot reclaim's notice) leaves with a
-// checkpoint and the others go on; a host over MAX waits; fewer than MIN fail naming the missing.
+// checkpoint and the others go on; a host over MAX waits; fewer than MIN fail naming the missing;
+// the store's host cut off alone waits for a majority while the others go on.
 // Every training run ends with the exact-once check of its sample log (Note [Sample log] in
 // tools/ddp_train/trainer.cpp): each epoch, across all the sizes it ran at, used every sample
 // once (PyTorch's padding aside: at most world size - 1 repeats, in an epoch's last step).
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -14,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
@@ -310,11 +313,71 @@ TEST_F(Elastic, ASigtermNoticeLetsTheNodeLeaveWithACheckpointAndTheOthersGoOn) {
     EXPECT_NE(ra.err.find("leaves: its ddprun received SIGTERM"), std::string::npos) << ra.err;
     EXPECT_EQ(ra.err.find("restarting it"), std::string::npos) << "not a failure: " << ra.err;
     if (leaving == 0) {
-      EXPECT_NE(ra.err.find("stopped answering"), std::string::npos) << ra.err;
+      // It said so: the others moved the store before re-forming, not once it vanished.
+      EXPECT_NE(ra.err.find("is going away with its host, which leaves the job; it moved to"),
+                std::string::npos)
+          << ra.err;
     }
     expect_each_sample_once(dir_ / name / "samples");
     for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
   }
+}
+
+// Note [Never two groups] across a real partition: 3 hosts, --nnodes 1:3, host 0 (whose ddprun
+// hosts the store) cut off alone. The 2 others are a majority of the last round: they move the
+// store and go on. Host 0 keeps the old store and MIN is 1, so without the rule it would train
+// alone into the same run folder; with it, it waits for a majority. When the link comes back
+// the job finds host 0 waiting at the endpoint, moves its store back and runs whole again; the
+// sample log shows every sample of each epoch trained once: one group at every step.
+TEST_F(Elastic, AStoreHostCutOffAloneNeverTrainsAndTheJobHealsWhole) {
+  Hosts hosts(3);
+  const std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=1,join_timeout=120"};
+  std::vector<std::optional<Subprocess>> h(3);
+  for (int k = 0; k < 3; ++k) h[k].emplace(node(hosts, k, "1:3", train("run"), extra));
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[1]->err_so_far().find("elastic round 0: 3 node(s)") != std::string::npos &&
+           fs::exists(dir_ / "run" / "checkpoints" / "epoch=0-step=4.ckpt");
+  }, 180)) << h[1]->err_so_far() << h[1]->out_so_far();
+
+  hosts.set_link(0, false);
+  const double cut_at = h[1]->elapsed_s();
+  double resumed_at = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (h[1]->err_so_far().find(": 2 node(s)") == std::string::npos ||
+        (h[1]->out_so_far() + h[2]->out_so_far()).find("resumed from") == std::string::npos) {
+      return false;
+    }
+    resumed_at = h[1]->elapsed_s();
+    return true;
+  }, 120)) << h[1]->err_so_far() << h[2]->err_so_far();
+  std::printf("[ measured ] store's host cut off: the 2 others moved the store and resumed "
+              "training %.1f s after the cut\n", resumed_at - cut_at);
+  // Host 0's round failed (its peers went silent) and it waits for a majority it cannot have.
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[0]->err_so_far().find("waits for a majority of the 3 node(s)") != std::string::npos;
+  }, 120)) << h[0]->err_so_far();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  EXPECT_EQ(h[0]->err_so_far().find(": 1 node(s)"), std::string::npos)
+      << "host 0 began a round alone: " << h[0]->err_so_far();
+
+  hosts.set_link(0, true);
+  const double healed_at = h[1]->elapsed_s();
+  const size_t before = h[1]->err_so_far().size();
+  double whole_at = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (h[1]->err_so_far().find(": 3 node(s)", before) == std::string::npos) return false;
+    whole_at = h[1]->elapsed_s();
+    return true;
+  }, 120)) << h[1]->err_so_far() << h[0]->err_so_far();
+  std::printf("[ measured ] link back: the job ran on 3 nodes again %.1f s later\n",
+              whole_at - healed_at);
+  for (int k = 0; k < 3; ++k) {
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+  }
+  EXPECT_EQ(h[0]->wait().err.find(": 1 node(s)"), std::string::npos) << h[0]->wait().err;
+  expect_each_sample_once(dir_ / "run" / "samples");
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
 }
 
 // --nnodes 2:3 on 4 hosts: the fourth waits, says why, and ends when the job finishes. The job

@@ -88,6 +88,7 @@ std::optional<std::string> ElasticRounds::regroup(int round, bool now) {
     if (store_.failed(round, deadline)) return std::nullopt;  // a failure wins
     if (std::optional<std::string> why = store_.regroup(round, deadline)) {
       if (store_.store_goes_home(round, deadline)) go_home_ = true;
+      if (store_.store_goes_away(round, deadline)) go_away_ = true;
       store_.saw_regroup(round, deadline);  // a leaving store host waits for it
       return why;
     }
@@ -111,6 +112,7 @@ bool ElasticRounds::announce_leaving(int round, const std::string& why) {
   try {
     const auto deadline = Clock::now() + kCallTime;
     store_.leave(round, id_, deadline);  // nobody waits for this node
+    if (hosts_job_store()) store_.send_store_away(round, deadline);
     store_.write_regroup(round, fmt::format("{} leaves: {}", where(), why), deadline);
     leaving_ = true;
   } catch (const Error& e) {
@@ -228,19 +230,16 @@ bool ElasticRounds::over(int round, Deadline deadline) {
   return true;
 }
 
-bool ElasticRounds::awaited(int round, Deadline deadline) {
-  if (round == 0) return false;
-  const std::optional<int> closed = store_.closed(round - 1, deadline);
-  if (!closed) return false;  // (a store just moved to knows no earlier round)
-  const std::vector<RoundEntry> before = store_.entries(round - 1, *closed, milliseconds(1000));
-  const std::vector<RoundEntry> here =
-      store_.entries(round, store_.arrivals(round, deadline), milliseconds(1000));
-  for (const RoundEntry& e : before) {
+bool ElasticRounds::awaited(const KnownRound& last, const std::vector<RoundEntry>& here,
+                            Deadline deadline) {
+  for (const std::string& id : last.members) {
     const bool here_too =
-        std::ranges::any_of(here, [&](const RoundEntry& h) { return h.id == e.id; });
-    if (e.id == "?" || here_too) continue;
-    if (store_.left(round - 1, e.id, deadline)) continue;
-    if (shows_life(e.id, store_.beats(e.id, deadline), kDeadAfter)) return true;
+        std::ranges::any_of(here, [&](const RoundEntry& h) { return h.id == id; });
+    if (id == "?" || here_too) continue;
+    if (store_.left(last.round, id, deadline)) continue;
+    // A store just moved to has seen no sign of life from it yet: the first look counts as one,
+    // so a node moving the store with the others is waited for kDeadAfter.
+    if (shows_life(id, store_.beats(id, deadline), kDeadAfter)) return true;
   }
   return false;
 }
@@ -264,6 +263,17 @@ bool ElasticRounds::shows_life(const std::string& id, int64_t beats, millisecond
     return true;
   }
   return now - it->second.second < window;
+}
+
+bool ElasticRounds::hosts_job_store() const {
+  if (!moved()) return hosted_.server != nullptr;
+  return hosted_.standby != nullptr && hosted_.addr == store_host_;
+}
+
+KnownRound ElasticRounds::known_round() const {
+  KnownRound k{.round = last_round_};
+  for (const RoundEntry& e : members_) k.members.push_back(e.id);
+  return k;
 }
 
 // --- the store's place
@@ -306,9 +316,14 @@ void ElasticRounds::connect_to(const std::string& host, int port) {
 // and skipped. A node started later knows only --rdzv-endpoint: when a store answers there again
 // (the endpoint's host came back and its ddprun hosts a fresh store) with a node waiting in it,
 // the moved job re-forms (SIGTERM, checkpoint) and moves its store back, admitting that node.
+// A store's host that leaves (SIGTERM) says so with its regroup (<R>/store_away): the others move
+// the store on as they read it, before the next round, which must not begin in a store about to
+// vanish.
 // Nodes that lost the store and the node on the endpoint's host that has not (a network
-// partition, not a death) would each go on: MIN above half of MAX keeps two halves from both
-// forming rounds. A fixed job's store does not move (Note [Membership policy]).
+// partition, not a death) would each go on, in two stores: the majority rule keeps all but one
+// side from forming rounds (Note [Never two groups] in quorum.h); the nodes moving the store
+// write their last round into it, so that it counts against that round from the start. A fixed
+// job's store does not move (Note [Membership policy]).
 bool ElasticRounds::move_store(const std::string& why) {
   if (!policy_.store_moves) return false;
   if (members_.empty()) return false;  // this node never ran: it knows no successor
@@ -323,8 +338,8 @@ bool ElasticRounds::move_store(const std::string& why) {
   if (next == members_.end()) return false;
   const std::string from = store::format_endpoint(store_host_, store_port_);
   connect_to(next->addr, c_.master_port);
-  moved_note_ = fmt::format("the store on {} stopped answering ({}); it moved to {} ({})", from,
-                            why, store::format_endpoint(next->addr, c_.master_port), next->host);
+  moved_note_ = fmt::format("the store on {} {}; it moved to {} ({})", from, why,
+                            store::format_endpoint(next->addr, c_.master_port), next->host);
   note(moved_note_);
   unreachable_since_.reset();
   return true;
@@ -332,7 +347,10 @@ bool ElasticRounds::move_store(const std::string& why) {
 
 void ElasticRounds::settle_moved_store(Deadline deadline) {
   if (moved_note_.empty()) return;
-  if (last_round_ >= 0) store_.write_regroup(last_round_, moved_note_, deadline);
+  if (last_round_ >= 0) {
+    store_.write_regroup(last_round_, moved_note_, deadline);
+    store_.record_round(known_round(), deadline);  // Note [Never two groups]
+  }
   store_.carry_failures(known_failures_ + (unreported_failure_ ? 1 : 0), deadline);
   moved_note_.clear();
   unreported_failure_ = false;

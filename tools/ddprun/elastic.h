@@ -9,12 +9,16 @@
 // the store (the first to bind it there); every ddprun, that one included, is a client. A node
 // is one ddprun, named by "<host>:<pid>:<random>"; a ddprun started again is a new node. The
 // keys: Note [Round store keys] in round_store.h. What is particular to an elastic round:
-// Closing: R admits MAX as soon as MAX have arrived; else, once MIN have, the count after
-// last_call_timeout (measured by each waiting node from when it saw MIN: the first to close
-// wins) and once no node of R - 1 is still on its way: one that has neither arrived nor left and
-// whose ddprun showed a sign of life within kDeadAfter (a node checkpointing its workers may take
-// longer than the last call; a dead one is not waited for, nor, past the join timeout, a live one
-// that never comes). A round closes only when the round before it is over: failed, regroup or
+// Closing: R admits MAX as soon as MAX have arrived; else, once MIN have, the count once no node
+// of the last round is still on its way: one that has neither arrived nor left and whose ddprun
+// showed a sign of life within kDeadAfter (a node checkpointing its workers may take longer than
+// the last call; a dead one is not waited for, nor, past the join timeout, a live one that never
+// comes). The job's first round also waits last_call_timeout (measured by each waiting node from
+// when it saw MIN: the first to close wins) for nodes still starting; a round after a loss or a
+// leave does not: nobody new is on its way unless already here. Either way the admitted nodes
+// must hold a majority of the last round's (Note [Never two groups] in quorum.h), else the round
+// waits, and fails at the join timeout naming the nodes it lacks. A round closes only when the
+// round before it is over: failed, regroup or
 // finished is set, or none of its nodes' alive counts has moved for kStaleAfter (they all
 // vanished). While it is not, the join timeout does not run: waiting to be admitted while the
 // job runs at its maximum is not a rendezvous that failed.
@@ -50,6 +54,7 @@
 #include "ddp/env.h"      // ddp::EnvMap
 #include "launch_config.h"
 #include "membership_policy.h"
+#include "quorum.h"
 #include "round_store.h"
 #include "rounds.h"
 
@@ -97,6 +102,7 @@ class ElasticRounds final : public Rounds {
     Clock::time_point end;      // the join timeout (pushed back while the round before runs)
     std::optional<Clock::time_point> min_seen;  // when `round` was first seen with MIN nodes
     std::optional<int> short_of;  // `round`'s count at the join timeout, below MIN
+    std::optional<Quorum> lacking;  // why `round` could not close: no majority (at the timeout)
     std::string last_error;       // why the store did not answer this step ("": it did)
   };
 
@@ -111,19 +117,25 @@ class ElasticRounds final : public Rounds {
   void refuse_if_alive(Deadline deadline);
   std::optional<int> close(Join& j, Clock::time_point now, Deadline deadline);
   std::optional<int> admissible(Join& j, int count, Clock::time_point now, Deadline deadline);
+  // Whether the first `admitted` arrivals of j.round hold a majority of the newest round known
+  // (Note [Never two groups]); an arrival whose entry cannot be read abandons the round.
+  bool majority(Join& j, int admitted, Deadline deadline);
+  // The newest round the store or the entries `here` know of (a conflict throws).
+  KnownRound known_last(int round, const std::vector<RoundEntry>& here, Deadline deadline);
   std::optional<Membership> admit_or_wait(Join& j, int closed, Deadline deadline);
   Membership admit(int round, int n, int index, Deadline deadline);
   void store_silent(Join& j, const RendezvousError& e);
   [[noreturn]] void too_few(int round, int count, Deadline deadline);
+  [[noreturn]] void no_majority(int round, const Quorum& q);
   [[noreturn]] void missing_ranks(int round, Deadline deadline);
   [[noreturn]] void unreachable(const std::string& error) const;
 
   // --- the rounds' ends and the nodes' signs of life (elastic.cpp)
   // `round` is over: failed, re-forming, finished, or all its nodes gone silent.
   bool over(int round, Deadline deadline);
-  // Whether a node of the round before `round` may still come: it has not arrived in `round`,
-  // has not left, and its ddprun still shows signs of life (within kDeadAfter).
-  bool awaited(int round, Deadline deadline);
+  // Whether a node of `last` (the newest round known) may still come: it is not among `here`
+  // (the arrivals), has not left, and its ddprun still shows signs of life (within kDeadAfter).
+  bool awaited(const KnownRound& last, const std::vector<RoundEntry>& here, Deadline deadline);
   // Records the signs of life of this round's other nodes now, as the round ends: a dead node
   // is then known dead kDeadAfter from here, not from when the next round starts to close.
   void watch_members(Deadline deadline);
@@ -134,8 +146,9 @@ class ElasticRounds final : public Rounds {
   // --- the store's place (elastic.cpp: Note [Moving the store])
   store::ClientOptions client_options(const std::string& host, int port) const;
   void connect_to(const std::string& host, int port);
-  // The store stopped answering: the next node of the last round takes it over (this one, or
-  // the one this connects to). False when no node is left to take it.
+  // The store stopped answering, or its host leaves (`why` says which): the next node of the
+  // last round takes it over (this one, or the one this connects to). False when no node is
+  // left to take it.
   bool move_store(const std::string& why);
   // On the store just moved to: the last round is over there, the failures so far carried.
   void settle_moved_store(Deadline deadline);
@@ -144,12 +157,16 @@ class ElasticRounds final : public Rounds {
   // While the store is moved: a node waiting at the rendezvous endpoint (its host came back).
   std::optional<std::string> waiting_at_home(int round);
   bool moved() const { return store_host_ != c_.master_addr; }
+  // Whether this node's ddprun hosts the job's store now (at the endpoint, or moved here).
+  bool hosts_job_store() const;
 
   // --- leaving (elastic.cpp)
   void linger_for_readers(int round, const std::function<bool()>& stop);
   void linger_for_others(int round, bool failed, const std::function<bool()>& stop);
 
   std::string where() const { return policy_.where(host_, pid_); }
+  // The last round this node ran and its nodes' ids (round -1: none).
+  KnownRound known_round() const;
 
   // Constant after construction.
   const LaunchConfig& c_;
@@ -173,6 +190,7 @@ class ElasticRounds final : public Rounds {
   int known_failures_ = 0;           // the failure count last read
   bool unreported_failure_ = false;  // a failure report that did not reach the store
   bool go_home_ = false;             // the next join moves the store back to the endpoint
+  bool go_away_ = false;             // the next join moves the store on: its host leaves
   Clock::time_point next_home_poll_{};
 
   // The last round this node ran: its number, this node's rank there, its nodes in rank order.

@@ -34,7 +34,10 @@ constexpr FlagDef kFlags[] = {
      "there are GPUs, else cpu. [default: 1]"},
     {"nnodes", "", "N|MIN:MAX", kTopology,
      "Number of nodes. MIN:MAX (with --rdzv-backend c10d): an elastic job, which runs on "
-     "whichever nodes are present, MIN to MAX, re-forming when one leaves or arrives. "
+     "whichever nodes are present, MIN to MAX, re-forming when one leaves or arrives. A round "
+     "needs a majority of the last round's nodes (those that left with SIGTERM not counted), "
+     "so that a job cut in two never trains twice: 3 nodes survive the loss of 1, 5 of 2, and 2 "
+     "of none (the side without a majority waits, then fails at the join timeout). "
      "[default: 1]"},
     {"node_rank", "", "K", kTopology,
      "This node's rank in [0, nnodes); worker RANK = K * nproc_per_node + LOCAL_RANK. Not "
@@ -58,8 +61,9 @@ constexpr FlagDef kFlags[] = {
      "Run id shared by all nodes (TORCHELASTIC_RUN_ID, log dir name). [default: none]"},
     {"rdzv_conf", "", "K=V,...", kRendezvous,
      "Rendezvous options: join_timeout (or timeout): the rendezvous timeout in seconds; "
-     "last_call_timeout: how long an elastic round waits for more nodes once MIN are in "
-     "[30]; other keys are accepted and ignored. [default: none]"},
+     "last_call_timeout: how long an elastic job's first round waits for more nodes once MIN "
+     "are in [30] (a later round closes once the last round's live nodes are in); other keys are "
+     "accepted and ignored. [default: none]"},
     {"role", "", "NAME", kRendezvous, "Worker role (ROLE_NAME). [default: default]"},
     {"max_restarts", "", "N", kSupervision,
      "On a failure, stop the whole group and start it again, at most N times; "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <climits>  // INT_MAX
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -51,10 +52,15 @@ void rank_members(std::vector<RoundEntry>& nodes, bool fixed_ranks) {
 std::optional<Membership> ElasticRounds::join(int next, const std::function<bool()>& stop) {
   Join j{.next = next, .end = Clock::now() + join_timeout_};
   if (go_home_) return_home();
+  if (go_away_) {  // its host leaves: the next round begins where the store goes next
+    go_away_ = false;
+    move_store("is going away with its host, which leaves the job");
+  }
   while (true) {
     if (stop && stop()) return std::nullopt;
     if (std::optional<Membership> m = join_step(j)) return m;
     if (j.short_of) too_few(j.round, *j.short_of, Clock::now() + kCallTime);
+    if (j.lacking && Clock::now() >= j.end) no_majority(j.round, *j.lacking);
     if (!j.last_error.empty() && Clock::now() >= j.end) unreachable(j.last_error);
     std::this_thread::sleep_for(kWaitStep);
   }
@@ -169,7 +175,8 @@ bool ElasticRounds::enter(Join& j, Deadline deadline) {
                       .host = host_,
                       .addr = hosted_.addr,
                       .last_round = last_round_,
-                      .last_rank = last_rank_},
+                      .last_rank = last_rank_,
+                      .last_members = known_round().members},
                      deadline);
   return true;
 }
@@ -219,8 +226,9 @@ std::optional<int> ElasticRounds::close(Join& j, Clock::time_point now, Deadline
 // arrivals; nullopt while it may not (j.short_of: the join timeout found it below MIN).
 // With fixed ranks every node is in every round and enters R only once it has left R - 1, so
 // R begins when all N are in. Elastic: only once the round before is over (nodes waiting to be
-// admitted enter R while R - 1 runs), at MAX at once, at MIN after the last call (Note [Elastic
-// rounds]).
+// admitted enter R while R - 1 runs), at MAX at once, at MIN once no node of the last round is
+// on its way (the job's first round: after the last call too), and with a majority of the last
+// round's nodes (Note [Elastic rounds]).
 std::optional<int> ElasticRounds::admissible(Join& j, int count, Clock::time_point now,
                                              Deadline deadline) {
   if (policy_.arrivals == Arrivals::kWaitToBeAdmitted && !over(j.round - 1, deadline)) {
@@ -232,20 +240,82 @@ std::optional<int> ElasticRounds::admissible(Join& j, int count, Clock::time_poi
     }
     return std::nullopt;
   }
-  if (count >= policy_.max_nodes) return policy_.max_nodes;
-  if (count >= policy_.min_nodes) {
-    // After the last call, and once no node of the last round is still on its way (one stopping
-    // its workers with a checkpoint can take longer than the last call).
+  std::optional<int> admitted;
+  if (count >= policy_.max_nodes) {
+    admitted = policy_.max_nodes;
+  } else if (count >= policy_.min_nodes) {
     if (!j.min_seen) j.min_seen = now;
-    if (now - *j.min_seen >= last_call_ &&
-        (now - *j.min_seen >= join_timeout_ || !awaited(j.round, deadline))) {
-      return count;
+    const auto waited = now - *j.min_seen;
+    if (policy_.fixed_ranks() || waited >= join_timeout_) {
+      admitted = count;  // (fixed: MIN = MAX, so never here)
+    } else {
+      // One stopping its workers with a checkpoint can take longer than the last call.
+      const std::vector<RoundEntry> here = store_.entries(j.round, count, milliseconds(1000));
+      const KnownRound last = known_last(j.round, here, deadline);
+      const bool first_round = last.round < 0;
+      if ((!first_round || waited >= last_call_) && !awaited(last, here, deadline)) {
+        admitted = count;
+      }
     }
   } else {
     j.min_seen.reset();
   }
-  if (now >= j.end) j.short_of = count;
+  if (admitted && (policy_.fixed_ranks() || majority(j, *admitted, deadline))) {
+    return admitted;
+  }
+  if (now >= j.end && !admitted) j.short_of = count;
   return std::nullopt;
+}
+
+bool ElasticRounds::majority(Join& j, int admitted, Deadline deadline) {
+  // Every admitted entry is read: one that is not there within a call (its node died between
+  // counting in and writing it) might carry a newer round, so the round is not closed over it.
+  const std::vector<RoundEntry> here = store_.entries(j.round, admitted, kCallTime);
+  if (const auto unknown =
+          std::ranges::find_if(here, [](const RoundEntry& e) { return e.id == "?"; });
+      unknown != here.end()) {
+    store_.write_first_failure(
+        j.round,
+        fmt::format("its arrival {} never wrote its entry (its ddprun died while joining): the "
+                    "round starts over",
+                    unknown->arrival),
+        /*final=*/false, Clock::now() + kCallTime);
+    j.next = j.round + 1;
+    return false;
+  }
+  const KnownRound last = known_last(j.round, here, deadline);
+  std::set<std::string> left;
+  for (const std::string& id : last.members) {
+    if (store_.left(last.round, id, deadline)) left.insert(id);
+  }
+  const Quorum q = quorum_of(last, here, left);
+  if (q.ok()) {
+    j.lacking.reset();
+    return true;
+  }
+  if (!j.lacking) {
+    note(fmt::format("{} {} waits for a majority of the {} node(s) of {} {} ({} needed, {} here)",
+                     policy_.round_name(), j.round, q.present.size() + q.missing.size(),
+                     policy_.round_name(), last.round, q.needed, q.present.size()));
+  }
+  j.lacking = q;
+  return false;
+}
+
+KnownRound ElasticRounds::known_last(int round, const std::vector<RoundEntry>& here,
+                                     Deadline deadline) {
+  KnownRound stored = store_.last_round(deadline);
+  if (stored.round >= round) stored = {};  // (a round recorded ahead of this one: not its past)
+  std::string conflict;
+  KnownRound last = newest_round(stored, here, &conflict);
+  if (!conflict.empty()) {
+    throw Error(fmt::format(
+        "{}: {} {} cannot begin: {}. The job's rounds no longer form one line (a store written "
+        "by another program, or ddprun of different versions in one job); start the job again "
+        "with a new --rdzv-id.",
+        where(), policy_.round_name(), round, conflict));
+  }
+  return last;
 }
 
 std::optional<Membership> ElasticRounds::admit_or_wait(Join& j, int closed, Deadline deadline) {
@@ -281,6 +351,7 @@ Membership ElasticRounds::admit(int round, int n, int index, Deadline deadline) 
   last_round_ = round;
   last_rank_ = rank;
   members_ = std::move(nodes);
+  store_.record_round(known_round(), deadline);  // what a round without this node counts against
   known_failures_ = store_.failures(deadline);
   const bool counts_rounds = policy_.restarts == MembershipPolicy::Restarts::kRounds;
   return Membership{.round = round,
@@ -299,7 +370,7 @@ void ElasticRounds::store_silent(Join& j, const RendezvousError& e) {
   const bool exited = dynamic_cast<const store::StoreExitedError*>(&e) != nullptr;
   if (!unreachable_since_) unreachable_since_ = Clock::now();
   if (!exited && Clock::now() - *unreachable_since_ < kStoreLost) return;
-  if (!move_store(e.what())) return;
+  if (!move_store(fmt::format("stopped answering ({})", e.what()))) return;
   j.end = Clock::now() + join_timeout_;
   j.last_error.clear();
   j.round = -1;
@@ -326,6 +397,20 @@ void ElasticRounds::too_few(int round, int count, Deadline deadline) {
       policy_.nnodes(), present.empty() ? "none" : fmt::format("{}", fmt::join(present, ", ")),
       missing.empty() ? "no node of an earlier round (this job never ran)"
                       : fmt::format("{}", fmt::join(missing, ", "))));
+}
+
+void ElasticRounds::no_majority(int round, const Quorum& q) {
+  throw RendezvousError(fmt::format(
+      "{}: elastic round {} could not begin within {} (the join timeout): its nodes hold {} of "
+      "the {} node(s) of elastic round {} that have not left, and a round needs a majority of "
+      "them ({}), so that the two sides of a divided job never both train; present: {}; "
+      "missing: {}. The missing nodes are cut off (a network partition) or gone: once the "
+      "network heals the job goes on; if they are gone for good, start the job again from its "
+      "last checkpoint with a new --rdzv-id.",
+      where(), round, format_seconds(seconds_of(join_timeout_)), q.present.size(),
+      q.present.size() + q.missing.size(), q.last.round, q.needed,
+      q.present.empty() ? "none" : fmt::format("{}", fmt::join(q.present, ", ")),
+      fmt::join(q.missing, ", ")));
 }
 
 // Fixed ranks: the ranks that have not entered `round` are named.

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "ddp/error.h"
 
@@ -18,15 +19,23 @@ constexpr std::chrono::milliseconds kEntrySlack{100};
 }  // namespace
 
 std::string RoundEntry::format() const {
-  return fmt::format("{} {} {} {} {}", id, host, addr, last_round, last_rank);
+  return fmt::format("{} {} {} {} {} {}", id, host, addr, last_round, last_rank,
+                     last_members.empty() ? "-" : fmt::format("{}", fmt::join(last_members, ",")));
 }
 
 RoundEntry RoundEntry::parse(const std::string& text, int arrival) {
   RoundEntry e;
   e.arrival = arrival;
   std::istringstream in(text);
+  std::string members;
   if (!(in >> e.id >> e.host >> e.addr >> e.last_round >> e.last_rank)) {
-    e = RoundEntry{.id = "?", .host = "?", .addr = "-", .arrival = arrival};
+    return RoundEntry{.id = "?", .host = "?", .addr = "-", .arrival = arrival};
+  }
+  // Without the last round's nodes (a ddprun of another version): none, which Note [Never two
+  // groups] takes for a conflict when that round is the newest.
+  if (in >> members && members != "-") {
+    std::istringstream list(members);
+    for (std::string id; std::getline(list, id, ',');) e.last_members.push_back(id);
   }
   return e;
 }
@@ -82,6 +91,41 @@ std::optional<int> RoundStore::round(Deadline deadline) {
   std::optional<std::string> text = get_if_set(job_key("round"), deadline);
   if (!text) return std::nullopt;
   return parse_count(*text, "round");
+}
+
+namespace {
+
+std::string format_round(const KnownRound& k) {
+  return fmt::format("{} {}", k.round, fmt::join(k.members, ","));
+}
+
+}  // namespace
+
+void RoundStore::record_round(const KnownRound& known, Deadline deadline) {
+  const std::string k = job_key("last_round");
+  const std::string mine = format_round(known);
+  std::string now = client_->compare_set(k, "", mine, deadline);
+  while (now != mine) {
+    const KnownRound there = parse_round(now);
+    if (there.round >= known.round) return;
+    now = client_->compare_set(k, now, mine, deadline);
+  }
+}
+
+KnownRound RoundStore::last_round(Deadline deadline) {
+  std::optional<std::string> text = get_if_set(job_key("last_round"), deadline);
+  return text ? parse_round(*text) : KnownRound{};
+}
+
+KnownRound RoundStore::parse_round(const std::string& text) const {
+  KnownRound k;
+  std::istringstream in(text);
+  std::string round, members;
+  in >> round >> members;
+  k.round = parse_count(round, "last round");
+  std::istringstream list(members);
+  for (std::string id; std::getline(list, id, ',');) k.members.push_back(id);
+  return k;
 }
 
 std::string RoundStore::claim_shape(const std::string& shape, Deadline deadline) {
@@ -254,6 +298,14 @@ void RoundStore::send_store_home(int round, Deadline deadline) {
 
 bool RoundStore::store_goes_home(int round, Deadline deadline) {
   return client_->check({key(round, "store_home")}, deadline);
+}
+
+void RoundStore::send_store_away(int round, Deadline deadline) {
+  client_->compare_set(key(round, "store_away"), "", "1", deadline);
+}
+
+bool RoundStore::store_goes_away(int round, Deadline deadline) {
+  return client_->check({key(round, "store_away")}, deadline);
 }
 
 }  // namespace ddp::launcher

@@ -12,6 +12,8 @@
 //                    workers run, stopping included): its sign of life. <id>: its node rank
 //                    (fixed), "<host>:<pid>:<random>" (elastic: a ddprun started again is a new
 //                    node)
+//   last_round       "<R> <ids>": the newest round that began in this store (or that the nodes
+//                    moving it here last ran), its nodes' ids comma-separated; only raised
 //   failures         how many rounds ended in a failure, counted by each round's first reporter
 //                    (and carried when the store moves): what an elastic job's --max-restarts
 //                    counts
@@ -20,7 +22,9 @@
 //                    again, or two were given that rank)
 //   <R>/count        add(1) by each node entering round R: its arrival index i
 //   <R>/member/<i>   that node's entry: "<id> <host> <address> <round it last ran> <its node
-//                    rank there>" (the address: where its standby store listens, or "-")
+//                    rank there> <that round's node ids, comma-separated>" (the address: where
+//                    its standby store listens, or "-"; "-" for no round): what a store just
+//                    moved to learns the last round from (Note [Never two groups] in quorum.h)
 //   <R>/closed       the number of nodes admitted to R, written once (compare_set): arrivals
 //                    i < closed are R's nodes; later ones wait for R + 1
 //   <R>/failed       R's first failure, one line ("node 1 (h): rank 3 failed (exit code 1)");
@@ -32,6 +36,9 @@
 //                    admitted, the store moved, or none of R's nodes answers any more
 //   <R>/regroup_seen how many nodes have read R's regroup (a leaving store host waits for them)
 //   <R>/left/<id>    set by a node that leaves after R (nobody waits for it)
+//   <R>/store_away   set with R's regroup when the node hosting the job's store leaves: the
+//                    others move it before the next round, which must not begin in a store
+//                    about to vanish
 //   <R>/store_home   set with R's regroup when the job's store moves back to the endpoint
 //                    (Note [Moving the store] in elastic.cpp)
 // Every call is bounded by the deadline its caller passes. A value that should be a number and
@@ -59,10 +66,17 @@ struct RoundEntry {
   std::string addr;     // its address toward the store ("-": none), where it would host one
   int last_round = -1;  // the round it last ran in; -1: none (a new node)
   int last_rank = -1;   // its node rank there
+  std::vector<std::string> last_members;  // the ids of that round's nodes, in rank order
   int arrival = 0;      // its arrival index in this round (not stored: the key's <i>)
 
   std::string format() const;
   static RoundEntry parse(const std::string& text, int arrival);
+};
+
+// A round and its nodes' ids, as someone knows it (Note [Never two groups] in quorum.h).
+struct KnownRound {
+  int round = -1;  // -1: none (a job that never ran, as far as anyone here knows)
+  std::vector<std::string> members;
 };
 
 // The number the store holds under `what` ("round", "failure count"); throws ddp::Error naming
@@ -89,6 +103,9 @@ class RoundStore {
   // alive/<id>: count one sign of life; how many so far.
   void beat(const std::string& id, Deadline deadline);
   int64_t beats(const std::string& id, Deadline deadline);
+  // "last_round": raised to `known` unless it holds a newer round; the newest round recorded.
+  void record_round(const KnownRound& known, Deadline deadline);
+  KnownRound last_round(Deadline deadline);
   // "failures": how many so far (0: none); count one more (returns the new count); raise it to at
   // least `count` (a store just moved to).
   int failures(Deadline deadline);
@@ -136,11 +153,14 @@ class RoundStore {
   bool left(int round, const std::string& id, Deadline deadline);
   void send_store_home(int round, Deadline deadline);
   bool store_goes_home(int round, Deadline deadline);
+  void send_store_away(int round, Deadline deadline);
+  bool store_goes_away(int round, Deadline deadline);
 
  private:
   std::string job_key(std::string_view what) const;
   std::string key(int round, std::string_view what) const;
   std::optional<std::string> get_if_set(const std::string& key, Deadline deadline);
+  KnownRound parse_round(const std::string& text) const;  // "last_round"'s value
 
   const std::string prefix_;  // "ddprun/<run id>/"
   std::unique_ptr<store::Client> client_;
