@@ -68,6 +68,15 @@ class ElasticRoundsTest : public ::testing::Test {
     }
     return out;
   }
+  // What `n` joining round `next` fails with ("joined" if it does not fail).
+  static std::string join_error(Rounds& n, int next) {
+    try {
+      n.join(next, kNoStop);
+      return "joined";
+    } catch (const RendezvousError& e) {
+      return e.what();
+    }
+  }
   // Polls `n` for a re-forming of `round`, up to `limit_s`.
   static std::optional<std::string> regroup_within(Rounds& n, int round, double limit_s) {
     const auto start = Clock::now();
@@ -184,17 +193,12 @@ TEST_F(ElasticRoundsTest, NodesWithoutAMajorityOfTheLastRoundNeverBeginOne) {
   b.reset();
   x.reset();
   const auto start = Clock::now();
-  try {
-    a->join(1, kNoStop);
-    ADD_FAILURE() << "1 node of 3 began a round";
-  } catch (const RendezvousError& e) {
-    EXPECT_GE(seconds_since(start), 3.9) << "the join timeout (4 s)";
-    EXPECT_TRUE(contains(e.what(), "elastic round 1 could not begin")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "its nodes hold 1 of the 3 node(s) of elastic round 0"))
-        << e.what();
-    EXPECT_TRUE(contains(e.what(), "needs a majority of them (2)")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "missing: ")) << e.what();
-  }
+  const std::string what = join_error(*a, 1);
+  EXPECT_GE(seconds_since(start), 3.9) << "the join timeout (4 s)";
+  EXPECT_TRUE(contains(what, "elastic round 1 could not begin")) << what;
+  EXPECT_TRUE(contains(what, "its nodes hold 1 of the 3 node(s) of elastic round 0")) << what;
+  EXPECT_TRUE(contains(what, "needs a majority of them (2)")) << what;
+  EXPECT_TRUE(contains(what, "missing: ")) << what;
 }
 
 // The trap Raft's joint consensus avoids: a node of an old round, with newcomers, is counted
@@ -218,14 +222,7 @@ TEST_F(ElasticRoundsTest, ANodeOfAnOldRoundAndNewcomersAreCountedAgainstTheNewes
   auto e = node(c), f = node(c);
   std::vector<std::future<std::string>> verdicts;
   for (Rounds* n : {a.get(), e.get(), f.get()}) {
-    verdicts.push_back(std::async(std::launch::async, [n]() -> std::string {
-      try {
-        n->join(1, kNoStop);
-        return "joined";
-      } catch (const std::exception& err) {
-        return err.what();
-      }
-    }));
+    verdicts.push_back(std::async(std::launch::async, [n] { return join_error(*n, 1); }));
   }
   for (auto& v : verdicts) {
     const std::string what = v.get();
@@ -303,16 +300,11 @@ TEST_F(ElasticRoundsTest, FewerThanMinFailAfterTheJoinTimeoutNamingTheMissing) {
   EXPECT_EQ(a->report_failure(0, "rank 2 failed (exit code 1)", false), std::nullopt);
   b.reset();  // node b is gone with its host
   const auto start = Clock::now();
-  try {
-    a->join(1, kNoStop);
-    ADD_FAILURE() << "a round of 1 node formed with MIN 2";
-  } catch (const RendezvousError& e) {
-    EXPECT_GE(seconds_since(start), 3.9) << "the join timeout (4 s)";
-    EXPECT_TRUE(contains(e.what(), "1 node(s) joined elastic round 1")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "fewer than the minimum of 2 (--nnodes 2:3)")) << e.what();
-    EXPECT_TRUE(contains(e.what(), fmt::format("(node {} of round 0)", first[1].node_rank)))
-        << e.what();
-  }
+  const std::string what = join_error(*a, 1);
+  EXPECT_GE(seconds_since(start), 3.9) << "the join timeout (4 s)";
+  EXPECT_TRUE(contains(what, "1 node(s) joined elastic round 1")) << what;
+  EXPECT_TRUE(contains(what, "fewer than the minimum of 2 (--nnodes 2:3)")) << what;
+  EXPECT_TRUE(contains(what, fmt::format("(node {} of round 0)", first[1].node_rank))) << what;
 }
 
 }  // namespace

@@ -246,8 +246,8 @@ std::optional<int> ElasticRounds::admissible(Join& j, int count, Clock::time_poi
   } else if (count >= policy_.min_nodes) {
     if (!j.min_seen) j.min_seen = now;
     const auto waited = now - *j.min_seen;
-    if (policy_.fixed_ranks() || waited >= join_timeout_) {
-      admitted = count;  // (fixed: MIN = MAX, so never here)
+    if (waited >= join_timeout_) {
+      admitted = count;
     } else {
       // One stopping its workers with a checkpoint can take longer than the last call.
       const std::vector<RoundEntry> here = store_.entries(j.round, count, milliseconds(1000));
@@ -304,10 +304,8 @@ bool ElasticRounds::majority(Join& j, int admitted, Deadline deadline) {
 
 KnownRound ElasticRounds::known_last(int round, const std::vector<RoundEntry>& here,
                                      Deadline deadline) {
-  KnownRound stored = store_.last_round(deadline);
-  if (stored.round >= round) stored = {};  // (a round recorded ahead of this one: not its past)
   std::string conflict;
-  KnownRound last = newest_round(stored, here, &conflict);
+  KnownRound last = newest_round(store_.last_round(deadline), here, &conflict);
   if (!conflict.empty()) {
     throw Error(fmt::format(
         "{}: {} {} cannot begin: {}. The job's rounds no longer form one line (a store written "

@@ -99,6 +99,17 @@ std::string format_round(const KnownRound& k) {
   return fmt::format("{} {}", k.round, fmt::join(k.members, ","));
 }
 
+KnownRound parse_round(const std::string& text) {
+  KnownRound k;
+  std::istringstream in(text);
+  std::string round, members;
+  in >> round >> members;
+  k.round = parse_count(round, "last round");
+  std::istringstream list(members);
+  for (std::string id; std::getline(list, id, ',');) k.members.push_back(id);
+  return k;
+}
+
 }  // namespace
 
 void RoundStore::record_round(const KnownRound& known, Deadline deadline) {
@@ -115,17 +126,6 @@ void RoundStore::record_round(const KnownRound& known, Deadline deadline) {
 KnownRound RoundStore::last_round(Deadline deadline) {
   std::optional<std::string> text = get_if_set(job_key("last_round"), deadline);
   return text ? parse_round(*text) : KnownRound{};
-}
-
-KnownRound RoundStore::parse_round(const std::string& text) const {
-  KnownRound k;
-  std::istringstream in(text);
-  std::string round, members;
-  in >> round >> members;
-  k.round = parse_count(round, "last round");
-  std::istringstream list(members);
-  for (std::string id; std::getline(list, id, ',');) k.members.push_back(id);
-  return k;
 }
 
 std::string RoundStore::claim_shape(const std::string& shape, Deadline deadline) {

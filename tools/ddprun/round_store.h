@@ -160,7 +160,6 @@ class RoundStore {
   std::string job_key(std::string_view what) const;
   std::string key(int round, std::string_view what) const;
   std::optional<std::string> get_if_set(const std::string& key, Deadline deadline);
-  KnownRound parse_round(const std::string& text) const;  // "last_round"'s value
 
   const std::string prefix_;  // "ddprun/<run id>/"
   std::unique_ptr<store::Client> client_;
