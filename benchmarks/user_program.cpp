@@ -57,7 +57,9 @@ int main(int argc, char** argv) {
 
   auto train = std::make_shared<ddp::FashionMnist>(
       ddp::Split::kTrain, ddp::FashionMnistOptions{.dir = data_dir});
-  ddp::DistributedSampler sampler(train->size(), {.shuffle = true, .seed = seed, .drop_last = true});
+  ddp::DistributedSampler sampler(train->size(), {.shuffle = true,
+                                                  .seed = static_cast<uint64_t>(seed),
+                                                  .drop_last = true});
   ddp::DataLoader loader(train, sampler,
                          {.batch_size = global_batch / ddp::get_world_size(), .drop_last = true});
   using Clock = std::chrono::steady_clock;

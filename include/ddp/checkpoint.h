@@ -81,6 +81,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -90,6 +91,8 @@
 #include "ddp/training_state.h"
 
 namespace ddp {
+
+class RunLease;  // ddp/run_lease.h
 
 class ProcessGroup;
 
@@ -205,6 +208,11 @@ struct CheckpointerOptions {
   // linking last.ckpt) with the file's path; a hook that throws simulates a failure there (a
   // full disk, an I/O error). Empty in production.
   std::function<void(std::string_view stage, const std::filesystem::path& file)> fault_hook;
+  // The run folder's lease (ddp/run_lease.h), held by the writing rank: each file is checked
+  // against it before the rename that publishes it, and a group that lost the folder to another
+  // fails with FencedError (relayed to the other ranks as a CheckpointError) instead of
+  // replacing that group's files. Null: no fencing.
+  std::shared_ptr<const RunLease> lease;
 };
 
 struct SkippedCheckpoint {

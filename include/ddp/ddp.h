@@ -15,6 +15,7 @@
 #include "ddp/metrics.h"                    // EvalStats, all_reduce(EvalStats): exact evaluation
 #include "ddp/process_group.h"              // ProcessGroup, Work, ReduceOp, InitOptions
 #include "ddp/relayed_error.h"              // Relayed<E>, record_error(exception): who failed first
+#include "ddp/run_lease.h"                  // RunLease: one group writes into a run folder
 #include "ddp/sampler.h"                    // DistributedSampler, SamplerOptions, SamplerState
 #include "ddp/stateful.h"                   // Stateful, StateDict: your own saved state
 #include "ddp/sync_batch_norm.h"            // SyncBatchNorm, convert_sync_batchnorm

@@ -71,6 +71,9 @@ struct DistEnv {
   std::optional<uint64_t> store_max_bytes;  // DDP_STORE_MAX_BYTES: cap on the stored bytes
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: which attempt of the group this is
   std::string run_id;     // TORCHELASTIC_RUN_ID or the launcher's job id; may be empty
+  // DDP_RUN_LINEAGE: which instance of the job (ddprun; Note [Run folder lease] in
+  // ddp/run_lease.h); empty under other launchers.
+  std::string run_lineage;
   std::optional<std::chrono::milliseconds> rdzv_timeout;        // DDP_RDZV_TIMEOUT
   std::optional<std::chrono::milliseconds> collective_timeout;  // DDP_COLLECTIVE_TIMEOUT
   DebugLevel debug = DebugLevel::kOff;  // DDP_DEBUG, else TORCH_DISTRIBUTED_DEBUG
@@ -130,6 +133,10 @@ inline constexpr EnvKnob kEnvKnobs[] = {
     {"DDP_STORE_SECRET", "(none)", "the job's rendezvous-store secret; ddprun generates one"},
     {"DDP_STORE_BIND", "(the job's address)", "addresses the store listens on, or any"},
     {"DDP_STORE_MAX_BYTES", "268435456", "cap on the bytes the rendezvous store holds"},
+    {"DDP_RUN_LINEAGE", "(set by ddprun)",
+     "which instance of the job a group belongs to, for the run folder's lease"},
+    {"DDP_RUN_LEASE_TTL", "10",
+     "seconds a run folder's lease lasts unrenewed before another group may take it"},
     {"DDP_AGENT_STORE", "tcpstore",
      "what the launcher's agent store is: tcpstore (torchrun) or ddp"},
     {"GLOO_SOCKET_IFNAME", "(routes to MASTER_ADDR)", "network interface Gloo uses"},

@@ -132,6 +132,7 @@ void parse_torchrun(const EnvMap& env, DistEnv& out) {
   out.restart_count =
       get_int(env, "TORCHELASTIC_RESTART_COUNT", 0, 1 << 30, kTorchrunHint).value_or(0);
   if (const std::string* v = find(env, "TORCHELASTIC_RUN_ID")) out.run_id = *v;
+  if (const std::string* v = find(env, "DDP_RUN_LINEAGE")) out.run_lineage = *v;
   if (const std::string* v = find(env, "TORCHELASTIC_USE_AGENT_STORE")) {
     out.use_agent_store = parse_bool("TORCHELASTIC_USE_AGENT_STORE", *v);
   }

@@ -19,6 +19,7 @@
 #include "ddp/checkpoint.h"
 #include "ddp/process_group.h"
 #include "ddp/relayed_error.h"  // Relayed: a failure announced by another rank
+#include "ddp/run_lease.h"      // RunLease::check before publishing a file
 #include "process_group/bytes_collectives.h"
 
 namespace ddp {
@@ -148,16 +149,24 @@ SavedCheckpoint Checkpointer::save(TrainingState& state, const CheckpointMeta& m
   // holds the whole snapshot.
   const Snapshot snapshot = group ? state.snapshot(*group) : state.snapshot();
 
+  // Note [Run folder lease]: each file is published (renamed, linked) only while this group
+  // still holds the folder.
+  const ckpt::FaultHook hook = [this](std::string_view stage, const fs::path& file) {
+    if (options_.lease && (stage == "rename" || stage == "last")) {
+      options_.lease->check(fmt::format("checkpoint {}", file.filename().string()));
+    }
+    if (options_.fault_hook) options_.fault_hook(stage, file);
+  };
   std::exception_ptr error;
   if (!group || group->rank() == 0) {
     try {
       remove_stale_temp_files();
       const std::string bytes = encode_checkpoint(snapshot, meta);
-      ckpt::write_atomic(out.path, {bytes}, options_.fault_hook);
+      ckpt::write_atomic(out.path, {bytes}, hook);
       if (options_.save_last) {
         const fs::path last = last_path();
-        if (!ckpt::link_atomic(out.path, last, options_.fault_hook)) {
-          ckpt::write_atomic(last, {bytes}, options_.fault_hook);
+        if (!ckpt::link_atomic(out.path, last, hook)) {
+          ckpt::write_atomic(last, {bytes}, hook);
           out.warnings.push_back(
               fmt::format("{}: the file system refuses hard links; wrote a copy", last.string()));
         }

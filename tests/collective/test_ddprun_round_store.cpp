@@ -74,6 +74,9 @@ TEST_F(RoundStoreTest, TheKeysAreTheNotes) {
             "--nnodes 2, --nproc-per-node 1")
       << "the first node's shape stands";
   EXPECT_EQ(raw("ddprun/run/shape"), "--nnodes 2, --nproc-per-node 1");
+  EXPECT_EQ(keys.claim_lineage("3fa2", soon()), "3fa2");
+  EXPECT_EQ(keys.claim_lineage("9c01", soon()), "3fa2") << "the store's lineage stands";
+  EXPECT_EQ(raw("ddprun/run/lineage"), "3fa2");
 
   keys.beat("1", soon());
   keys.beat("1", soon());
@@ -180,6 +183,19 @@ TEST_F(RoundStoreTest, EntriesAreReadOnceAndAMissingOneIsUnknown) {
   EXPECT_EQ(two[1].arrival, 1);
   EXPECT_EQ(RoundEntry::parse("garbled", 3).id, "?");
   EXPECT_EQ(RoundEntry::parse("a h 1.2.3.4 7 2", 0).format(), "a h 1.2.3.4 7 2 -");
+}
+
+// A store moved (back home): round R's entries there are another store's, read anew.
+TEST_F(RoundStoreTest, EntriesAreReadAgainInAnotherStore) {
+  const int other_port = net::pick_free_port();
+  const std::unique_ptr<store::Server> other = host(other_port);
+  RoundStore here("run", options(other_port));
+  here.write_entry(1, 0, {.id = "h2", .host = "h2", .addr = "-"}, soon());
+  EXPECT_EQ(here.entries(1, 1, 200ms).front().id, "h2");
+  RoundStore home("run", options_);
+  home.write_entry(1, 0, {.id = "h0", .host = "h0", .addr = "-"}, soon());
+  here.connect(options_);
+  EXPECT_EQ(here.entries(1, 1, 200ms).front().id, "h0");
 }
 
 TEST_F(RoundStoreTest, ANumberThatIsNotOneIsRefusedNamingTheKey) {

@@ -105,6 +105,10 @@ TEST_F(ElasticRoundsTest, ARoundClosesAtMaxAtOnceTheFirstAtMinAfterTheLastCall) 
   for (const Membership& m : full) ranks.push_back(m.node_rank);
   std::ranges::sort(ranks);
   EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2}));
+  // One instance of the job: every node's workers get the store's lineage.
+  EXPECT_EQ(full[0].lineage.size(), 16u) << full[0].lineage;
+  EXPECT_EQ(full[1].lineage, full[0].lineage);
+  EXPECT_EQ(full[2].lineage, full[0].lineage);
 
   // Two of them re-form without the third (it left): every node of the last round that stays is
   // in, so the round closes without the last call (nobody new is on the way).
@@ -118,6 +122,8 @@ TEST_F(ElasticRoundsTest, ARoundClosesAtMaxAtOnceTheFirstAtMinAfterTheLastCall) 
   EXPECT_EQ(two[0].round, 1);
   EXPECT_EQ(two[0].nnodes, 2);
   EXPECT_EQ(two[0].restarts, 0) << "leaving is not a failure";
+  EXPECT_EQ(two[0].lineage, full[0].lineage) << "a re-formed job is the same instance";
+  EXPECT_EQ(two[1].lineage, full[0].lineage);
   // Ranks follow the previous round's order: the lower of a and b is 0 again.
   EXPECT_EQ(two[0].node_rank, full[0].node_rank < full[1].node_rank ? 0 : 1);
   EXPECT_EQ(two[1].node_rank, 1 - two[0].node_rank);

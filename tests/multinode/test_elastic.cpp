@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -94,9 +95,9 @@ std::map<int64_t, Epoch> trained_samples(const fs::path& dir) {
 }
 
 // Each epoch used every one of the kSamples samples, each once except for the sampler's padding.
-void expect_each_sample_once(const fs::path& dir) {
+void expect_each_sample_once(const fs::path& dir, int num_epochs = kEpochs) {
   const auto epochs = trained_samples(dir);
-  ASSERT_EQ(static_cast<int>(epochs.size()), kEpochs) << "epochs in the sample log";
+  ASSERT_EQ(static_cast<int>(epochs.size()), num_epochs) << "epochs in the sample log";
   for (const auto& [epoch, e] : epochs) {
     std::map<int64_t, int> seen;
     for (int64_t i : e.indices) ++seen[i];
@@ -114,6 +115,42 @@ void expect_each_sample_once(const fs::path& dir) {
                 kSamples, repeats,
                 fmt::format("{}", fmt::join(e.worlds, ", ")).c_str());
   }
+}
+
+// The newest step checkpoint in `dir` (-1: none).
+int64_t newest_step(const fs::path& dir) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t at = name.find("-step=");
+    if (at != std::string::npos) newest = std::max<int64_t>(newest, std::atoll(name.c_str() + at + 6));
+  }
+  return newest;
+}
+
+// The run folder's history (run.lease.log, Note [Run folder lease] in ddp/run_lease.h): every
+// group that took the folder belongs to one instance of the job (one lineage), each in a newer
+// round than the one before, and the last one released it at the end.
+void expect_one_lineage(const fs::path& run) {
+  std::ifstream in(run / "run.lease.log");
+  std::string line, lineage;
+  int64_t round = -1;
+  int takes = 0;
+  const std::regex take(R"( take job '[^']*' \(lineage (\w+), round (\d+)\))");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, take)) continue;
+    ++takes;
+    if (lineage.empty()) lineage = m[1];
+    EXPECT_EQ(m[1], lineage) << "two instances of the job wrote into " << run << ": " << line;
+    EXPECT_GT(std::stoll(m[2]), round) << "a round took the folder after a newer one: " << line;
+    round = std::stoll(m[2]);
+  }
+  EXPECT_GT(takes, 0) << run / "run.lease.log";
+  EXPECT_FALSE(fs::exists(run / "run.lease")) << "the last holder did not release the folder";
+  std::printf("[ measured ] run folder: %d group(s) of one lineage took it in turn, rounds up to "
+              "%ld\n", takes, static_cast<long>(round));
 }
 
 class Elastic : public ::testing::Test {
@@ -140,8 +177,8 @@ class Elastic : public ::testing::Test {
     return hosts.start(k, argv, {{"DDP_DEBUG", "info"}}, 300);
   }
 
-  std::vector<std::string> train(const std::string& name) const {
-    return {kTrain, "--model", "cnn", "--epochs", std::to_string(kEpochs),
+  std::vector<std::string> train(const std::string& name, int epochs = kEpochs) const {
+    return {kTrain, "--model", "cnn", "--epochs", std::to_string(epochs),
             "--train-subset", std::to_string(kSamples), "--test-subset", "500",
             "--batch-size", "32", "--checkpoint-every", "2", "--resume", "auto", "--no-plots",
             "--workers", "1", "--log-every", "1", "--output-dir", (dir_ / name).string(),
@@ -208,6 +245,7 @@ TEST_F(Elastic, AKilledHostDropsOutAndAdmittedAgainGrowsTheJobBack) {
   const std::string err0 = h[0]->wait().err;
   EXPECT_NE(err0.find("not counted as a restart"), std::string::npos) << err0;
   expect_each_sample_once(dir_ / "run" / "samples");
+  expect_one_lineage(dir_ / "run");
   for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
 }
 
@@ -260,6 +298,7 @@ TEST_F(Elastic, TheStoresHostKilledTheOthersMoveTheStoreAndTakeItBackWhenItRetur
   EXPECT_NE(h[1]->wait().err.find("back to the rendezvous endpoint"), std::string::npos)
       << h[1]->wait().err;
   expect_each_sample_once(dir_ / "run" / "samples");
+  expect_one_lineage(dir_ / "run");
   for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
 }
 
@@ -319,6 +358,7 @@ TEST_F(Elastic, ASigtermNoticeLetsTheNodeLeaveWithACheckpointAndTheOthersGoOn) {
           << ra.err;
     }
     expect_each_sample_once(dir_ / name / "samples");
+    expect_one_lineage(dir_ / name);
     for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
   }
 }
@@ -331,7 +371,8 @@ TEST_F(Elastic, ASigtermNoticeLetsTheNodeLeaveWithACheckpointAndTheOthersGoOn) {
 // sample log shows every sample of each epoch trained once: one group at every step.
 TEST_F(Elastic, AStoreHostCutOffAloneNeverTrainsAndTheJobHealsWhole) {
   Hosts hosts(3);
-  const std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=1,join_timeout=120"};
+  const std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=1,join_timeout=120",
+                                          "--collective-timeout", "15"};
   std::vector<std::optional<Subprocess>> h(3);
   for (int k = 0; k < 3; ++k) h[k].emplace(node(hosts, k, "1:3", train("run"), extra));
   ASSERT_TRUE(testing::wait_until([&] {
@@ -377,7 +418,85 @@ TEST_F(Elastic, AStoreHostCutOffAloneNeverTrainsAndTheJobHealsWhole) {
   }
   EXPECT_EQ(h[0]->wait().err.find(": 1 node(s)"), std::string::npos) << h[0]->wait().err;
   expect_each_sample_once(dir_ / "run" / "samples");
+  expect_one_lineage(dir_ / "run");
   for (int k = 0; k < 3; ++k) EXPECT_EQ(hosts.processes(k), 0);
+}
+
+// 4 hosts on two switches, {0 (the store's), 1} and {2, 3}, --nnodes 1:4: MIN lets any side
+// begin a round, only the majority rule stops them. Cut in halves (2 | 2), neither has a
+// majority of the 4 (3): nobody trains and each side waits, saying so; {2, 3} move the store to
+// host 2 meanwhile. Joined again, the halves, in two stores, find each other at the endpoint and
+// the job runs on 4. One lineage wrote into the run folder, and every sample of each epoch was
+// trained once.
+TEST_F(Elastic, HalvesWithoutAMajorityNeverTrainAndFindEachOtherWhenJoined) {
+  Hosts hosts(4, 2);
+  const std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=1,join_timeout=120",
+                                          "--collective-timeout", "15"};
+  std::vector<std::optional<Subprocess>> h(4);
+  for (int k = 0; k < 4; ++k) h[k].emplace(node(hosts, k, "1:4", train("run"), extra));
+  const fs::path ckpts = dir_ / "run" / "checkpoints";
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[0]->err_so_far().find("elastic round 0: 4 node(s)") != std::string::npos &&
+           fs::exists(ckpts / "epoch=0-step=4.ckpt");
+  }, 180)) << h[0]->err_so_far() << h[0]->out_so_far();
+  auto errs = [&] {
+    std::string all;
+    for (auto& p : h) all += p->err_so_far();
+    return all;
+  };
+  // What every rank has trained so far: the sample log's files and their sizes.
+  auto trained = [&] {
+    std::map<std::string, uintmax_t> files;
+    for (const auto& e : fs::directory_iterator(dir_ / "run" / "samples")) {
+      files[e.path().filename().string()] = fs::file_size(e.path());
+    }
+    return files;
+  };
+
+  hosts.set_split(true);
+  const double cut_at = h[0]->elapsed_s();
+  ASSERT_TRUE(testing::wait_until([&] {
+    for (auto& p : h) {
+      if (p->err_so_far().find("waits for a majority of the 4 node(s)") == std::string::npos) {
+        return false;
+      }
+    }
+    return true;
+  }, 120)) << errs();
+  std::printf("[ measured ] cut in halves: every node waited for a majority %.1f s after the cut\n",
+              h[0]->elapsed_s() - cut_at);
+  // Sampled for 5 s: no rank trains, no round begins.
+  const auto during = trained();
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  EXPECT_EQ(trained(), during) << "a rank trained while the job was cut in halves";
+  EXPECT_EQ(errs().find(": 2 node(s)"), std::string::npos) << "a half began a round: " << errs();
+  EXPECT_NE(h[2]->err_so_far().find("it moved to"), std::string::npos) << h[2]->err_so_far();
+
+  const size_t before = h[0]->err_so_far().size();
+  hosts.set_split(false);
+  const double joined_at = h[0]->elapsed_s();
+  double whole_at = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (h[0]->err_so_far().find(": 4 node(s)", before) == std::string::npos) return false;
+    whole_at = h[0]->elapsed_s();
+    return true;
+  }, 120)) << errs();
+  std::printf("[ measured ] halves joined again: the job ran on 4 nodes %.1f s later\n",
+              whole_at - joined_at);
+  EXPECT_NE(h[2]->err_so_far().find("moved from", 0), std::string::npos)
+      << "host 2 went back to the endpoint's store: " << h[2]->err_so_far();
+
+  for (int k = 0; k < 4; ++k) {
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+  }
+  for (auto& p : h) {
+    EXPECT_EQ(p->wait().err.find(": 2 node(s)"), std::string::npos) << p->wait().err;
+    EXPECT_EQ(p->wait().err.find(": 1 node(s)"), std::string::npos) << p->wait().err;
+  }
+  expect_each_sample_once(dir_ / "run" / "samples");
+  expect_one_lineage(dir_ / "run");
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(hosts.processes(k), 0);
 }
 
 // --nnodes 2:3 on 4 hosts: the fourth waits, says why, and ends when the job finishes. The job
@@ -416,6 +535,7 @@ TEST_F(Elastic, AHostOverMaxWaitsAndTheJobTrainsAsAFixedOne) {
   EXPECT_NE(err3.find("finished in round 0"), std::string::npos) << err3;
   EXPECT_EQ(h[0]->wait().err.find("re-form"), std::string::npos) << h[0]->wait().err;
   expect_each_sample_once(dir_ / "run" / "samples");
+  expect_one_lineage(dir_ / "run");
   const auto fixed = testing::load_state(dir_ / "fixed" / "model_state.pt");
   const auto elastic = testing::load_state(dir_ / "run" / "model_state.pt");
   ASSERT_EQ(fixed.size(), elastic.size());

@@ -1,10 +1,13 @@
 // Faults injected into real jobs under ddprun: checkpoint writes that fail (a file-size limit,
-// a read-only folder), a corrupt dataset, a rank that exits 0 while the others still reduce.
+// a read-only folder), a corrupt dataset, a rank that exits 0 while the others still reduce, a
+// second job started into a run folder in use.
 // Each must end the job with a clear error naming what failed, non-zero, within a bound, and
 // leave the previous checkpoint intact. (ddprun's own faults, a SIGKILLed or SIGSTOPped worker,
 // are in test_ddprun_launcher.)
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -211,6 +214,54 @@ TEST_F(FaultTest, RankExitingZeroEarlyFailsTheOthersNamingIt) {
                                 "without reaching it") ||
                 contains(r.err, "rank 1 left the group without issuing all_reduce #"))
         << backend << "\n" << r.err;
+  }
+}
+
+// Two jobs started by mistake with one --output-dir (each --standalone: its own run id). The
+// second is refused at once, naming the first; the first trains on, its folder holding only its
+// own rows, checkpoints and history (Note [Run folder lease] in ddp/run_lease.h).
+TEST_F(FaultTest, ASecondJobIntoTheSameFolderIsRefusedAtOnce) {
+  testing::Subprocess first = testing::Subprocess::start(train({"--epochs", "200"}));
+  const fs::path lease = dir_ / "run" / "run.lease";
+  ASSERT_TRUE(testing::wait_until([&] { return fs::exists(checkpoints() / "last.ckpt"); }, 120))
+      << first.err_so_far();
+  const std::string held = read_bytes(lease);
+  Result second = run_command(train({"--epochs", "1"}));
+  measured("a second job into a run folder in use", second);
+  EXPECT_TRUE(second.exited(1)) << second.describe();
+  EXPECT_LT(second.wall_s, 20.0) << second.describe();
+  EXPECT_TRUE(contains(second.err, "cannot take it: the folder is in use by another job: job '"))
+      << second.err;
+  EXPECT_TRUE(contains(second.err, "Give this job its own --output-dir, or stop the other job "
+                                   "first"))
+      << second.err;
+  EXPECT_TRUE(contains(second.err, "  rank      : 0 (local_rank 0) on host ")) << second.err;
+  EXPECT_FALSE(contains(second.out, "epoch 1")) << second.out;
+
+  // The first job was not disturbed: it trains on and stops cleanly when asked.
+  first.signal(SIGTERM);
+  const Result& r = first.wait();
+  EXPECT_EQ(r.term_signal, SIGTERM) << r.describe();  // ddprun ends by the signal it got
+  EXPECT_TRUE(contains(r.out, "preempted at step ")) << r.describe();
+  EXPECT_NO_THROW(verify_checkpoint(checkpoints() / "last.ckpt"));
+  // One holder in the history: the first job's take and release, nothing of the second.
+  const std::string log = read_bytes(dir_ / "run" / "run.lease.log");
+  const auto lines = std::count(log.begin(), log.end(), '\n');
+  EXPECT_EQ(lines, 2) << log;
+  EXPECT_TRUE(contains(log, " take job '")) << log;
+  EXPECT_TRUE(contains(log, " release job '")) << log;
+  EXPECT_TRUE(contains(held, "\"round\":0")) << held;
+  EXPECT_FALSE(fs::exists(lease)) << "released at the end";
+  // Rows of one job only: steps never go back within a split.
+  std::ifstream csv(dir_ / "run" / "metrics.csv");
+  std::string line;
+  std::getline(csv, line);
+  int64_t last_train = -1;
+  while (std::getline(csv, line)) {
+    if (!contains(line, ",train,")) continue;
+    const int64_t step = std::stoll(line);
+    EXPECT_GT(step, last_train) << line;
+    last_train = step;
   }
 }
 

@@ -7,6 +7,8 @@
 //   auto job = hosts.start(0, {ddprun, ...});        // a Subprocess inside host 0
 //   hosts.set_link(1, false);                        // unplug host 1
 //   hosts.shape(1, "20mbit");                        // or slow its link down
+//   Hosts four(4, 2);                                // h0, h1 on one bridge, h2, h3 on another
+//   four.set_split(true);                            // the link between them down: 2 | 2
 //
 // Destruction kills whatever still runs in the namespaces and deletes them. Namespaces left by a
 // test process that died are deleted by the next Hosts (their owner pid is gone).
@@ -43,7 +45,11 @@ class Hosts {
     return true;
   }
 
-  explicit Hosts(int n) : n_(n), tag_(fmt::format("ddpt{}", ::getpid())) {
+  // `second_from`: hosts k >= second_from hang on a second bridge, joined to the first by one
+  // veth link (set_split cuts it); by default every host is on the first.
+  explicit Hosts(int n, int second_from = -1)
+      : n_(n), second_from_(second_from < 0 ? n : second_from),
+        tag_(fmt::format("ddpt{}", ::getpid())) {
     remove_stale();
     try {
       create();
@@ -72,6 +78,15 @@ class Hosts {
     const int subnet = 1 + ::getpid() % 250;
     sh(fmt::format("ip netns add {}sw", tag_));
     sh(fmt::format("ip -n {0}sw link add br0 type bridge && ip -n {0}sw link set br0 up", tag_));
+    if (second_from_ < n_) {
+      // br1, and the link between the bridges: lnk0 on br0, lnk1 on br1.
+      sh(fmt::format(
+          "ip -n {0}sw link add br1 type bridge && ip -n {0}sw link set br1 up && "
+          "ip -n {0}sw link add lnk0 type veth peer name lnk1 && "
+          "ip -n {0}sw link set lnk0 master br0 && ip -n {0}sw link set lnk1 master br1 && "
+          "ip -n {0}sw link set lnk0 up && ip -n {0}sw link set lnk1 up",
+          tag_));
+    }
     for (int k = 0; k < n_; ++k) {
       const std::string ns = host(k);
       addresses_.push_back(fmt::format("10.199.{}.{}", subnet, k + 1));
@@ -80,8 +95,8 @@ class Hosts {
       sh(fmt::format("ip link add {0}v{1} type veth peer name {0}p{1}", tag_, k));
       sh(fmt::format("ip link set {0}v{1} netns {2} && ip link set {0}p{1} netns {0}sw", tag_, k,
                      ns));
-      sh(fmt::format("ip -n {0}sw link set {0}p{1} master br0 && ip -n {0}sw link set {0}p{1} up",
-                     tag_, k));
+      sh(fmt::format("ip -n {0}sw link set {0}p{1} master br{2} && ip -n {0}sw link set {0}p{1} up",
+                     tag_, k, k < second_from_ ? 0 : 1));
       sh(
           fmt::format("ip -n {0} addr add {1}/24 dev {2}v{3} && ip -n {0} link set {2}v{3} up && "
                       "ip -n {0} link set lo up",
@@ -123,6 +138,13 @@ class Hosts {
   // Host k's link up or down (down: its packets go nowhere, as an unplugged cable).
   void set_link(int k, bool up) const {
     sh(fmt::format("ip -n {} link set {}v{} {}", host(k), tag_, k, up ? "up" : "down"));
+  }
+
+  // The link between the two bridges down (`split`: hosts [0, second_from) and [second_from, n)
+  // cannot reach each other, each side whole) or up again.
+  void set_split(bool split) const {
+    if (second_from_ >= n_) throw std::logic_error("Hosts: no second bridge to split from");
+    sh(fmt::format("ip -n {}sw link set lnk0 {}", tag_, split ? "down" : "up"));
   }
 
   // Limits host k's outgoing traffic to `rate` (tc's token bucket filter, e.g. "20mbit").
@@ -174,6 +196,7 @@ class Hosts {
   }
 
   int n_;
+  int second_from_;  // the first host on the second bridge (n_: none)
   std::string tag_;
   std::vector<std::string> addresses_;
 };

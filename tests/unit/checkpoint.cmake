@@ -8,3 +8,5 @@ ddp_add_test(NAME test_checkpoint_resume SOURCES test_checkpoint_resume.cpp LABE
 ddp_add_test(NAME test_checkpoint_dir SOURCES test_checkpoint_dir.cpp LABEL unit
              LIBS ddp TIMEOUT 120 FAULT_TIMEOUT 60
              FAULT "Checkpointer.AFailedWrite*:Checkpointer.ARealRename*:Checkpointer.TempFiles*")
+# The run folder's lease: who may write into a run folder (Note [Run folder lease]).
+ddp_add_test(NAME test_run_lease SOURCES test_run_lease.cpp LABEL unit LIBS ddp TIMEOUT 60)

@@ -427,7 +427,7 @@ TEST(DdprunArgs, WorkerEnvironmentMultiNode) {
   LaunchConfig c = parse({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "3",
                           "--max-restarts", "4", "--rdzv-timeout", "30", "p"});
   GroupSpec g{.node_rank = 1, .nnodes = 2, .master_addr = "10.0.0.1", .master_port = 29501,
-              .run_id = "job", .restart_count = 2};
+              .run_id = "job", .restart_count = 2, .lineage = "3fa2"};
   EnvMap base{{"PATH", "/bin"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}};
   for (int lr = 0; lr < 3; ++lr) {
     SCOPED_TRACE("local rank " + std::to_string(lr));
@@ -446,6 +446,7 @@ TEST(DdprunArgs, WorkerEnvironmentMultiNode) {
     EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
     EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "4");
     EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "job");
+    EXPECT_EQ(env["DDP_RUN_LINEAGE"], "3fa2");
     EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "False");
     EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"], "/tmp/err.json");
     EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");

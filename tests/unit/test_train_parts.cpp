@@ -165,14 +165,14 @@ TEST(RunLog, DropAfterKeepsTheRowsUpToTheStepThenAppends) {
   namespace fs = std::filesystem;
   const fs::path dir = ddp::testing::make_temp_dir("run_log_test");
   {
-    RunLog log(dir);
+    RunLog log(dir, nullptr);
     for (int64_t s = 1; s <= 6; ++s) log.append({.step = s, .split = "train", .loss = 1});
     log.append({.step = 4, .split = "test", .loss = 1, .accuracy = 0.5});
   }
   {
     std::ofstream(dir / "metrics.csv", std::ios::app) << "3,0,tra";  // cut off by a kill
   }
-  RunLog log(dir);                  // as a resumed run opens it
+  RunLog log(dir, nullptr);         // as a resumed run opens it
   EXPECT_EQ(log.drop_after(4), 3);  // steps 5, 6 and the half row
   log.append({.step = 5, .split = "train", .loss = 2});
   // "step,split" of each row.

@@ -12,7 +12,9 @@ namespace ddp::train {
 
 namespace fs = std::filesystem;
 
-RunLog::RunLog(std::filesystem::path dir) : dir_(std::move(dir)) {
+RunLog::RunLog(std::filesystem::path dir, std::shared_ptr<const RunLease> lease)
+    : dir_(std::move(dir)), lease_(std::move(lease)) {
+  check("metrics.csv");
   std::filesystem::create_directories(dir_);
   const auto path = dir_ / "metrics.csv";
   const bool fresh = !std::filesystem::exists(path) || std::filesystem::file_size(path) == 0;
@@ -22,12 +24,14 @@ RunLog::RunLog(std::filesystem::path dir) : dir_(std::move(dir)) {
 }
 
 void RunLog::write_hparams(const nlohmann::json& hparams) const {
+  check("hparams.json");
   std::ofstream out(dir_ / "hparams.json");
   out << hparams.dump(2) << "\n";
   if (!out) throw Error(fmt::format("cannot write {}", (dir_ / "hparams.json").string()));
 }
 
 void RunLog::append(const MetricsRow& r) {
+  check("a metrics.csv row");
   csv_ << fmt::format("{},{},{},{:.6f},{},{:.6g},{:.1f},{:.3f}\n", r.step, r.epoch, r.split, r.loss,
                       r.accuracy < 0 ? "" : fmt::format("{:.6f}", r.accuracy), r.lr,
                       r.samples_per_s, r.wall_s)
@@ -35,6 +39,7 @@ void RunLog::append(const MetricsRow& r) {
 }
 
 int64_t RunLog::drop_after(int64_t step) {
+  check("rewriting metrics.csv");
   const fs::path path = dir_ / "metrics.csv", tmp = dir_ / "metrics.csv.tmp";
   csv_.close();
   int64_t dropped = 0;

@@ -5,14 +5,19 @@
 //   hparams.json   the configuration, world size and versions
 //   loss.png, accuracy.png   curves drawn by gnuplot at the end (skipped, with a note, if
 //                  gnuplot is missing)
+// With a lease (Note [Run folder lease] in ddp/run_lease.h), every write first checks that this
+// group still holds the folder, and throws FencedError when it does not.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "ddp/run_lease.h"
 
 namespace ddp::train {
 
@@ -29,7 +34,7 @@ struct MetricsRow {
 
 class RunLog {
  public:
-  explicit RunLog(std::filesystem::path dir);
+  RunLog(std::filesystem::path dir, std::shared_ptr<const RunLease> lease);
   void write_hparams(const nlohmann::json& hparams) const;
   void append(const MetricsRow& row);
   // Removes the rows whose step is after `step` (written by an attempt that did not reach a
@@ -40,7 +45,12 @@ class RunLog {
   const std::filesystem::path& dir() const { return dir_; }
 
  private:
+  void check(const char* what) const {
+    if (lease_) lease_->check(what);
+  }
+
   std::filesystem::path dir_;
+  std::shared_ptr<const RunLease> lease_;
   std::ofstream csv_;
 };
 

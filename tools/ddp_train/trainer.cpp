@@ -20,6 +20,7 @@
 #include "ddp/datasets.h"  // FashionMnist
 #include "ddp/ddp.h"
 #include "ddp/runtime.h"  // set_num_threads, inspect_blas, parse_dist_env
+#include "ddp/run_lease.h"  // RunLease: this group holds the run folder
 #include "grad_scaler.h"
 #include "models.h"
 #include "preemption.h"
@@ -286,12 +287,14 @@ class Run {
   int64_t steps_per_epoch_ = 0;
   WarmupCosine schedule_;
   fs::path dir_;
-  std::optional<RunLog> log_;  // rank 0 only
+  std::shared_ptr<RunLease> lease_;      // rank 0 only: the run folder (Note [Run folder lease])
+  std::optional<RunLog> log_;            // rank 0 only
   std::optional<SampleLog> sample_log_;  // --sample-log
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<Checkpointer> checkpoints_;
   std::shared_ptr<comm_hooks::PowerSGDState> powersgd_;  // --comm-hook powersgd
   std::string hook_text() const;
+  void claim_run_folder();
   TrainingState state_;  // what a checkpoint saves: model, optimizer, sampler, rng, hook, trainer
 
   // Advanced by the loop.
@@ -400,10 +403,11 @@ Run::Run(const TrainConfig& c) : c_(c) {
                .total_steps = c_.epochs * steps_per_epoch_};
 
   dir_ = run_dir(c_, *pg_);
+  claim_run_folder();
   if (!c_.sample_log.empty()) sample_log_.emplace(c_.sample_log, pg_->env());
   progress_ = std::make_unique<Progress>(pg_->rank() == 0, c_.log_every);
   if (pg_->rank() == 0) {
-    log_.emplace(dir_);
+    log_.emplace(dir_, lease_);
     nlohmann::json hp = c_.to_json();
     hp["world_size"] = pg_->size();
     hp["threads_per_rank"] = torch::get_num_threads();
@@ -414,7 +418,8 @@ Run::Run(const TrainConfig& c) : c_(c) {
   checkpoints_ =
       std::make_unique<Checkpointer>(dir_ / "checkpoints",
                                      CheckpointerOptions{.keep = c_.keep,
-                                                         .model_label = "--model " + c_.model});
+                                                         .model_label = "--model " + c_.model,
+                                                         .lease = lease_});
   state_.add("model", *model_);  // the module and DDP's rebuilt bucket order
   if (zero_opt_) {
     state_.add("optimizer", *zero_opt_);
@@ -430,6 +435,30 @@ Run::Run(const TrainConfig& c) : c_(c) {
              json_state([this] { return trainer_json(); },
                         [this](const std::string& j) { load_trainer_json(j); }),
              {.optional = true});
+}
+
+// Note [Run folder lease] (ddp/run_lease.h): rank 0 holds the run folder before anything is
+// written into it, and every rank learns whether it could.
+void Run::claim_run_folder() {
+  std::exception_ptr failed;
+  std::string why;
+  if (pg_->rank() == 0) {
+    try {
+      const DistEnv& env = pg_->env();
+      lease_ = RunLease::acquire(dir_, {.run_id = env.run_id,
+                                        .lineage = env.run_lineage,
+                                        .round = env.restart_count});
+    } catch (const Error& e) {
+      failed = std::current_exception();
+      why = e.what();
+    }
+  }
+  why = broadcast_text(*pg_, why);
+  if (failed) std::rethrow_exception(failed);
+  if (!why.empty()) {
+    throw Relayed<FencedError>(0, fmt::format("[rank {}] rank 0 could not take the run folder: {}",
+                                              pg_->rank(), why));
+  }
 }
 
 std::string Run::trainer_json() const {
@@ -737,6 +766,7 @@ int Run::preempted(int64_t epoch) {
 
 void Run::finish() {
   if (pg_->rank() == 0) {
+    if (lease_) lease_->check("the final model");
     save_final_model(*net_, dir_);
     progress_->line(fmt::format(
         "done: test accuracy {:.2f}% ({}/{}), test loss {:.4f}, {} steps, {:.1f} s; model in {}",

@@ -65,6 +65,7 @@ struct GroupSpec {
   int master_port = 0;
   std::string run_id;
   int restart_count = 0;     // 0 on the first attempt
+  std::string lineage;       // DDP_RUN_LINEAGE: which instance of the job (Membership::lineage)
   std::string store_secret;  // DDP_STORE_SECRET for the workers; empty: none (Note [Job secret])
   // The workers' store is the agent's, hosted by a ddprun of the job (several nodes: Note
   // [Restart rounds] in rounds.h); false: global rank 0 hosts it.

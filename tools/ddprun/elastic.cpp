@@ -2,7 +2,6 @@
 // end, the nodes' signs of life, and moving the store. Joining is in round_join.cpp.
 #include "elastic.h"
 
-#include <sys/random.h>  // getrandom
 #include <unistd.h>      // getpid
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "base/net.h"  // host_name
+#include "base/random_id.h"  // random_hex: node ids, the lineage
 #include "output.h"    // note
 #include "store/bind.h"  // ip_of
 #include "store/net.h"   // resolve, format_endpoint
@@ -27,16 +27,6 @@ using std::chrono::milliseconds;
 constexpr milliseconds kWaitStep{100};
 
 double seconds_of(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string random_hex(int bytes) {
-  std::string out;
-  for (int i = 0; i < bytes; ++i) {
-    unsigned char b = 0;
-    if (::getrandom(&b, 1, 0) != 1) b = static_cast<unsigned char>(::getpid() >> (8 * (i % 4)));
-    out += fmt::format("{:02x}", b);
-  }
-  return out;
-}
 
 // A node's id in the store (Note [Membership policy]): its rank when ranks are given, else one
 // of its own, so that a ddprun started again is a new node.
@@ -60,7 +50,8 @@ ElasticRounds::ElasticRounds(const LaunchConfig& config, const EnvMap& base_env,
       // Node 0 of a fixed job reaches the store it hosts where it listens.
       store_(run_id, policy_.store_host == MembershipPolicy::StoreHost::kNodeZero && hosted_.server
                          ? client_options(hosted_.server->local_address(), hosted_.server->port())
-                         : client_options(store_host_, store_port_)) {}
+                         : client_options(store_host_, store_port_)),
+      lineage_(random_hex(8)) {}
 
 // --- the running round
 
@@ -315,7 +306,9 @@ void ElasticRounds::connect_to(const std::string& host, int port) {
 // round + 1, workers get the new MASTER_ADDR. A successor that is gone too is found the same way
 // and skipped. A node started later knows only --rdzv-endpoint: when a store answers there again
 // (the endpoint's host came back and its ddprun hosts a fresh store) with a node waiting in it,
-// the moved job re-forms (SIGTERM, checkpoint) and moves its store back, admitting that node.
+// the moved job re-forms (SIGTERM, checkpoint) and moves its store back, admitting that node;
+// nodes of a moved store that wait for a majority they lack go back there too (a healed
+// partition: the others may be waiting at the endpoint, each side short of a majority alone).
 // A store's host that leaves (SIGTERM) says so with its regroup (<R>/store_away): the others move
 // the store on as they read it, before the next round, which must not begin in a store about to
 // vanish.
@@ -348,6 +341,7 @@ bool ElasticRounds::move_store(const std::string& why) {
 void ElasticRounds::settle_moved_store(Deadline deadline) {
   if (moved_note_.empty()) return;
   if (last_round_ >= 0) {
+    store_.claim_lineage(lineage_, deadline);  // the job's instance goes on in the new store
     store_.write_regroup(last_round_, moved_note_, deadline);
     store_.record_round(known_round(), deadline);  // Note [Never two groups]
   }
@@ -365,10 +359,10 @@ void ElasticRounds::return_home() {
   go_home_ = false;
 }
 
-std::optional<std::string> ElasticRounds::waiting_at_home(int round) {
-  if (!moved()) return std::nullopt;
+bool ElasticRounds::someone_at_home() {
+  if (!moved()) return false;
   const auto now = Clock::now();
-  if (now < next_home_poll_) return std::nullopt;
+  if (now < next_home_poll_) return false;
   next_home_poll_ = now + 4 * kPollInterval;
   try {
     store::ClientOptions o = client_options(c_.master_addr, c_.master_port);
@@ -376,7 +370,16 @@ std::optional<std::string> ElasticRounds::waiting_at_home(int round) {
     RoundStore home(run_id_, o);
     const auto deadline = now + milliseconds(1000);
     const std::optional<int> r = home.round(deadline);
-    if (!r || home.arrivals(*r, deadline) == 0) return std::nullopt;
+    return r && home.arrivals(*r, deadline) > 0;
+  } catch (const Error&) {
+    return false;  // nobody there (yet)
+  }
+}
+
+std::optional<std::string> ElasticRounds::waiting_at_home(int round) {
+  if (!someone_at_home()) return std::nullopt;
+  const auto now = Clock::now();
+  try {
     go_home_ = true;
     store_.send_store_home(round, now + kCallTime);  // for every node
     return store_.write_regroup(
@@ -385,7 +388,7 @@ std::optional<std::string> ElasticRounds::waiting_at_home(int round) {
                     store::format_endpoint(c_.master_addr, c_.master_port)),
         now + kCallTime);
   } catch (const Error&) {
-    return std::nullopt;  // nobody there (yet)
+    return std::nullopt;  // the store did not answer: failure_elsewhere() says so
   }
 }
 

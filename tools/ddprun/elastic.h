@@ -156,6 +156,9 @@ class ElasticRounds final : public Rounds {
   void return_home();
   // While the store is moved: a node waiting at the rendezvous endpoint (its host came back).
   std::optional<std::string> waiting_at_home(int round);
+  // The store moved, and one answers at the endpoint with a node in its newest round (asked at
+  // most every 4 kPollInterval).
+  bool someone_at_home();
   bool moved() const { return store_host_ != c_.master_addr; }
   // Whether this node's ddprun hosts the job's store now (at the endpoint, or moved here).
   bool hosts_job_store() const;
@@ -188,6 +191,7 @@ class ElasticRounds final : public Rounds {
   std::optional<Clock::time_point> unreachable_since_;
   std::string moved_note_;           // set by a move until settle_moved_store() writes it
   int known_failures_ = 0;           // the failure count last read
+  std::string lineage_;              // the store's lineage once admitted; a drawn one before
   bool unreported_failure_ = false;  // a failure report that did not reach the store
   bool go_home_ = false;             // the next join moves the store back to the endpoint
   bool go_away_ = false;             // the next join moves the store on: its host leaves

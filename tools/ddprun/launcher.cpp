@@ -136,6 +136,7 @@ GroupSpec group_for_round(const LaunchConfig& config, const std::string& run_id,
                                          : m.store_port;
   g.run_id = run_id;
   g.restart_count = round;
+  g.lineage = m.lineage;
   // Python workers (a .py, -m, or a Python interpreter as PROGRAM) reach a store with a
   // TCPStore client, which cannot talk to ours: their rank 0 hosts one (PyTorch's env://) on
   // the next port (Note [Restart rounds]).

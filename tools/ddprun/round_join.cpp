@@ -59,6 +59,11 @@ std::optional<Membership> ElasticRounds::join(int next, const std::function<bool
   while (true) {
     if (stop && stop()) return std::nullopt;
     if (std::optional<Membership> m = join_step(j)) return m;
+    if (j.lacking && someone_at_home()) {  // Note [Moving the store]: a healed partition
+      return_home();
+      j = Join{.next = j.next, .end = j.end};
+      continue;
+    }
     if (j.short_of) too_few(j.round, *j.short_of, Clock::now() + kCallTime);
     if (j.lacking && Clock::now() >= j.end) no_majority(j.round, *j.lacking);
     if (!j.last_error.empty() && Clock::now() >= j.end) unreachable(j.last_error);
@@ -346,6 +351,7 @@ Membership ElasticRounds::admit(int round, int n, int index, Deadline deadline) 
                     "node {}",
                     round, n, policy_.nnodes(), fmt::join(hosts, ", "), rank));
   }
+  lineage_ = store_.claim_lineage(lineage_, deadline);
   last_round_ = round;
   last_rank_ = rank;
   members_ = std::move(nodes);
@@ -357,7 +363,8 @@ Membership ElasticRounds::admit(int round, int n, int index, Deadline deadline) 
                     .nnodes = n,
                     .restarts = counts_rounds ? round : known_failures_,
                     .store_addr = moved() ? store_host_ : "",
-                    .store_port = moved() ? store_port_ : 0};
+                    .store_port = moved() ? store_port_ : 0,
+                    .lineage = lineage_};
 }
 
 // The store did not answer this step. It moves (where it can: Note [Moving the store]) at once

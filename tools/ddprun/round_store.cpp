@@ -59,6 +59,7 @@ RoundStore::RoundStore(const std::string& run_id, const store::ClientOptions& op
 
 void RoundStore::connect(const store::ClientOptions& options) {
   client_ = std::make_unique<store::Client>(options);
+  entries_.clear();  // another store's: its round R is not this one's (a store moved back home)
 }
 
 std::string RoundStore::job_key(std::string_view what) const {
@@ -130,6 +131,10 @@ KnownRound RoundStore::last_round(Deadline deadline) {
 
 std::string RoundStore::claim_shape(const std::string& shape, Deadline deadline) {
   return client_->compare_set(job_key("shape"), "", shape, deadline);
+}
+
+std::string RoundStore::claim_lineage(const std::string& lineage, Deadline deadline) {
+  return client_->compare_set(job_key("lineage"), "", lineage, deadline);
 }
 
 void RoundStore::beat(const std::string& id, Deadline deadline) {

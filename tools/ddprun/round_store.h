@@ -6,6 +6,11 @@
 // membership_policy.h), keeps the job's rounds in its agent store, under "ddprun/<run id>/".
 // The keys, their values, and who writes them:
 //   round            the newest round, a decimal number; it only grows (compare_set)
+//   lineage          which instance of the job this store's rounds belong to: drawn by the first
+//                    node to be admitted in a fresh store, carried by the nodes that move the
+//                    store; the workers' DDP_RUN_LINEAGE (Note [Run folder lease] in
+//                    ddp/run_lease.h: a fresh store at the endpoint while the job runs elsewhere
+//                    is another lineage, and its workers never take the job's run folder)
 //   shape            "--nnodes N, --nproc-per-node P" of the first node to join ("--nnodes
 //                    MIN:MAX, ..." for an elastic job): every node must agree
 //   alive/<id>       counts node <id>'s polls (each join step, each kPollInterval while its
@@ -100,6 +105,8 @@ class RoundStore {
   std::optional<int> round(Deadline deadline);
   // Sets "shape" unless a node set it first; returns the job's.
   std::string claim_shape(const std::string& shape, Deadline deadline);
+  // Sets "lineage" unless a node set it first; returns the store's.
+  std::string claim_lineage(const std::string& lineage, Deadline deadline);
   // alive/<id>: count one sign of life; how many so far.
   void beat(const std::string& id, Deadline deadline);
   int64_t beats(const std::string& id, Deadline deadline);

@@ -4,7 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "output.h"  // note
+#include "base/random_id.h"  // random_hex: a single node's lineage
+#include "output.h"          // note
 
 namespace ddp::launcher {
 namespace {
@@ -14,7 +15,11 @@ class LocalRounds final : public Rounds {
  public:
   bool agent_store() const override { return false; }
   std::optional<Membership> join(int next, const std::function<bool()>&) override {
-    return Membership{.round = next, .node_rank = 0, .nnodes = 1, .restarts = next};
+    return Membership{.round = next,
+                      .node_rank = 0,
+                      .nnodes = 1,
+                      .restarts = next,
+                      .lineage = lineage_};
   }
   std::optional<std::string> failure_elsewhere(int) override { return std::nullopt; }
   std::optional<std::string> report_failure(int, const std::string&, bool) override {
@@ -22,6 +27,9 @@ class LocalRounds final : public Rounds {
   }
   bool final_failure(int) override { return false; }
   void leave(int, bool, const std::function<bool()>&) override {}
+
+ private:
+  const std::string lineage_ = random_hex(8);  // this ddprun's: a job of one node
 };
 
 }  // namespace

@@ -91,6 +91,9 @@ struct Membership {
   // store moved to another node (Note [Moving the store] in elastic.cpp).
   std::string store_addr;
   int store_port = 0;
+  // Which instance of the job: the workers' DDP_RUN_LINEAGE (Note [Run folder lease] in
+  // ddp/run_lease.h): a single node's own, or the one of the rounds' store.
+  std::string lineage;
 };
 
 // An elastic job ended (finished, or failed for good) while this node waited to be admitted.

@@ -39,6 +39,7 @@ EnvMap worker_environment(const LaunchConfig& config, const GroupSpec& group, in
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(group.restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(config.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = group.run_id;
+  if (!group.lineage.empty()) env["DDP_RUN_LINEAGE"] = group.lineage;
   env["TORCHELASTIC_USE_AGENT_STORE"] = group.agent_store ? "True" : "False";
   if (group.agent_store) env["DDP_AGENT_STORE"] = "ddp";
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
