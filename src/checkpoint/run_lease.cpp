@@ -233,7 +233,8 @@ Decision decide(const Record& r, const RunIdentity& me, const std::string& host,
 }
 
 // A newcomer watching a holder that may be gone: a takeover never trusts clocks, only a whole
-// ttl without a renewal seen from here.
+// ttl without a renewal seen from here (the longer of the two ttls: a holder renews every
+// quarter of its own).
 class Watch {
  public:
   explicit Watch(milliseconds ttl) : ttl_(ttl) {}
@@ -252,9 +253,10 @@ class Watch {
       since_ = Steady::now();
       return std::nullopt;
     }
-    if (Steady::now() - since_ < ttl_) return std::nullopt;
+    const milliseconds window = std::max(ttl_, milliseconds(held.ttl_ms));
+    if (Steady::now() - since_ < window) return std::nullopt;
     return fmt::format("its holder did not renew for {:.1f} s ({})",
-                       std::chrono::duration<double>(ttl_).count(), held.describe(now_ms));
+                       std::chrono::duration<double>(window).count(), held.describe(now_ms));
   }
 
  private:

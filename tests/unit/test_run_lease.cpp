@@ -183,6 +183,20 @@ TEST(RunLease, TheSameRoundTwiceIsRefusedWhileItsHolderRenews) {
   EXPECT_TRUE(a->held());
 }
 
+// A holder with a longer ttl renews less often: the watch lasts its ttl, not the newcomer's.
+TEST(RunLease, TheWatchLastsTheHoldersTtlWhenItIsLonger) {
+  TempDir tmp;
+  auto a = RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L1"},
+                             {.ttl = milliseconds(1200), .lock_timeout = milliseconds(300)});
+  const std::string why = fenced_message([&] {
+    RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L2"},
+                      {.ttl = milliseconds(100), .lock_timeout = milliseconds(300)});
+  });
+  EXPECT_NE(why.find("its holder is alive (it renewed while this one watched)"), std::string::npos)
+      << why;
+  EXPECT_TRUE(a->held());
+}
+
 // A holder on another host that stopped renewing (its host crashed): taken after a whole ttl of
 // watching, whatever its clock said.
 TEST(RunLease, ASilentHolderElsewhereIsTakenAfterTheTtl) {
