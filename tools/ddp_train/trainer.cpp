@@ -19,8 +19,8 @@
 
 #include "ddp/datasets.h"  // FashionMnist
 #include "ddp/ddp.h"
-#include "ddp/runtime.h"  // set_num_threads, inspect_blas, parse_dist_env
 #include "ddp/run_lease.h"  // RunLease: this group holds the run folder
+#include "ddp/runtime.h"    // set_num_threads, inspect_blas, parse_dist_env
 #include "grad_scaler.h"
 #include "models.h"
 #include "preemption.h"

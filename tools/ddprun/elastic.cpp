@@ -2,18 +2,18 @@
 // end, the nodes' signs of life, and moving the store. Joining is in round_join.cpp.
 #include "elastic.h"
 
-#include <unistd.h>      // getpid
+#include <unistd.h>  // getpid
 
 #include <algorithm>
 #include <thread>
 
 #include <fmt/format.h>
 
-#include "base/net.h"  // host_name
+#include "base/net.h"        // host_name
 #include "base/random_id.h"  // random_hex: node ids, the lineage
-#include "output.h"    // note
-#include "store/bind.h"  // ip_of
-#include "store/net.h"   // resolve, format_endpoint
+#include "output.h"          // note
+#include "store/bind.h"      // ip_of
+#include "store/net.h"       // resolve, format_endpoint
 #include "store/protocol.h"  // job_key
 #include "summary.h"         // format_seconds
 
