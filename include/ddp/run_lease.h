@@ -34,6 +34,8 @@
 // What it assumes: the holders see one file system (a shared folder, NFSv4 or a local disk)
 // with working flock and rename; and, only for the at-once refusal of another job, clocks
 // within the ttl of each other (a takeover never relies on clocks: it watches renewals).
+// Its file calls (open, read, rename, flock's wait aside) are bounded only as the file system
+// bounds them, as every checkpoint write is: on a hung hard-mounted NFS they wait with it.
 // What it does not do: a check and the write after it are two steps, so a holder that stalls
 // between them (SIGSTOP) for longer than a ttl can still publish one file late; the round
 // rule of the launcher, not the lease, is what keeps two groups from training.

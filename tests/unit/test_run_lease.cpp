@@ -78,6 +78,24 @@ void write_lease(const fs::path& dir, const RunIdentity& who, const std::string&
              .dump();
 }
 
+// `second` claims a folder that `first` holds: why it was refused ("" if it was not), how long
+// that took; `first` keeps the folder.
+struct Refusal {
+  std::string why;
+  double seconds = 0;
+};
+Refusal refusal(const RunIdentity& first, const RunIdentity& second,
+                RunLeaseOptions first_options = kShort, RunLeaseOptions second_options = kShort) {
+  TempDir tmp;
+  auto holder = RunLease::acquire(tmp.path(), first, first_options);
+  const auto t = Clock::now();
+  Refusal out;
+  out.why = fenced_message([&] { RunLease::acquire(tmp.path(), second, second_options); });
+  out.seconds = seconds_since(t);
+  EXPECT_TRUE(holder->held()) << "the holder lost the folder to a refused claim";
+  return out;
+}
+
 TEST(RunLease, AFreeFolderIsTakenAtOnceAndReleasedAtTheEnd) {
   TempDir tmp;
   const fs::path dir = tmp.path() / "run";
@@ -105,20 +123,16 @@ TEST(RunLease, AFreeFolderIsTakenAtOnceAndReleasedAtTheEnd) {
 }
 
 TEST(RunLease, AnotherJobIsRefusedAtOnceAndTheHolderKeepsTheFolder) {
-  TempDir tmp;
-  auto a = RunLease::acquire(tmp.path(), {.run_id = "job-a", .lineage = "L1"}, kShort);
-  const auto t = Clock::now();
-  const std::string why = fenced_message(
-      [&] { RunLease::acquire(tmp.path(), {.run_id = "job-b", .lineage = "L2"}, kShort); });
-  EXPECT_LT(seconds_since(t), 0.2);
-  EXPECT_NE(why.find("job 'job-b' (lineage L2, round 0) cannot take it: the folder is in use by "
-                     "another job: job 'job-a' (lineage L1, round 0), rank 0 on host"),
+  const Refusal r =
+      refusal({.run_id = "job-a", .lineage = "L1"}, {.run_id = "job-b", .lineage = "L2"});
+  EXPECT_LT(r.seconds, 0.2);
+  EXPECT_NE(r.why.find("job 'job-b' (lineage L2, round 0) cannot take it: the folder is in use by "
+                       "another job: job 'job-a' (lineage L1, round 0), rank 0 on host"),
             std::string::npos)
-      << why;
-  EXPECT_NE(why.find("Give this job its own --output-dir, or stop the other job first"),
+      << r.why;
+  EXPECT_NE(r.why.find("Give this job its own --output-dir, or stop the other job first"),
             std::string::npos)
-      << why;
-  EXPECT_TRUE(a->held());
+      << r.why;
 }
 
 TEST(RunLease, ANewerRoundTakesAtOnceAndTheOldRoundIsFencedOut) {
@@ -145,56 +159,44 @@ TEST(RunLease, ANewerRoundTakesAtOnceAndTheOldRoundIsFencedOut) {
 }
 
 TEST(RunLease, AnOlderRoundIsRefusedAtOnce) {
-  TempDir tmp;
-  auto current = RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L", .round = 3}, kShort);
-  const std::string why = fenced_message(
-      [&] { RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L", .round = 2}, kShort); });
-  EXPECT_NE(why.find("round 2 of this job is no longer current: job 'j' (lineage L, round 3)"),
+  const Refusal r = refusal({.run_id = "j", .lineage = "L", .round = 3},
+                            {.run_id = "j", .lineage = "L", .round = 2});
+  EXPECT_LT(r.seconds, 0.2);
+  EXPECT_NE(r.why.find("round 2 of this job is no longer current: job 'j' (lineage L, round 3)"),
             std::string::npos)
-      << why;
-  EXPECT_TRUE(current->held());
+      << r.why;
 }
 
 // The same job with another lineage: a fresh store somewhere started a second instance of it.
 // Its holder renews, so the newcomer is refused as soon as it sees a renewal.
 TEST(RunLease, AnotherLineageIsRefusedWhileItsHolderRenews) {
-  TempDir tmp;
-  auto a = RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L1", .round = 5}, kShort);
-  const auto t = Clock::now();
-  const std::string why = fenced_message(
-      [&] { RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L2", .round = 9}, kShort); });
-  EXPECT_LT(seconds_since(t), 0.4 * 2);
-  EXPECT_NE(why.find("its holder is alive (it renewed while this one watched): job 'j' (lineage "
-                     "L1, round 5)"),
+  const Refusal r = refusal({.run_id = "j", .lineage = "L1", .round = 5},
+                            {.run_id = "j", .lineage = "L2", .round = 9});
+  EXPECT_LT(r.seconds, 0.4 * 2);
+  EXPECT_NE(r.why.find("its holder is alive (it renewed while this one watched): job 'j' (lineage "
+                       "L1, round 5)"),
             std::string::npos)
-      << why;
-  EXPECT_TRUE(a->held());
+      << r.why;
 }
 
 // Two groups that both believe they are round 1 of the job (a divided job whose majority rule
 // was broken): the second is refused as soon as it sees the first renew.
 TEST(RunLease, TheSameRoundTwiceIsRefusedWhileItsHolderRenews) {
-  TempDir tmp;
-  auto a = RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L", .round = 1}, kShort);
-  const std::string why = fenced_message(
-      [&] { RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L", .round = 1}, kShort); });
-  EXPECT_NE(why.find("its holder is alive (it renewed while this one watched)"), std::string::npos)
-      << why;
-  EXPECT_TRUE(a->held());
+  const Refusal r = refusal({.run_id = "j", .lineage = "L", .round = 1},
+                            {.run_id = "j", .lineage = "L", .round = 1});
+  EXPECT_NE(r.why.find("its holder is alive (it renewed while this one watched)"),
+            std::string::npos)
+      << r.why;
 }
 
 // A holder with a longer ttl renews less often: the watch lasts its ttl, not the newcomer's.
 TEST(RunLease, TheWatchLastsTheHoldersTtlWhenItIsLonger) {
-  TempDir tmp;
-  auto a = RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L1"},
-                             {.ttl = milliseconds(1200), .lock_timeout = milliseconds(300)});
-  const std::string why = fenced_message([&] {
-    RunLease::acquire(tmp.path(), {.run_id = "j", .lineage = "L2"},
-                      {.ttl = milliseconds(100), .lock_timeout = milliseconds(300)});
-  });
-  EXPECT_NE(why.find("its holder is alive (it renewed while this one watched)"), std::string::npos)
-      << why;
-  EXPECT_TRUE(a->held());
+  const Refusal r = refusal({.run_id = "j", .lineage = "L1"}, {.run_id = "j", .lineage = "L2"},
+                            {.ttl = milliseconds(1200), .lock_timeout = milliseconds(300)},
+                            {.ttl = milliseconds(100), .lock_timeout = milliseconds(300)});
+  EXPECT_NE(r.why.find("its holder is alive (it renewed while this one watched)"),
+            std::string::npos)
+      << r.why;
 }
 
 // A holder on another host that stopped renewing (its host crashed): taken after a whole ttl of
