@@ -1,6 +1,6 @@
-# ddp_add_test(NAME <name> SOURCES <files...> LABEL unit|collective|multiproc
+# ddp_add_test(NAME <name> SOURCES <files...> LABEL <labels...>
 #              [LIBS <targets...>] [TIMEOUT <s>] [ENV <VAR=value...>]
-#              [FAULT <gtest filter> [FAULT_TIMEOUT <s>]] [EACH_CASE])
+#              [FAULT <gtest filter> [FAULT_TIMEOUT <s>]] [EACH_CASE] [VERSION_NEUTRAL])
 #
 # One executable per test file. Every test gets a ctest TIMEOUT, the outer deadline that turns
 # a hang into a failure instead of a stuck CI run.
@@ -8,13 +8,23 @@
 # FAULT "Suite.Test*:Suite2.*" (a gtest filter) splits the executable in two ctest entries: NAME
 # runs every other test, NAME.fault runs those, labelled LABEL and `fault` (the fault-injection
 # suite: `ctest -L fault`), under FAULT_TIMEOUT (default TIMEOUT). A test that is all faults
-# takes `set_property(TEST NAME APPEND PROPERTY LABELS fault)` instead.
+# takes `LABEL <label> fault` instead.
 #
 # EACH_CASE: one ctest entry per TEST(Suite, Case) of the sources, NAME.Case, so that a case
 # that crashes the process is named and the others still run (the GPU tests: one run on a lent
 # machine must report every case). The entries' names are left in NAME_TESTS.
+#
+# VERSION_NEUTRAL: what the test checks does not depend on LibTorch's version; its entries get
+# the label version-neutral, and with DDP_VERSION_NEUTRAL_TESTS=OFF (the LibTorch 2.6 suite) the
+# test is not built at all (callers guard what follows with if(TARGET NAME)).
 function(ddp_add_test)
-  cmake_parse_arguments(T "EACH_CASE" "NAME;LABEL;TIMEOUT;FAULT;FAULT_TIMEOUT" "SOURCES;LIBS;ENV" ${ARGN})
+  cmake_parse_arguments(T "EACH_CASE;VERSION_NEUTRAL" "NAME;TIMEOUT;FAULT;FAULT_TIMEOUT" "SOURCES;LABEL;LIBS;ENV" ${ARGN})
+  if(T_VERSION_NEUTRAL)
+    if(NOT DDP_VERSION_NEUTRAL_TESTS)
+      return()
+    endif()
+    list(APPEND T_LABEL version-neutral)
+  endif()
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
@@ -45,14 +55,14 @@ function(ddp_add_test)
         list(APPEND tests ${T_NAME}.${case})
       endforeach()
     endforeach()
-    set_tests_properties(${tests} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+    set_tests_properties(${tests} PROPERTIES LABELS "${T_LABEL}" TIMEOUT ${T_TIMEOUT}
                          ENVIRONMENT "${environment}")
     set(${T_NAME}_TESTS ${tests} PARENT_SCOPE)
     return()
   else()
     add_test(NAME ${T_NAME} COMMAND ${T_NAME})
   endif()
-  set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+  set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABEL}" TIMEOUT ${T_TIMEOUT}
                        ENVIRONMENT "${environment}")
 endfunction()
 

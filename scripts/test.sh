@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: install, build, run every test; then the Debian
 # packages installed by apt into a clean bookworm root (scripts/test-deb.sh; skipped with
-# DDP_SKIP_DEB=1, or when not root); then the same suite against LibTorch 2.6 in a Debian trixie
-# root (scripts/test-libtorch2.sh; skipped with DDP_SKIP_LIBTORCH2=1, or when not root). Fails if
-# any fails.
+# DDP_SKIP_DEB=1, or when not root); then the suite against LibTorch 2.6 in a Debian trixie root,
+# all but its version-neutral tests (scripts/test-libtorch2.sh; skipped with DDP_SKIP_LIBTORCH2=1,
+# or when not root). Fails if any fails.
 # Extra arguments go to ctest (both runs), e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."

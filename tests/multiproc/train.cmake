@@ -5,8 +5,7 @@ ddp_add_test(NAME test_ddp_train SOURCES test_ddp_train.cpp LABEL multiproc LIBS
 add_dependencies(test_ddp_train ddprun ddp-train)
 # ddp-train under faults: preemption (SIGTERM), a second SIGTERM, the grace period's end, a
 # killed worker restarted by ddprun --max-restarts.
-ddp_add_test(NAME test_ddp_train_faults SOURCES test_ddp_train_faults.cpp LABEL multiproc
+ddp_add_test(NAME test_ddp_train_faults SOURCES test_ddp_train_faults.cpp LABEL multiproc fault
              LIBS ddp TIMEOUT 600
              ENV DDPRUN=$<TARGET_FILE:ddprun> DDP_TRAIN=$<TARGET_FILE:ddp-train>)
 add_dependencies(test_ddp_train_faults ddprun ddp-train)
-set_property(TEST test_ddp_train_faults APPEND PROPERTY LABELS fault)
