@@ -13,12 +13,16 @@ PACKAGES=(
   libopenblas0-pthread
   # libraries
   libcli11-dev libfmt-dev nlohmann-json3-dev zlib1g-dev libssl-dev
+  # ddprun's etcd backend: etcd's JSON gateway over HTTP(S)
+  libcurl4-openssl-dev
   # tests and benchmarks; python3-torch only as a cross-check (torchrun, PyTorch's DDP)
   libgtest-dev libgmock-dev libbenchmark-dev python3-torch openmpi-bin
   # multi-host tests: network namespaces, veth, tc (iproute2); unshare (util-linux)
   iproute2 util-linux
   # a real one-node Slurm cluster in the tests (tests/support/slurm.h)
   slurm-wlm munge
+  # real etcd clusters in the tests of ddprun's etcd backend (tests/support/etcd.h)
+  etcd-server
   # the trainer's data and plots
   dataset-fashion-mnist gnuplot-nox
   # the tools' man pages, from their --help (cmake/ManPages.cmake); the Debian packages

@@ -7,7 +7,8 @@
 # Usage: scripts/sanitize.sh [asan|tsan|all] [--torch-free] [ctest arguments...]
 #   default: all, labels unit and collective (store, shm, reducer, hang reports among them)
 #   --torch-free: only the tests that never load LibTorch (the store's protocol and server,
-#     ddprun's restart and elastic rounds over a real agent store, env, completion): minutes,
+#     ddprun's restart and elastic rounds over a real agent store, the etcd backend against real
+#     etcd members, env, completion): minutes,
 #     not an hour; what scripts/test.sh runs
 #   DDP_SANITIZE_TESTS=REGEX narrows the tests before anything is built, e.g. 'store|shm'
 #   extra arguments go to ctest, e.g. --repeat until-fail:3
@@ -52,7 +53,7 @@ tsan_env=(
 )
 
 # Tests that link neither libddp nor LibTorch (checked with ldd after the build).
-torch_free_tests='test_env|test_blas|test_allocator|test_completion|test_ddprun_args|test_ddprun_quorum|test_store_protocol|test_ddprun_rounds|test_elastic_rounds|test_ddprun_round_store'
+torch_free_tests='test_env|test_blas|test_allocator|test_completion|test_ddprun_args|test_ddprun_quorum|test_store_protocol|test_ddprun_rounds|test_elastic_rounds|test_ddprun_round_store|test_etcd'
 
 # The chosen tests of a configured build folder, as "name<TAB>target" lines: labels unit or
 # collective, run straight from an executable of this build (not scripts such as

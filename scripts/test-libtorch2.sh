@@ -76,9 +76,9 @@ trixie_name() {
     cuda:libtorch-dev) echo libtorch-cuda-dev ;;
     cuda:python3-torch) echo python3-torch-cuda ;;
     cuda:libgloo-dev) echo libgloo-cuda-dev ;;
-    # The real Slurm cluster (tests/slurm) runs in the bookworm suite only: its daemons belong
-    # on the host, not in a chroot; the suite here skips it.
-    *:slurm-wlm | *:munge) echo "" ;;
+    # The real Slurm cluster (tests/slurm) and the etcd clusters (ddprun's etcd backend) serve
+    # version-neutral tests, which run in the bookworm suite only.
+    *:slurm-wlm | *:munge | *:etcd-server) echo "" ;;
     *) echo "$1" ;;
   esac
 }

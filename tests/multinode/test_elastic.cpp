@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "support/etcd.h"
 #include "support/netns.h"
 #include "support/saved_state.h"
 #include "support/subprocess.h"
@@ -164,12 +165,14 @@ class Elastic : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
-  // ddprun on host k, --nnodes `range`, 2 workers, the rendezvous (and store) on host 0.
+  // ddprun on host k, --nnodes `range`, 2 workers, the rendezvous (and store) on host 0, or in
+  // the etcd cluster at etcd_ when set.
   Subprocess node(const Hosts& hosts, int k, const std::string& range,
                   std::vector<std::string> program, std::vector<std::string> extra = {}) {
     std::vector<std::string> argv = {
         kDdprun, "--nnodes", range, "--nproc-per-node", "2",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", hosts.address(0) + ":29500",
+        "--rdzv-backend", etcd_.empty() ? "c10d" : "etcd",
+        "--rdzv-endpoint", etcd_.empty() ? hosts.address(0) + ":29500" : etcd_,
         "--rdzv-id", "elastic", "--rdzv-conf", "last_call_timeout=1,join_timeout=30",
         "--max-restarts", "3", "--collective-timeout", "30", "--grace-period", "10"};
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -185,7 +188,35 @@ class Elastic : public ::testing::Test {
             "--sample-log", (dir_ / name / "samples").string()};
   }
 
+  // An etcd member on each of `at` (port 2379), up and with a leader; etcd_ its endpoints.
+  std::unique_ptr<testing::EtcdCluster> etcd_on(const Hosts& hosts, std::vector<int> at) {
+    std::vector<testing::EtcdCluster::Member> members;
+    for (int k : at) members.push_back({hosts.address(k), 2379, 2380});
+    auto cluster = std::make_unique<testing::EtcdCluster>(
+        members,
+        [&hosts, at](int m, const std::vector<std::string>& argv) {
+          return hosts.start(at[m], argv, {}, 600);
+        },
+        [this, &hosts, at](int m) { return !ask_etcd(hosts, at[m], "/v3/kv/range",
+                                                     R"({"key":"aGVhbHRo"})").empty(); });
+    etcd_ = cluster->endpoints();
+    return cluster;
+  }
+  // What the member on host k answers at `path` ("" for no answer), asked from that host.
+  std::string ask_etcd(const Hosts& hosts, int k, const std::string& path,
+                       const std::string& body) const {
+    const std::string code = fmt::format(
+        "import sys, urllib.request\n"
+        "r = urllib.request.urlopen(urllib.request.Request('http://{}:2379{}', data=b'{}'), "
+        "timeout=1)\n"
+        "sys.stdout.write(r.read().decode())\n", hosts.address(k), path, body);
+    Subprocess p = hosts.start(k, {"/usr/bin/python3", "-c", code}, {}, 10);
+    const Result& r = p.wait();
+    return r.exited(0) ? r.out : "";
+  }
+
   fs::path dir_;
+  std::string etcd_;  // --rdzv-endpoint of --rdzv-backend etcd; empty: c10d on host 0
 };
 
 // 3 hosts, --nnodes 2:3: every process of host 2 is SIGKILLed mid-epoch; hosts 0 and 1 go on
@@ -567,6 +598,161 @@ TEST_F(Elastic, FewerThanMinWaitsTheJoinTimeoutThenFailsNamingTheMissing) {
   EXPECT_NE(r0.err.find(" of round 0)"), std::string::npos) << r0.describe();
   EXPECT_LT(r0.wall_s - killed_at, 8 + 20) << "the join timeout and the teardown";
   EXPECT_EQ(hosts.processes(0), 0);
+}
+
+// --- --rdzv-backend etcd (Note [etcd backend] in tools/ddprun/etcd.h): a 3-member etcd cluster,
+// one member on each of hosts 0, 1 and 2, started by the test (skipped without etcd-server).
+
+// 4 hosts on two bridges, the etcd members on hosts 0, 1 (one side) and 2 (the other); the link
+// between the sides cut while the job trains on 4 nodes. The side holding etcd's majority
+// re-forms at 2 nodes and trains; hosts 2 and 3 reach only the minority member, which answers
+// nothing, and never begin a round; after the heal the job grows back to 4.
+TEST_F(Elastic, OnEtcdTheSideWithTheClustersMajorityTrainsAndTheOtherWaits) {
+  if (auto why = testing::EtcdCluster::unavailable()) GTEST_SKIP() << *why;
+  Hosts hosts(4, 2);
+  auto etcd = etcd_on(hosts, {0, 1, 2});
+  ASSERT_TRUE(etcd->wait_healthy()) << etcd->log(0);
+  const std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=1,join_timeout=120",
+                                          "--collective-timeout", "15"};
+  // Long enough that the majority side still trains when the link is back.
+  constexpr int kLongEpochs = 10;
+  std::vector<std::optional<Subprocess>> h(4);
+  for (int k = 0; k < 4; ++k) h[k].emplace(node(hosts, k, "2:4", train("run", kLongEpochs), extra));
+  const fs::path ckpts = dir_ / "run" / "checkpoints";
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[0]->err_so_far().find("elastic round 0: 4 node(s)") != std::string::npos &&
+           fs::exists(ckpts / "epoch=0-step=4.ckpt");
+  }, 180)) << h[0]->err_so_far() << h[0]->out_so_far();
+  auto errs = [&] {
+    std::string all;
+    for (auto& p : h) all += p->err_so_far();
+    return all;
+  };
+
+  const size_t before2 = h[2]->err_so_far().size(), before3 = h[3]->err_so_far().size();
+  const size_t before0 = h[0]->err_so_far().size();
+  hosts.set_split(true);
+  const double cut_at = h[0]->elapsed_s();
+  double reformed_at = -1, trained_at = -1;
+  int64_t step_then = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (reformed_at < 0 && h[0]->err_so_far().find(": 2 node(s)", before0) != std::string::npos) {
+      reformed_at = h[0]->elapsed_s();
+      step_then = newest_step(ckpts);
+    }
+    // Training again: a checkpoint newer than any from before the round.
+    if (reformed_at >= 0 && newest_step(ckpts) > step_then) trained_at = h[0]->elapsed_s();
+    return trained_at >= 0;
+  }, 120)) << errs();
+  std::printf("[ measured ] etcd, cut 2|2: the side with etcd's majority re-formed on 2 nodes "
+              "%.1f s after the cut and checkpointed a new step %.1f s after it\n",
+              reformed_at - cut_at, trained_at - cut_at);
+  // Sampled for 5 s: the other side begins no round.
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  EXPECT_EQ(h[2]->err_so_far().find("node(s)", before2), std::string::npos) << h[2]->err_so_far();
+  EXPECT_EQ(h[3]->err_so_far().find("node(s)", before3), std::string::npos) << h[3]->err_so_far();
+
+  const size_t before = h[0]->err_so_far().size();
+  hosts.set_split(false);
+  const double joined_at = h[0]->elapsed_s();
+  double whole_at = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (h[0]->err_so_far().find(": 4 node(s)", before) == std::string::npos) return false;
+    whole_at = h[0]->elapsed_s();
+    return true;
+  }, 150)) << errs();
+  std::printf("[ measured ] etcd: healed, the job ran on 4 nodes %.1f s later\n",
+              whole_at - joined_at);
+  for (int k = 0; k < 4; ++k) {
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+  }
+  for (int k : {2, 3}) {
+    const std::string& err = h[k]->wait().err;
+    EXPECT_EQ(err.find(": 2 node(s)"), std::string::npos) << err;
+    EXPECT_EQ(err.find(": 1 node(s)"), std::string::npos) << err;
+  }
+  expect_each_sample_once(dir_ / "run" / "samples", kLongEpochs);
+  expect_one_lineage(dir_ / "run");
+  etcd.reset();
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(hosts.processes(k), 0);
+}
+
+// 3 hosts, each with a member: the host of etcd's leader is lost whole (its etcd member, its
+// ddprun, its workers). The other two elect a leader, re-form at 2 nodes and finish.
+TEST_F(Elastic, OnEtcdTheLeadersHostLostCostsARoundNotTheJob) {
+  if (auto why = testing::EtcdCluster::unavailable()) GTEST_SKIP() << *why;
+  Hosts hosts(3);
+  auto etcd = etcd_on(hosts, {0, 1, 2});
+  ASSERT_TRUE(etcd->wait_healthy()) << etcd->log(0);
+  std::vector<std::optional<Subprocess>> h(3);
+  for (int k = 0; k < 3; ++k) h[k].emplace(node(hosts, k, "2:3", train("run")));
+  const fs::path ckpts = dir_ / "run" / "checkpoints";
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[0]->err_so_far().find("elastic round 0: 3 node(s)") != std::string::npos &&
+           fs::exists(ckpts / "epoch=0-step=4.ckpt");
+  }, 180)) << h[0]->err_so_far() << h[0]->out_so_far();
+  // The leader, as member 0 sees it: its id against each member's own.
+  const std::regex leader_of(R"re("leader":"(\d+)")re"), member_of(R"re("member_id":"(\d+)")re");
+  int leader = -1;
+  std::smatch m;
+  const std::string status0 = ask_etcd(hosts, 0, "/v3/maintenance/status", "{}");
+  ASSERT_TRUE(std::regex_search(status0, m, leader_of)) << status0;
+  const std::string leader_id = m[1];
+  for (int k = 0; k < 3; ++k) {
+    const std::string status = ask_etcd(hosts, k, "/v3/maintenance/status", "{}");
+    if (std::regex_search(status, m, member_of) && m[1] == leader_id) leader = k;
+  }
+  ASSERT_GE(leader, 0) << status0;
+  const int other = leader == 0 ? 1 : 0;
+  const size_t before = h[other]->err_so_far().size();
+  std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(leader)).c_str());
+  const double killed_at = h[other]->elapsed_s();
+  h[leader]->wait();
+  double reformed_at = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (h[other]->err_so_far().find(": 2 node(s)", before) == std::string::npos) return false;
+    reformed_at = h[other]->elapsed_s();
+    return true;
+  }, 90)) << h[other]->err_so_far();
+  std::printf("[ measured ] etcd: the leader's host (host %d) killed: the 2 survivors re-formed "
+              "%.1f s later\n", leader, reformed_at - killed_at);
+  for (int k = 0; k < 3; ++k) {
+    if (k == leader) continue;
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+  }
+  expect_each_sample_once(dir_ / "run" / "samples");
+  expect_one_lineage(dir_ / "run");
+}
+
+// Every etcd member stopped (SIGSTOP) for 5 s, longer than the ddprun leases (3 s), while 2 hosts
+// train: the workers do not need etcd while they run, so the job trains on, in its first round,
+// and finishes; the nodes' signs of life come back with new leases.
+TEST_F(Elastic, OnEtcdAllOfEtcdGoneLongerThanTheLeasesCostsNothing) {
+  if (auto why = testing::EtcdCluster::unavailable()) GTEST_SKIP() << *why;
+  Hosts hosts(3);
+  auto etcd = etcd_on(hosts, {0, 1, 2});
+  ASSERT_TRUE(etcd->wait_healthy()) << etcd->log(0);
+  constexpr int kLongEpochs = 5;  // still training when etcd comes back
+  std::vector<std::optional<Subprocess>> h(2);
+  for (int k = 0; k < 2; ++k) h[k].emplace(node(hosts, k, "2:2", train("run", kLongEpochs)));
+  const fs::path ckpts = dir_ / "run" / "checkpoints";
+  ASSERT_TRUE(testing::wait_until([&] {
+    return fs::exists(ckpts / "epoch=0-step=4.ckpt");
+  }, 180)) << h[0]->err_so_far() << h[0]->out_so_far();
+  for (int k = 0; k < 3; ++k) etcd->signal(k, SIGSTOP);
+  const int64_t step_then = newest_step(ckpts);
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  EXPECT_GT(newest_step(ckpts), step_then) << "the workers trained on while etcd was gone";
+  for (int k = 0; k < 3; ++k) etcd->signal(k, SIGCONT);
+  for (int k = 0; k < 2; ++k) {
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+    EXPECT_EQ(r.err.find("elastic round 1"), std::string::npos) << r.err;
+  }
+  expect_each_sample_once(dir_ / "run" / "samples", kLongEpochs);
+  expect_one_lineage(dir_ / "run");
 }
 
 }  // namespace

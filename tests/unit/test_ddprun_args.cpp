@@ -296,7 +296,21 @@ TEST(DdprunArgs, RdzvEndpoint) {
   EXPECT_TRUE(dyn.elastic);
   EXPECT_EQ(dyn.min_nodes, 2);
   EXPECT_EQ(dyn.nnodes, 2);
-  EXPECT_USAGE_ERROR(({"--rdzv-backend", "etcd", "p"}), "--rdzv-backend", "static or c10d");
+  // etcd (Note [etcd backend]): the endpoint lists the cluster's members; the store's own
+  // address stays unset, and ranks are given out as with c10d.
+  LaunchConfig on_etcd = parse({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1,e2:2400",
+                                "--nnodes", "2:4", "p"});
+  EXPECT_EQ(on_etcd.rdzv_backend, RdzvBackend::kEtcd);
+  EXPECT_EQ(on_etcd.etcd_endpoints, "e1,e2:2400");
+  EXPECT_EQ(on_etcd.master_addr, "127.0.0.1");
+  EXPECT_TRUE(on_etcd.elastic);
+  EXPECT_EQ(parse({"--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "e1", "--nnodes", "2",
+                   "--node-rank", "1", "p"}).rdzv_backend,
+            RdzvBackend::kEtcd);
+  EXPECT_USAGE_ERROR(({"--rdzv-backend", "etcd", "p"}), "--rdzv-backend etcd needs",
+                     "--rdzv-endpoint: the etcd cluster's client endpoints");
+  EXPECT_USAGE_ERROR(({"--rdzv-backend", "zookeeper", "p"}), "--rdzv-backend",
+                     "expected static, c10d or etcd");
   // Port 0 picks a free port, on one node only.
   EXPECT_TRUE(parse({"--rdzv-endpoint", "localhost:0", "p"}).pick_free_port);
   EXPECT_USAGE_ERROR(({"--nnodes", "2", "--master-port", "0", "p"}), "single node");

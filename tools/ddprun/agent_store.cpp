@@ -89,6 +89,7 @@ HostedStores host_stores(const LaunchConfig& c, const MembershipPolicy& policy,
                          const EnvMap& base_env, const std::string& key,
                          const std::string& secret) {
   HostedStores out;
+  if (policy.store_host == MembershipPolicy::StoreHost::kEtcd) return out;  // nobody hosts it
   if (policy.store_host == MembershipPolicy::StoreHost::kNodeZero) {
     if (policy.node_rank == 0) out.server = host_agent_store(c, base_env, key, secret, "node 0");
     return out;

@@ -30,6 +30,7 @@ struct HostedStores {
   std::string addr = "-";  // this node's address toward the store, where `standby` listens
 };
 
+// On etcd: none (Note [etcd backend] in etcd.h).
 // Fixed: node 0's ddprun hosts the job's store (a port in use is an error). Elastic: the first
 // ddprun on the rendezvous endpoint's host does (a second one there finds the port taken and is
 // a client like the rest); every other node hosts a standby at its own address and the

@@ -17,6 +17,7 @@
 
 #include "base/parse.h"
 #include "flags.h"
+#include "etcd.h"  // etcd_options: --rdzv-backend etcd's endpoints and --rdzv-conf, checked early
 #include "values.h"
 
 namespace ddp::launcher {
@@ -112,11 +113,13 @@ bool apply_standalone(const RawFlags& raw, CommandLine& out) {
 // ranks given (Note [Membership policy] in membership_policy.h).
 void apply_membership(const RawFlags& raw, CommandLine& out) {
   LaunchConfig& c = out.config;
+  const bool dynamic = c.rdzv_backend == RdzvBackend::kC10d || c.rdzv_backend == RdzvBackend::kEtcd;
   if (c.min_nodes != c.nnodes) {
-    if (c.rdzv_backend != RdzvBackend::kC10d) {
+    if (!dynamic) {
       throw UsageError(fmt::format(
           "--nnodes {}:{} is an elastic range, which needs the c10d rendezvous: add "
-          "--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID (the same on every node)",
+          "--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID (the same on every node), "
+          "or --rdzv-backend etcd --rdzv-endpoint ETCD_HOST:PORT,...",
           c.min_nodes, c.nnodes));
     }
     if (raw.given("node_rank")) {
@@ -125,7 +128,7 @@ void apply_membership(const RawFlags& raw, CommandLine& out) {
           c.nnodes, raw.get("node_rank")->source));
     }
     c.elastic = true;
-  } else if (c.rdzv_backend == RdzvBackend::kC10d && c.nnodes > 1 && !raw.given("node_rank")) {
+  } else if (dynamic && c.nnodes > 1 && !raw.given("node_rank")) {
     c.elastic = true;
   }
   if (c.elastic) c.node_rank = 0;
@@ -136,15 +139,28 @@ void apply_rendezvous(const RawFlags& raw, CommandLine& out) {
   if (auto* v = raw.get("rdzv_backend")) {
     if (v->text == "c10d") {
       c.rdzv_backend = RdzvBackend::kC10d;
+    } else if (v->text == "etcd" || v->text == "etcd-v2") {  // torchrun's two names for it
+      c.rdzv_backend = RdzvBackend::kEtcd;
     } else if (v->text != "static") {
-      bad_value(v->source, v->text, "expected static or c10d (etcd backends are not supported)");
+      bad_value(v->source, v->text, "expected static, c10d or etcd");
     }
   }
   if (auto* v = raw.get("rdzv_id")) c.run_id = v->text.empty() ? kDefaultRunId : v->text;
   if (auto* v = raw.get("role")) c.role = v->text.empty() ? kDefaultRole : v->text;
   apply_rdzv_conf(raw, c);
   if (apply_standalone(raw, out)) return;
-  if (auto* v = raw.get("rdzv_endpoint"); v != nullptr && !v->text.empty()) {
+  if (c.rdzv_backend == RdzvBackend::kEtcd) {
+    // The etcd cluster's endpoints (Note [etcd backend] in etcd.h); node rank 0 picks where
+    // the workers rendezvous, so --master-addr and --master-port are not used.
+    auto* v = raw.get("rdzv_endpoint");
+    if (v == nullptr || v->text.empty()) {
+      throw UsageError(
+          "--rdzv-backend etcd needs --rdzv-endpoint: the etcd cluster's client endpoints, "
+          "HOST[:PORT] comma-separated (port 2379 when left out)");
+    }
+    etcd_options(v->text, c.rdzv_conf);  // a bad endpoint, protocol or file: said now
+    c.etcd_endpoints = v->text;
+  } else if (auto* v = raw.get("rdzv_endpoint"); v != nullptr && !v->text.empty()) {
     Endpoint e = parse_endpoint(v->source, v->text);
     c.master_addr = e.host;
     c.master_port = e.port;

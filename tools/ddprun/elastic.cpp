@@ -11,6 +11,7 @@
 
 #include "base/net.h"        // host_name
 #include "base/random_id.h"  // random_hex: node ids, the lineage
+#include "etcd.h"            // etcd_key_value: --rdzv-backend etcd
 #include "output.h"          // note
 #include "store/bind.h"      // ip_of
 #include "store/net.h"       // resolve, format_endpoint
@@ -47,11 +48,21 @@ ElasticRounds::ElasticRounds(const LaunchConfig& config, const EnvMap& base_env,
       last_call_(std::chrono::duration_cast<milliseconds>(config.last_call_timeout)),
       hosted_(host_stores(config, policy_, base_env, job_key_, secret)),
       store_host_(config.master_addr), store_port_(config.master_port),
-      // Node 0 of a fixed job reaches the store it hosts where it listens.
-      store_(run_id, policy_.store_host == MembershipPolicy::StoreHost::kNodeZero && hosted_.server
-                         ? client_options(hosted_.server->local_address(), hosted_.server->port())
-                         : client_options(store_host_, store_port_)),
-      lineage_(random_hex(8)) {}
+      store_(run_id, first_store()), lineage_(random_hex(8)) {}
+
+std::unique_ptr<KeyValue> ElasticRounds::first_store() const {
+  if (on_etcd()) {
+    EtcdOptions o = etcd_options(c_.etcd_endpoints, c_.rdzv_conf);
+    o.who = policy_.node_rank ? fmt::format("ddprun (node {})", *policy_.node_rank)
+                              : fmt::format("ddprun ({})", host_);
+    return etcd_key_value(o);
+  }
+  if (policy_.store_host == MembershipPolicy::StoreHost::kNodeZero && hosted_.server) {
+    return agent_store_key_value(
+        client_options(hosted_.server->local_address(), hosted_.server->port()));
+  }
+  return agent_store_key_value(client_options(store_host_, store_port_));
+}
 
 // --- the running round
 
@@ -114,14 +125,16 @@ bool ElasticRounds::announce_leaving(int round, const std::string& why) {
 
 std::optional<std::string> ElasticRounds::report_failure(int round, const std::string& what,
                                                          bool final) {
+  const std::string line = fmt::format("{}: {}", where(), what);
   try {
-    std::optional<std::string> first = store_.write_first_failure(
-        round, fmt::format("{}: {}", where(), what), final, Clock::now() + kCallTime);
+    std::optional<std::string> first =
+        store_.write_first_failure(round, line, final, Clock::now() + kCallTime);
     watch_members(Clock::now() + kCallTime);
     if (first) return first;
     known_failures_ = store_.count_failure(Clock::now() + kCallTime);  // by the first reporter
   } catch (const Error& e) {
     unreported_failure_ = true;  // a store that moves carries it (Note [Moving the store])
+    unreported_ = {.round = round, .line = line, .final = final};
     if (!unreachable_since_) unreachable_since_ = Clock::now();
     note(fmt::format("could not tell the other nodes that this node failed: {}", e.what()));
   }
@@ -247,6 +260,7 @@ void ElasticRounds::watch_members(Deadline deadline) {
 }
 
 bool ElasticRounds::shows_life(const std::string& id, int64_t beats, milliseconds window) {
+  if (beats < 0) return false;  // its etcd lease expired: its ddprun is dead or cut off
   const auto now = Clock::now();
   auto [it, fresh] = seen_alive_.try_emplace(id, beats, now);
   if (fresh || it->second.first != beats) {
@@ -348,6 +362,7 @@ void ElasticRounds::settle_moved_store(Deadline deadline) {
   store_.carry_failures(known_failures_ + (unreported_failure_ ? 1 : 0), deadline);
   moved_note_.clear();
   unreported_failure_ = false;
+  unreported_ = {};
 }
 
 void ElasticRounds::return_home() {

@@ -77,7 +77,8 @@ class ElasticRounds final : public Rounds {
   ElasticRounds(const LaunchConfig& config, const EnvMap& base_env, const std::string& run_id,
                 const std::string& secret);
 
-  bool agent_store() const override { return true; }
+  // On etcd the workers rendezvous at their rank 0's store (Note [etcd backend] in etcd.h).
+  bool agent_store() const override { return !on_etcd(); }
   std::optional<Membership> join(int next, const std::function<bool()>& stop) override;
   std::optional<std::string> regroup(int round, bool now) override;
   bool announce_leaving(int round, const std::string& why) override;
@@ -124,7 +125,13 @@ class ElasticRounds final : public Rounds {
   KnownRound known_last(int round, const std::vector<RoundEntry>& here, Deadline deadline);
   std::optional<Membership> admit_or_wait(Join& j, int closed, Deadline deadline);
   Membership admit(int round, int n, int index, Deadline deadline);
+  // On etcd: where the workers of `round` rendezvous; node rank 0 (`rank`) picks and writes it.
+  std::pair<std::string, int> workers_store(int round, int rank, Deadline deadline);
   void store_silent(Join& j, const RendezvousError& e);
+  // A failure report the store did not take (it did not answer: an etcd leader election, a slow
+  // store) is written once it answers again: until then the round it ended looks alive to every
+  // node, this one included. A store that moved carries the count instead.
+  void report_again(Deadline deadline);
   [[noreturn]] void too_few(int round, int count, Deadline deadline);
   [[noreturn]] void no_majority(int round, const Quorum& q);
   [[noreturn]] void missing_ranks(int round, Deadline deadline);
@@ -144,6 +151,10 @@ class ElasticRounds final : public Rounds {
   bool shows_life(const std::string& id, int64_t beats, milliseconds window);
 
   // --- the store's place (elastic.cpp: Note [Moving the store])
+  bool on_etcd() const { return policy_.store_host == MembershipPolicy::StoreHost::kEtcd; }
+  // Where the rounds are kept at first: etcd, or the agent store (node 0 of a fixed job reaches
+  // the one it hosts where it listens).
+  std::unique_ptr<KeyValue> first_store() const;
   store::ClientOptions client_options(const std::string& host, int port) const;
   void connect_to(const std::string& host, int port);
   // The store stopped answering, or its host leaves (`why` says which): the next node of the
@@ -193,6 +204,12 @@ class ElasticRounds final : public Rounds {
   int known_failures_ = 0;           // the failure count last read
   std::string lineage_;              // the store's lineage once admitted; a drawn one before
   bool unreported_failure_ = false;  // a failure report that did not reach the store
+  struct Report {
+    int round = -1;
+    std::string line;
+    bool final = false;
+  };
+  Report unreported_;  // that report, written when the store answers again (report_again)
   bool go_home_ = false;             // the next join moves the store back to the endpoint
   bool go_away_ = false;             // the next join moves the store on: its host leaves
   Clock::time_point next_home_poll_{};

@@ -50,20 +50,22 @@ constexpr FlagDef kFlags[] = {
     {"standalone", "", "", kRendezvous,
      "Single-node job: free port on 127.0.0.1, random run id; rdzv flags are ignored. "
      "[default: off]"},
-    {"rdzv_backend", "", "static|c10d", kRendezvous,
+    {"rdzv_backend", "", "static|c10d|etcd", kRendezvous,
      "static: MASTER_ADDR/PORT and --node-rank; c10d: the store at --rdzv-endpoint, hosted by "
-     "the ddprun on that host; node ranks given out at each round unless --node-rank is "
-     "given. [default: static]"},
+     "the ddprun on that host; etcd (or etcd-v2): the rounds kept in the etcd cluster at "
+     "--rdzv-endpoint, hosted by no node. c10d and etcd give node ranks out at each round "
+     "unless --node-rank is given. [default: static]"},
     {"rdzv_endpoint", "", "HOST[:PORT]", kRendezvous,
      "Store address; wins over --master-addr/--master-port. PORT defaults to 29400; 0 picks "
-     "a free one. [default: none]"},
+     "a free one. etcd: the cluster's members, HOST[:PORT],... (PORT 2379). [default: none]"},
     {"rdzv_id", "", "ID", kRendezvous,
      "Run id shared by all nodes (TORCHELASTIC_RUN_ID, log dir name). [default: none]"},
     {"rdzv_conf", "", "K=V,...", kRendezvous,
      "Rendezvous options: join_timeout (or timeout): the rendezvous timeout in seconds; "
      "last_call_timeout: how long an elastic job's first round waits for more nodes once MIN "
-     "are in [30] (a later round closes once the last round's live nodes are in); other keys are "
-     "accepted and ignored. [default: none]"},
+     "are in [30] (a later round closes once the last round's live nodes are in); etcd: "
+     "protocol=https, cacert, cert, key (PEM files), user=NAME:PASSWORD or user=NAME with "
+     "password_file=PATH; other keys are accepted and ignored. [default: none]"},
     {"role", "", "NAME", kRendezvous, "Worker role (ROLE_NAME). [default: default]"},
     {"max_restarts", "", "N", kSupervision,
      "On a failure, stop the whole group and start it again, at most N times; "

@@ -43,7 +43,7 @@ inline constexpr Seconds kDefaultGracePeriod{10.0};           // between SIGTERM
 inline constexpr Seconds kDefaultLastCallTimeout{30.0};
 inline constexpr const char* kPythonInterpreter = "python3";  // for PROGRAM.py and -m
 
-enum class RdzvBackend { kStatic, kC10d };
+enum class RdzvBackend { kStatic, kC10d, kEtcd };
 
 // Which of a worker's streams a flag applies to; torchrun's Std (1=stdout, 2=stderr, 3=both).
 enum class Std : std::uint8_t { kNone = 0, kOut = 1, kErr = 2, kAll = 3 };
@@ -86,6 +86,9 @@ struct LaunchConfig {
   bool random_run_id = false;  // --standalone: the launcher draws a fresh id
   RdzvBackend rdzv_backend = RdzvBackend::kStatic;
   std::map<std::string, std::string> rdzv_conf;  // --rdzv-conf k=v,... as given
+  // --rdzv-backend etcd: the cluster's client endpoints, as --rdzv-endpoint gave them (Note
+  // [etcd backend] in etcd.h); master_addr and master_port are then not the rendezvous's.
+  std::string etcd_endpoints;
   std::string role = kDefaultRole;
 
   // --- timeouts exported to the workers (DDP_RDZV_TIMEOUT, DDP_COLLECTIVE_TIMEOUT)

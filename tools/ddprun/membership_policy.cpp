@@ -6,21 +6,24 @@
 namespace ddp::launcher {
 
 MembershipPolicy MembershipPolicy::of(const LaunchConfig& config) {
+  const bool etcd = config.rdzv_backend == RdzvBackend::kEtcd;
   if (!config.elastic) {
     return MembershipPolicy{.min_nodes = config.nnodes,
                             .max_nodes = config.nnodes,
                             .node_rank = config.node_rank,
                             .arrivals = Arrivals::kEndTheRound,
-                            .store_host = StoreHost::kNodeZero,
+                            .store_host = etcd ? StoreHost::kEtcd : StoreHost::kNodeZero,
                             .store_moves = false,
+                            .majority = false,
                             .restarts = Restarts::kRounds};
   }
   return MembershipPolicy{.min_nodes = config.min_nodes,
                           .max_nodes = config.nnodes,
                           .node_rank = std::nullopt,
                           .arrivals = Arrivals::kWaitToBeAdmitted,
-                          .store_host = StoreHost::kEndpointHost,
-                          .store_moves = true,
+                          .store_host = etcd ? StoreHost::kEtcd : StoreHost::kEndpointHost,
+                          .store_moves = !etcd,
+                          .majority = !etcd,
                           .restarts = Restarts::kFailures};
 }
 

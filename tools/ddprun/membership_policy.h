@@ -23,7 +23,11 @@
 //                ddprun on the rendezvous endpoint's host.
 //   store_moves  whether the store can move. Fixed: no. Elastic: every other node keeps a
 //                standby store, and the nodes move to one when the store stops answering (Note
-//                [Moving the store] in elastic.cpp).
+//                [Moving the store] in elastic.cpp). On etcd (either kind) nobody hosts the
+//                rounds' store and nothing moves (Note [etcd backend] in etcd.h).
+//   majority     whether a round needs a majority of the last round's nodes: only where the
+//                store moves, so that two copies of it never both form rounds (Note [Never
+//                two groups] in quorum.h).
 //   restarts     what --max-restarts counts. Fixed: rounds (every round after the first is a
 //                restart: TORCHELASTIC_RESTART_COUNT). Elastic: failures ("failures"), as
 //                torchrun does: nodes leaving or arriving re-form the job without a restart.
@@ -40,7 +44,7 @@ namespace ddp::launcher {
 
 struct MembershipPolicy {
   enum class Arrivals { kEndTheRound, kWaitToBeAdmitted };
-  enum class StoreHost { kNodeZero, kEndpointHost };
+  enum class StoreHost { kNodeZero, kEndpointHost, kEtcd };
   enum class Restarts { kRounds, kFailures };
 
   // The policy `config` asks for: elastic (config.elastic) or fixed.
@@ -52,6 +56,10 @@ struct MembershipPolicy {
   Arrivals arrivals = Arrivals::kEndTheRound;
   StoreHost store_host = StoreHost::kNodeZero;
   bool store_moves = false;
+  // Whether a round must hold a majority of the last round's nodes (Note [Never two groups] in
+  // quorum.h): where the store can be in two places at once (it moves). Fixed: every node is in
+  // every round anyway; etcd: one store, kept consistent by Raft.
+  bool majority = false;
   Restarts restarts = Restarts::kRounds;
 
   bool fixed_ranks() const { return node_rank.has_value(); }

@@ -35,6 +35,9 @@
 // where no round can close holds no group. Safety wins over availability, as in Raft, whose
 // majorities (and whose trap, a minority of an old membership that is a majority of a new one)
 // this follows: entries carry the newest membership, and a closer counts against it, not its own.
+// On etcd (Note [etcd backend] in etcd.h) the rule is not applied: the rounds live in one store
+// that Raft keeps consistent and that never moves, so "round" grows and a round closes once,
+// by compare-and-swap, whoever asks; the nodes that reach etcd's majority form the rounds.
 #pragma once
 
 #include <set>

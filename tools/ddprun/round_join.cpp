@@ -5,11 +5,13 @@
 #include <climits>  // INT_MAX
 #include <set>
 #include <thread>
+#include <tuple>  // std::tie
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
+#include "base/net.h"  // pick_free_port: the workers' store on etcd
 #include "elastic.h"
 #include "output.h"   // note
 #include "summary.h"  // format_seconds
@@ -67,7 +69,11 @@ std::optional<Membership> ElasticRounds::join(int next, const std::function<bool
     if (j.short_of) too_few(j.round, *j.short_of, Clock::now() + kCallTime);
     if (j.lacking && Clock::now() >= j.end) no_majority(j.round, *j.lacking);
     if (!j.last_error.empty() && Clock::now() >= j.end) unreachable(j.last_error);
-    std::this_thread::sleep_for(kWaitStep);
+    if (on_etcd()) {
+      store_.wait_for_change(kPollInterval);  // a watch: back at once when anything moves
+    } else {
+      std::this_thread::sleep_for(kWaitStep);
+    }
   }
 }
 
@@ -79,6 +85,7 @@ std::optional<Membership> ElasticRounds::join_step(Join& j) {
     store_.beat(id_, deadline);
     unreachable_since_.reset();
     settle_moved_store(deadline);
+    report_again(deadline);
     check_shape(j, deadline);
     find_round(j, deadline);
     if (!enter(j, deadline)) return std::nullopt;
@@ -178,7 +185,7 @@ bool ElasticRounds::enter(Join& j, Deadline deadline) {
   store_.write_entry(j.round, j.index,
                      {.id = id_,
                       .host = host_,
-                      .addr = hosted_.addr,
+                      .addr = on_etcd() ? store_.local_address() : hosted_.addr,
                       .last_round = last_round_,
                       .last_rank = last_rank_,
                       .last_members = known_round().members},
@@ -265,7 +272,7 @@ std::optional<int> ElasticRounds::admissible(Join& j, int count, Clock::time_poi
   } else {
     j.min_seen.reset();
   }
-  if (admitted && (policy_.fixed_ranks() || majority(j, *admitted, deadline))) {
+  if (admitted && (!policy_.majority || majority(j, *admitted, deadline))) {
     return admitted;
   }
   if (now >= j.end && !admitted) j.short_of = count;
@@ -358,13 +365,26 @@ Membership ElasticRounds::admit(int round, int n, int index, Deadline deadline) 
   store_.record_round(known_round(), deadline);  // what a round without this node counts against
   known_failures_ = store_.failures(deadline);
   const bool counts_rounds = policy_.restarts == MembershipPolicy::Restarts::kRounds;
-  return Membership{.round = round,
-                    .node_rank = rank,
-                    .nnodes = n,
-                    .restarts = counts_rounds ? round : known_failures_,
-                    .store_addr = moved() ? store_host_ : "",
-                    .store_port = moved() ? store_port_ : 0,
-                    .lineage = lineage_};
+  Membership m{.round = round,
+               .node_rank = rank,
+               .nnodes = n,
+               .restarts = counts_rounds ? round : known_failures_,
+               .store_addr = moved() ? store_host_ : "",
+               .store_port = moved() ? store_port_ : 0,
+               .lineage = lineage_};
+  if (on_etcd()) std::tie(m.store_addr, m.store_port) = workers_store(round, rank, deadline);
+  return m;
+}
+
+std::pair<std::string, int> ElasticRounds::workers_store(int round, int rank, Deadline deadline) {
+  if (rank == 0) {
+    const std::string address = members_.front().addr;
+    const int port = net::pick_free_port();
+    store_.set_workers_store(round, address, port, deadline);
+    return {address, port};
+  }
+  // Node rank 0 writes it as it is admitted, as this node is: a join step's time is plenty.
+  return store_.workers_store(round, join_timeout_);
 }
 
 // The store did not answer this step. It moves (where it can: Note [Moving the store]) at once
@@ -380,6 +400,18 @@ void ElasticRounds::store_silent(Join& j, const RendezvousError& e) {
   j.last_error.clear();
   j.round = -1;
   j.shape_checked = false;
+}
+
+void ElasticRounds::report_again(Deadline deadline) {
+  if (!unreported_failure_ || unreported_.round < 0) return;
+  if (!store_.write_first_failure(unreported_.round, unreported_.line, unreported_.final,
+                                  deadline)) {
+    known_failures_ = store_.count_failure(deadline);  // this node's was the first
+  }
+  note(fmt::format("told the other nodes now that this node failed in {} {}", policy_.round_name(),
+                   unreported_.round));
+  unreported_failure_ = false;
+  unreported_ = {};
 }
 
 void ElasticRounds::too_few(int round, int count, Deadline deadline) {
@@ -433,6 +465,13 @@ void ElasticRounds::missing_ranks(int round, Deadline deadline) {
 }
 
 void ElasticRounds::unreachable(const std::string& error) const {
+  if (on_etcd()) {
+    throw RendezvousError(fmt::format(
+        "{}: could not reach etcd ({}, --rdzv-endpoint) within {}: {}. Start etcd there, or "
+        "check the endpoints and, for TLS and auth, --rdzv-conf; a member cut off from the "
+        "majority of its cluster answers nothing.",
+        where(), c_.etcd_endpoints, format_seconds(seconds_of(join_timeout_)), error));
+  }
   const bool node_zero = policy_.store_host == MembershipPolicy::StoreHost::kNodeZero;
   throw RendezvousError(fmt::format(
       "{}: could not reach the {} agent store at {}:{} ({}) within {}: {}. {} hosts it: it has "

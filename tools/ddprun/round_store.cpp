@@ -53,12 +53,13 @@ int parse_count(const std::string& text, const char* what) {
 }
 
 RoundStore::RoundStore(const std::string& run_id, const store::ClientOptions& options)
-    : prefix_(fmt::format("ddprun/{}/", run_id)) {
-  connect(options);
-}
+    : RoundStore(run_id, agent_store_key_value(options)) {}
+
+RoundStore::RoundStore(const std::string& run_id, std::unique_ptr<KeyValue> kv)
+    : prefix_(fmt::format("ddprun/{}/", run_id)), kv_(std::move(kv)) {}
 
 void RoundStore::connect(const store::ClientOptions& options) {
-  client_ = std::make_unique<store::Client>(options);
+  kv_ = agent_store_key_value(options);
   entries_.clear();  // another store's: its round R is not this one's (a store moved back home)
 }
 
@@ -71,19 +72,18 @@ std::string RoundStore::key(int round, std::string_view what) const {
 }
 
 std::optional<std::string> RoundStore::get_if_set(const std::string& k, Deadline deadline) {
-  if (!client_->check({k}, deadline)) return std::nullopt;
-  return client_->get(k, std::chrono::milliseconds(0), deadline);
+  if (!kv_->check(k, deadline)) return std::nullopt;
+  return kv_->get(k, std::chrono::milliseconds(0), deadline);
 }
 
 // --- the job
 
 int RoundStore::raise_round(int next, Deadline deadline) {
   const std::string k = job_key("round");
-  int round = parse_count(client_->compare_set(k, "", "0", deadline), "round");
+  int round = parse_count(kv_->compare_set(k, "", "0", deadline), "round");
   while (round < next) {
-    round =
-        parse_count(client_->compare_set(k, std::to_string(round), std::to_string(next), deadline),
-                    "round");
+    round = parse_count(kv_->compare_set(k, std::to_string(round), std::to_string(next), deadline),
+                        "round");
   }
   return round;
 }
@@ -116,11 +116,11 @@ KnownRound parse_round(const std::string& text) {
 void RoundStore::record_round(const KnownRound& known, Deadline deadline) {
   const std::string k = job_key("last_round");
   const std::string mine = format_round(known);
-  std::string now = client_->compare_set(k, "", mine, deadline);
+  std::string now = kv_->compare_set(k, "", mine, deadline);
   while (now != mine) {
     const KnownRound there = parse_round(now);
     if (there.round >= known.round) return;
-    now = client_->compare_set(k, now, mine, deadline);
+    now = kv_->compare_set(k, now, mine, deadline);
   }
 }
 
@@ -130,19 +130,19 @@ KnownRound RoundStore::last_round(Deadline deadline) {
 }
 
 std::string RoundStore::claim_shape(const std::string& shape, Deadline deadline) {
-  return client_->compare_set(job_key("shape"), "", shape, deadline);
+  return kv_->compare_set(job_key("shape"), "", shape, deadline);
 }
 
 std::string RoundStore::claim_lineage(const std::string& lineage, Deadline deadline) {
-  return client_->compare_set(job_key("lineage"), "", lineage, deadline);
+  return kv_->compare_set(job_key("lineage"), "", lineage, deadline);
 }
 
 void RoundStore::beat(const std::string& id, Deadline deadline) {
-  client_->add(job_key("alive/" + id), 1, deadline);
+  kv_->beat(job_key("alive/" + id), deadline);
 }
 
 int64_t RoundStore::beats(const std::string& id, Deadline deadline) {
-  return client_->add(job_key("alive/" + id), 0, deadline);
+  return kv_->count_beats(job_key("alive/" + id), deadline);
 }
 
 int RoundStore::failures(Deadline deadline) {
@@ -151,37 +151,37 @@ int RoundStore::failures(Deadline deadline) {
 }
 
 int RoundStore::count_failure(Deadline deadline) {
-  return static_cast<int>(client_->add(job_key("failures"), 1, deadline));
+  return static_cast<int>(kv_->add(job_key("failures"), 1, deadline));
 }
 
 void RoundStore::carry_failures(int count, Deadline deadline) {
   const std::string k = job_key("failures");
-  std::string now = client_->compare_set(k, "", std::to_string(count), deadline);
+  std::string now = kv_->compare_set(k, "", std::to_string(count), deadline);
   while (parse_count(now, "failure count") < count) {
-    now = client_->compare_set(k, now, std::to_string(count), deadline);
+    now = kv_->compare_set(k, now, std::to_string(count), deadline);
   }
 }
 
 // --- entering and closing a round
 
 int64_t RoundStore::claim_rank(int round, int rank, Deadline deadline) {
-  return client_->add(key(round, fmt::format("node/{}", rank)), 1, deadline);
+  return kv_->add(key(round, fmt::format("node/{}", rank)), 1, deadline);
 }
 
 bool RoundStore::rank_claimed(int round, int rank, Deadline deadline) {
-  return client_->check({key(round, fmt::format("node/{}", rank))}, deadline);
+  return kv_->check(key(round, fmt::format("node/{}", rank)), deadline);
 }
 
 int RoundStore::count_in(int round, Deadline deadline) {
-  return static_cast<int>(client_->add(key(round, "count"), 1, deadline)) - 1;
+  return static_cast<int>(kv_->add(key(round, "count"), 1, deadline)) - 1;
 }
 
 int RoundStore::arrivals(int round, Deadline deadline) {
-  return static_cast<int>(client_->add(key(round, "count"), 0, deadline));
+  return static_cast<int>(kv_->add(key(round, "count"), 0, deadline));
 }
 
 void RoundStore::write_entry(int round, int index, const RoundEntry& entry, Deadline deadline) {
-  client_->set(key(round, fmt::format("member/{}", index)), entry.format(), deadline);
+  kv_->set(key(round, fmt::format("member/{}", index)), entry.format(), deadline);
 }
 
 std::vector<RoundEntry> RoundStore::entries(int round, int n, std::chrono::milliseconds wait) {
@@ -193,8 +193,8 @@ std::vector<RoundEntry> RoundStore::entries(int round, int n, std::chrono::milli
     }
     std::string text;
     try {
-      text = client_->get(key(round, fmt::format("member/{}", i)), wait,
-                          Clock::now() + wait + kEntrySlack);
+      text = kv_->get(key(round, fmt::format("member/{}", i)), wait,
+                      Clock::now() + wait + kEntrySlack);
     } catch (const RendezvousError&) {
       text.clear();  // it died in between: an unknown node
     }
@@ -212,8 +212,7 @@ std::optional<int> RoundStore::closed(int round, Deadline deadline) {
 }
 
 int RoundStore::close(int round, int admitted, Deadline deadline) {
-  return parse_count(client_->compare_set(key(round, "closed"), "", std::to_string(admitted),
-                                          deadline),
+  return parse_count(kv_->compare_set(key(round, "closed"), "", std::to_string(admitted), deadline),
                      "closed count");
 }
 
@@ -224,16 +223,16 @@ std::optional<std::string> RoundStore::failure(int round, Deadline deadline) {
 }
 
 bool RoundStore::failed(int round, Deadline deadline) {
-  return client_->check({key(round, "failed")}, deadline);
+  return kv_->check(key(round, "failed"), deadline);
 }
 
 std::optional<std::string> RoundStore::write_first_failure(int round, const std::string& line,
                                                            bool final, Deadline deadline) {
   const std::string failed = key(round, "failed");
-  if (final && !client_->check({failed}, deadline)) {
-    client_->compare_set(key(round, "final"), "", line, deadline);
+  if (final && !kv_->check(failed, deadline)) {
+    kv_->compare_set(key(round, "final"), "", line, deadline);
   }
-  std::string first = client_->compare_set(failed, "", line, deadline);
+  std::string first = kv_->compare_set(failed, "", line, deadline);
   if (first != line) return first;
   return std::nullopt;
 }
@@ -244,7 +243,7 @@ std::optional<std::string> RoundStore::final_failure(int round, Deadline deadlin
 
 bool RoundStore::failure_is_final(int round, Deadline deadline) {
   try {
-    return client_->check({key(round, "final")}, deadline);
+    return kv_->check(key(round, "final"), deadline);
   } catch (const Error&) {
     return false;
   }
@@ -255,15 +254,13 @@ std::optional<std::string> RoundStore::finished(int round, Deadline deadline) {
 }
 
 void RoundStore::finish(int round, const std::string& who, Deadline deadline) {
-  client_->compare_set(key(round, "finished"), "", who, deadline);
+  kv_->compare_set(key(round, "finished"), "", who, deadline);
 }
 
-void RoundStore::end(int round, Deadline deadline) {
-  client_->add(key(round, "ended"), 1, deadline);
-}
+void RoundStore::end(int round, Deadline deadline) { kv_->add(key(round, "ended"), 1, deadline); }
 
 int RoundStore::ended(int round, Deadline deadline) {
-  return static_cast<int>(client_->add(key(round, "ended"), 0, deadline));
+  return static_cast<int>(kv_->add(key(round, "ended"), 0, deadline));
 }
 
 std::optional<std::string> RoundStore::regroup(int round, Deadline deadline) {
@@ -271,46 +268,67 @@ std::optional<std::string> RoundStore::regroup(int round, Deadline deadline) {
 }
 
 std::string RoundStore::write_regroup(int round, const std::string& why, Deadline deadline) {
-  return client_->compare_set(key(round, "regroup"), "", why, deadline);
+  return kv_->compare_set(key(round, "regroup"), "", why, deadline);
 }
 
 bool RoundStore::said_over(int round, Deadline deadline) {
   for (const char* what : {"failed", "regroup", "finished"}) {
-    if (client_->check({key(round, what)}, deadline)) return true;
+    if (kv_->check(key(round, what), deadline)) return true;
   }
   return false;
 }
 
 void RoundStore::saw_regroup(int round, Deadline deadline) {
-  client_->add(key(round, "regroup_seen"), 1, deadline);
+  kv_->add(key(round, "regroup_seen"), 1, deadline);
 }
 
 int RoundStore::regroup_readers(int round, Deadline deadline) {
-  return static_cast<int>(client_->add(key(round, "regroup_seen"), 0, deadline));
+  return static_cast<int>(kv_->add(key(round, "regroup_seen"), 0, deadline));
 }
 
 void RoundStore::leave(int round, const std::string& id, Deadline deadline) {
-  client_->set(key(round, "left/" + id), "1", deadline);
+  kv_->set(key(round, "left/" + id), "1", deadline);
 }
 
 bool RoundStore::left(int round, const std::string& id, Deadline deadline) {
-  return client_->check({key(round, "left/" + id)}, deadline);
+  return kv_->check(key(round, "left/" + id), deadline);
 }
 
 void RoundStore::send_store_home(int round, Deadline deadline) {
-  client_->compare_set(key(round, "store_home"), "", "1", deadline);
+  kv_->compare_set(key(round, "store_home"), "", "1", deadline);
 }
 
 bool RoundStore::store_goes_home(int round, Deadline deadline) {
-  return client_->check({key(round, "store_home")}, deadline);
+  return kv_->check(key(round, "store_home"), deadline);
 }
 
 void RoundStore::send_store_away(int round, Deadline deadline) {
-  client_->compare_set(key(round, "store_away"), "", "1", deadline);
+  kv_->compare_set(key(round, "store_away"), "", "1", deadline);
 }
 
 bool RoundStore::store_goes_away(int round, Deadline deadline) {
-  return client_->check({key(round, "store_away")}, deadline);
+  return kv_->check(key(round, "store_away"), deadline);
+}
+
+// --- etcd: the workers' store
+
+void RoundStore::set_workers_store(int round, const std::string& address, int port,
+                                   Deadline deadline) {
+  kv_->set(key(round, "workers_store"), fmt::format("{} {}", address, port), deadline);
+}
+
+std::pair<std::string, int> RoundStore::workers_store(int round, std::chrono::milliseconds wait) {
+  const std::string text =
+      kv_->get(key(round, "workers_store"), wait, Clock::now() + wait + kEntrySlack);
+  std::istringstream in(text);
+  std::string address, port;
+  if (!(in >> address >> port)) {
+    throw Error(
+        fmt::format("the round store's workers' store of round {} is '{}', not "
+                    "'<address> <port>': another program wrote to this job's keys",
+                    round, text));
+  }
+  return {address, parse_count(port, "workers' store port")};
 }
 
 }  // namespace ddp::launcher

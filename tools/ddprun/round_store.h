@@ -3,7 +3,8 @@
 //
 // Note [Round store keys]
 // Every ddprun of a multi-node job, fixed or elastic (Note [Membership policy] in
-// membership_policy.h), keeps the job's rounds in its agent store, under "ddprun/<run id>/".
+// membership_policy.h), keeps the job's rounds in its agent store, or in etcd with
+// --rdzv-backend etcd (key_value.h), under "ddprun/<run id>/".
 // The keys, their values, and who writes them:
 //   round            the newest round, a decimal number; it only grows (compare_set)
 //   lineage          which instance of the job this store's rounds belong to: drawn by the first
@@ -46,6 +47,9 @@
 //                    about to vanish
 //   <R>/store_home   set with R's regroup when the job's store moves back to the endpoint
 //                    (Note [Moving the store] in elastic.cpp)
+//   <R>/workers_store  etcd only: "<address> <port>" where R's workers rendezvous (their rank
+//                    0's store, on node rank 0), written by node rank 0's ddprun (Note [etcd
+//                    backend] in etcd.h)
 // Every call is bounded by the deadline its caller passes. A value that should be a number and
 // is not means another program wrote to the job's keys: every such read says so the same way.
 #pragma once
@@ -60,6 +64,7 @@
 #include <utility>
 #include <vector>
 
+#include "key_value.h"
 #include "store/client.h"
 
 namespace ddp::launcher {
@@ -93,9 +98,11 @@ class RoundStore {
   using Clock = store::Clock;
   using Deadline = Clock::time_point;
 
-  // The keys of run `run_id`, in the store `options` reaches.
+  // The keys of run `run_id`, in the agent store `options` reaches, or in `kv` (etcd).
   RoundStore(const std::string& run_id, const store::ClientOptions& options);
-  // From now on, the store `options` reaches (the job's store moved: Note [Moving the store]).
+  RoundStore(const std::string& run_id, std::unique_ptr<KeyValue> kv);
+  // From now on, the agent store `options` reaches (the job's store moved: Note [Moving the
+  // store]).
   void connect(const store::ClientOptions& options);
 
   // --- the job
@@ -107,7 +114,8 @@ class RoundStore {
   std::string claim_shape(const std::string& shape, Deadline deadline);
   // Sets "lineage" unless a node set it first; returns the store's.
   std::string claim_lineage(const std::string& lineage, Deadline deadline);
-  // alive/<id>: count one sign of life; how many so far.
+  // alive/<id>: count one sign of life; how many so far (-1: none any more, its etcd lease
+  // expired).
   void beat(const std::string& id, Deadline deadline);
   int64_t beats(const std::string& id, Deadline deadline);
   // "last_round": raised to `known` unless it holds a newer round; the newest round recorded.
@@ -163,13 +171,25 @@ class RoundStore {
   void send_store_away(int round, Deadline deadline);
   bool store_goes_away(int round, Deadline deadline);
 
+  // --- etcd: where R's workers rendezvous ("<address> <port>": their rank 0's store)
+  void set_workers_store(int round, const std::string& address, int port, Deadline deadline);
+  // Waits up to `wait` for node rank 0 to write it.
+  std::pair<std::string, int> workers_store(int round, std::chrono::milliseconds wait);
+  // Returns when one of the job's keys changes (signs of life aside), or after `timeout` (the
+  // agent store: always after `timeout`).
+  void wait_for_change(std::chrono::milliseconds timeout) {
+    kv_->wait_for_change(prefix_, prefix_ + "alive/", timeout);
+  }
+  // Where this host reaches the store from ("-": unknown).
+  std::string local_address() const { return kv_->local_address(); }
+
  private:
   std::string job_key(std::string_view what) const;
   std::string key(int round, std::string_view what) const;
   std::optional<std::string> get_if_set(const std::string& key, Deadline deadline);
 
   const std::string prefix_;  // "ddprun/<run id>/"
-  std::unique_ptr<store::Client> client_;
+  std::unique_ptr<KeyValue> kv_;
   std::map<std::pair<int, int>, RoundEntry> entries_;  // (round, arrival) -> its entry, once read
 };
 
