@@ -19,9 +19,12 @@
 #include "base/net.h"  // pick_free_port
 #include "ddp/error.h"
 #include "elastic.h"
+#include "support/rounds.h"  // all_join
 
 namespace ddp::launcher {
 namespace {
+
+using ddp::testing::all_join;
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -53,20 +56,6 @@ class ElasticRoundsTest : public ::testing::Test {
   }
   std::unique_ptr<Rounds> node(const LaunchConfig& c) {
     return make_rounds(c, EnvMap{}, "elastic-run", "secret");
-  }
-  // Every node of `nodes` joins round `next` together; their memberships, in the same order.
-  static std::vector<Membership> all_join(const std::vector<Rounds*>& nodes, int next) {
-    std::vector<std::future<std::optional<Membership>>> joined;
-    for (Rounds* n : nodes) {
-      joined.push_back(std::async(std::launch::async, [n, next] { return n->join(next, kNoStop); }));
-    }
-    std::vector<Membership> out;
-    for (auto& j : joined) {
-      std::optional<Membership> m = j.get();
-      EXPECT_TRUE(m.has_value());
-      out.push_back(m.value_or(Membership{.round = -1}));
-    }
-    return out;
   }
   // What `n` joining round `next` fails with ("joined" if it does not fail).
   static std::string join_error(Rounds& n, int next) {

@@ -27,6 +27,7 @@
 #include "base/net.h"     // pick_free_port
 #include "ddp/error.h"
 #include "elastic.h"
+#include "support/rounds.h"  // all_join
 #include "etcd.h"
 #include "key_value.h"
 #include "store/protocol.h"  // job_key
@@ -36,6 +37,8 @@
 
 namespace ddp::launcher {
 namespace {
+
+using ddp::testing::all_join;
 
 using Clock = store::Clock;
 using ddp::testing::EtcdCluster;
@@ -346,20 +349,6 @@ class EtcdRoundsTest : public EtcdTest {
   }
   static std::unique_ptr<Rounds> node(const LaunchConfig& c) {
     return make_rounds(c, EnvMap{}, "etcd-run", "secret");
-  }
-  static std::vector<Membership> all_join(const std::vector<Rounds*>& nodes, int next) {
-    std::vector<std::future<std::optional<Membership>>> joined;
-    for (Rounds* n : nodes) {
-      joined.push_back(std::async(std::launch::async,
-                                  [n, next] { return n->join(next, [] { return false; }); }));
-    }
-    std::vector<Membership> out;
-    for (auto& j : joined) {
-      std::optional<Membership> m = j.get();
-      EXPECT_TRUE(m.has_value());
-      out.push_back(m.value_or(Membership{.round = -1}));
-    }
-    return out;
   }
 };
 

@@ -188,6 +188,18 @@ class Elastic : public ::testing::Test {
             "--sample-log", (dir_ / name / "samples").string()};
   }
 
+  // When `p` (its elapsed seconds) said `text` in its stderr past offset `from`, waiting up to
+  // `limit_s`; -1 if it did not.
+  static double when_said(Subprocess& p, const std::string& text, size_t from, double limit_s) {
+    double at = -1;
+    testing::wait_until([&] {
+      if (p.err_so_far().find(text, from) == std::string::npos) return false;
+      at = p.elapsed_s();
+      return true;
+    }, limit_s);
+    return at;
+  }
+
   // An etcd member on each of `at` (port 2379), up and with a leader; etcd_ its endpoints.
   std::unique_ptr<testing::EtcdCluster> etcd_on(const Hosts& hosts, std::vector<int> at) {
     std::vector<testing::EtcdCluster::Member> members;
@@ -506,12 +518,8 @@ TEST_F(Elastic, HalvesWithoutAMajorityNeverTrainAndFindEachOtherWhenJoined) {
   const size_t before = h[0]->err_so_far().size();
   hosts.set_split(false);
   const double joined_at = h[0]->elapsed_s();
-  double whole_at = -1;
-  ASSERT_TRUE(testing::wait_until([&] {
-    if (h[0]->err_so_far().find(": 4 node(s)", before) == std::string::npos) return false;
-    whole_at = h[0]->elapsed_s();
-    return true;
-  }, 120)) << errs();
+  const double whole_at = when_said(*h[0], ": 4 node(s)", before, 120);
+  ASSERT_GE(whole_at, 0) << errs();
   std::printf("[ measured ] halves joined again: the job ran on 4 nodes %.1f s later\n",
               whole_at - joined_at);
   EXPECT_NE(h[2]->err_so_far().find("moved from", 0), std::string::npos)
@@ -655,12 +663,8 @@ TEST_F(Elastic, OnEtcdTheSideWithTheClustersMajorityTrainsAndTheOtherWaits) {
   const size_t before = h[0]->err_so_far().size();
   hosts.set_split(false);
   const double joined_at = h[0]->elapsed_s();
-  double whole_at = -1;
-  ASSERT_TRUE(testing::wait_until([&] {
-    if (h[0]->err_so_far().find(": 4 node(s)", before) == std::string::npos) return false;
-    whole_at = h[0]->elapsed_s();
-    return true;
-  }, 150)) << errs();
+  const double whole_at = when_said(*h[0], ": 4 node(s)", before, 150);
+  ASSERT_GE(whole_at, 0) << errs();
   std::printf("[ measured ] etcd: healed, the job ran on 4 nodes %.1f s later\n",
               whole_at - joined_at);
   for (int k = 0; k < 4; ++k) {
@@ -709,12 +713,8 @@ TEST_F(Elastic, OnEtcdTheLeadersHostLostCostsARoundNotTheJob) {
   std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(leader)).c_str());
   const double killed_at = h[other]->elapsed_s();
   h[leader]->wait();
-  double reformed_at = -1;
-  ASSERT_TRUE(testing::wait_until([&] {
-    if (h[other]->err_so_far().find(": 2 node(s)", before) == std::string::npos) return false;
-    reformed_at = h[other]->elapsed_s();
-    return true;
-  }, 90)) << h[other]->err_so_far();
+  const double reformed_at = when_said(*h[other], ": 2 node(s)", before, 90);
+  ASSERT_GE(reformed_at, 0) << h[other]->err_so_far();
   std::printf("[ measured ] etcd: the leader's host (host %d) killed: the 2 survivors re-formed "
               "%.1f s later\n", leader, reformed_at - killed_at);
   for (int k = 0; k < 3; ++k) {
