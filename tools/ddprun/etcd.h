@@ -8,9 +8,9 @@
 //   libcurl, one connection kept per client. gRPC (libgrpc++, with code generated from etcd's
 //   .proto files and their Google API imports) would save the gateway's hop inside etcd, a
 //   loopback call, but not the Raft commit and fsync that every write waits for. Measured
-//   (test_etcd, 3 members on one 2-core VM): a read 2.0 ms, a write 4.3 ms; a round of 3 nodes
-//   0.25 s on etcd against 0.10 s on the agent store, next to seconds of workers starting. The
-//   simpler client wins.
+//   (test_etcd, 3 members on one quiet 2-core VM): a read 0.8-1.1 ms, a write 1.8-2.0 ms; a
+//   round of 3 nodes 111-144 ms on etcd against 102 ms on the agent store, next to seconds of
+//   workers starting. The simpler client wins.
 // - One store, consistent: etcd is a Raft cluster, every read here is linearizable (etcd's
 //   default) and every decision a transaction comparing a key's revision or value (compare_set,
 //   add). A member cut off from its cluster's majority answers neither reads nor writes; a node
