@@ -1,11 +1,12 @@
 // ddprun's etcd backend (Note [etcd backend] in tools/ddprun/etcd.h) against real etcd members
 // started by the test (support/etcd.h; skipped with the reason where etcd-server is missing):
 // the key-value operations give what the agent store gives for the same calls, a missing key is
-// waited for by a watch, concurrent adds and compare-and-sets lose nothing and have one winner, a
-// node's sign of life vanishes with its lease (a clean exit at once, a dead process within the
-// ttl), a member that does not answer is skipped, no answer names every endpoint tried, a server
-// that is not etcd, a wrong password and an unknown certificate authority are refused at once;
-// then ddprun's rounds, nodes as threads, over a 3-member cluster with one member killed.
+// waited for by a watch, a joining node's wait wakes on news but not on signs of life,
+// concurrent adds and compare-and-sets lose nothing and have one winner, a node's sign of life
+// vanishes with its lease (a clean exit at once, a dead process within the ttl), a member that
+// does not answer is skipped, no answer names every endpoint tried, a server that is not etcd, a
+// wrong password and an unknown certificate authority are refused at once; then ddprun's rounds,
+// nodes as threads, over a 3-member cluster with one member killed.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -150,6 +151,34 @@ TEST_F(EtcdTest, AMissingKeyIsWaitedForByAWatchAndNamedWhenItNeverComes) {
   EXPECT_GE(seconds_since(again), 0.45);
   EXPECT_LT(seconds_since(again), 2.0);
   EXPECT_TRUE(contains(error, "timed out after 0.5 s waiting for \"never\" in etcd at")) << error;
+}
+
+// What a joining node waits on between its looks at the round (round_join.cpp): a watch on the
+// job's keys. Another node's sign of life (a put under `quiet`) does not wake it; any other
+// write does, at once, not at the end of its timeout; with no news it sleeps the timeout out.
+TEST_F(EtcdTest, AWaitForChangeWakesOnNewsNotOnSignsOfLife) {
+  auto etcd = one_member();
+  auto kv = etcd_key_value(options_for(etcd->endpoints()));
+  auto writer = etcd_key_value(options_for(etcd->endpoints()));
+  EXPECT_FALSE(kv->check("job/round", soon()));  // the revision it has seen
+  const auto start = Clock::now();
+  std::thread later([&] {
+    std::this_thread::sleep_for(300ms);
+    writer->beat("job/alive/other", soon());
+    std::this_thread::sleep_for(300ms);
+    writer->set("job/round", "1", soon());
+  });
+  kv->wait_for_change("job/", "job/alive/", 5000ms);
+  const double woken = seconds_since(start);
+  later.join();
+  EXPECT_GE(woken, 0.55) << "woken by a sign of life";
+  EXPECT_LT(woken, 1.5) << "the round's write wakes the watch at once";
+
+  EXPECT_EQ(kv->get("job/round", 0ms, soon()), "1");
+  const auto quiet = Clock::now();
+  kv->wait_for_change("job/", "job/alive/", 800ms);
+  EXPECT_GE(seconds_since(quiet), 0.75);
+  EXPECT_LT(seconds_since(quiet), 2.0);
 }
 
 TEST_F(EtcdTest, ConcurrentAddsLoseNothingAndACompareSetHasOneWinner) {

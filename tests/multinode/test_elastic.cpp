@@ -4,10 +4,13 @@
 // processes are all SIGKILLed drops out and the job goes on without it; started again, it is
 // admitted and the job grows back; a host told SIGTERM (a spot reclaim's notice) leaves with a
 // checkpoint and the others go on; a host over MAX waits; fewer than MIN fail naming the missing;
-// the store's host cut off alone waits for a majority while the others go on.
+// the store's host cut off alone waits for a majority while the others go on; so does any side
+// of a partition without a majority (2 | 2, 3 | 1 for a minute, a link that flaps), watched
+// while it lasts for two groups training at once (GroupWatch).
 // Every training run ends with the exact-once check of its sample log (Note [Sample log] in
 // tools/ddp_train/trainer.cpp): each epoch, across all the sizes it ran at, used every sample
 // once (PyTorch's padding aside: at most world size - 1 repeats, in an epoch's last step).
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -153,6 +156,63 @@ void expect_one_lineage(const fs::path& run) {
   std::printf("[ measured ] run folder: %d group(s) of one lineage took it in turn, rounds up to "
               "%ld\n", takes, static_cast<long>(round));
 }
+
+// Note [Two groups at once]: watches a sample log while a test cuts the network. Every 200 ms it
+// lists the files (attempt<A>.rank<R>.pid<P>.txt, one per rank of a group) that grew since the
+// last look. Two groups training at once show as one rank number written by two processes in the
+// same look: each group has its own rank 0, 1, ... A handoff from one round to the next takes
+// longer than a look (the old group stops, new workers load LibTorch and a checkpoint), so one
+// group following another never shows as two.
+class GroupWatch {
+ public:
+  explicit GroupWatch(fs::path dir) : dir_(std::move(dir)), thread_([this] { run(); }) {}
+  ~GroupWatch() { stop(); }
+  // Stops watching; what it saw: "" if one group at most trained at every look, else the first
+  // look that saw two.
+  std::string stop() {
+    if (!thread_.joinable()) return two_;
+    done_ = true;
+    thread_.join();
+    std::printf("[ measured ] sample log watched %d times: %d with ranks training, %s\n", looks_,
+                busy_, two_.empty() ? "one group at most each time" : "TWO GROUPS at once");
+    return two_;
+  }
+
+ private:
+  void run() {
+    std::map<std::string, uintmax_t> sizes;
+    for (bool first = true; !done_; first = false) {
+      if (!first) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::map<int, std::vector<std::string>> writers;  // rank -> files that grew
+      std::error_code ec;
+      for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        int attempt = 0, rank = 0;
+        if (std::sscanf(name.c_str(), "attempt%d.rank%d.", &attempt, &rank) != 2) continue;
+        const uintmax_t size = fs::file_size(it->path(), ec);
+        if (ec) continue;
+        uintmax_t& was = sizes[name];
+        if (size > was) writers[rank].push_back(name);
+        was = size;
+      }
+      if (first) continue;  // the files' sizes when the watch began
+      ++looks_;
+      if (!writers.empty()) ++busy_;
+      for (const auto& [rank, files] : writers) {
+        if (files.size() > 1 && two_.empty()) {
+          two_ = fmt::format("rank {} written by {} processes in one look: {}", rank,
+                             files.size(), fmt::join(files, ", "));
+        }
+      }
+    }
+  }
+
+  fs::path dir_;
+  std::atomic<bool> done_{false};
+  int looks_ = 0, busy_ = 0;
+  std::string two_;
+  std::thread thread_;  // last: starts once the rest is built
+};
 
 class Elastic : public ::testing::Test {
  protected:
@@ -423,6 +483,7 @@ TEST_F(Elastic, AStoreHostCutOffAloneNeverTrainsAndTheJobHealsWhole) {
            fs::exists(dir_ / "run" / "checkpoints" / "epoch=0-step=4.ckpt");
   }, 180)) << h[1]->err_so_far() << h[1]->out_so_far();
 
+  GroupWatch watch(dir_ / "run" / "samples");
   hosts.set_link(0, false);
   const double cut_at = h[1]->elapsed_s();
   double resumed_at = -1;
@@ -459,6 +520,7 @@ TEST_F(Elastic, AStoreHostCutOffAloneNeverTrainsAndTheJobHealsWhole) {
     const Result& r = h[k]->wait();
     EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
   }
+  EXPECT_EQ(watch.stop(), "") << "two groups trained at once";
   EXPECT_EQ(h[0]->wait().err.find(": 1 node(s)"), std::string::npos) << h[0]->wait().err;
   expect_each_sample_once(dir_ / "run" / "samples");
   expect_one_lineage(dir_ / "run");
@@ -496,6 +558,7 @@ TEST_F(Elastic, HalvesWithoutAMajorityNeverTrainAndFindEachOtherWhenJoined) {
     return files;
   };
 
+  GroupWatch watch(dir_ / "run" / "samples");
   hosts.set_split(true);
   const double cut_at = h[0]->elapsed_s();
   ASSERT_TRUE(testing::wait_until([&] {
@@ -529,11 +592,153 @@ TEST_F(Elastic, HalvesWithoutAMajorityNeverTrainAndFindEachOtherWhenJoined) {
     const Result& r = h[k]->wait();
     EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
   }
+  EXPECT_EQ(watch.stop(), "") << "two groups trained at once";
   for (auto& p : h) {
     EXPECT_EQ(p->wait().err.find(": 2 node(s)"), std::string::npos) << p->wait().err;
     EXPECT_EQ(p->wait().err.find(": 1 node(s)"), std::string::npos) << p->wait().err;
   }
   expect_each_sample_once(dir_ / "run" / "samples");
+  expect_one_lineage(dir_ / "run");
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(hosts.processes(k), 0);
+}
+
+// 4 hosts on two bridges, {0 (the store's), 1, 2} and {3}, --nnodes 1:4: host 3 cut off alone
+// (3 | 1) for a minute. The three are a majority of the last round's 4 and go on at 3 nodes;
+// host 3 waits, for MIN is 1 and only the majority rule keeps it from training alone into the
+// same run folder. A minute after the cut the link is back: host 3 is admitted when the job next
+// re-forms, and the job finishes on 4. Watched throughout: at no look do two groups train.
+TEST_F(Elastic, OneHostCutOffForAMinuteWaitsWhileTheThreeGoOnThenRejoins) {
+  Hosts hosts(4, 3);
+  const std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=1,join_timeout=180",
+                                          "--collective-timeout", "15"};
+  // Long enough that the three still train when the minute is over: here they reach epoch 9 of
+  // 20 by then, so a machine twice as fast still has the job running.
+  constexpr int kLongEpochs = 20;
+  std::vector<std::optional<Subprocess>> h(4);
+  for (int k = 0; k < 4; ++k) h[k].emplace(node(hosts, k, "1:4", train("run", kLongEpochs), extra));
+  const fs::path ckpts = dir_ / "run" / "checkpoints";
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[0]->err_so_far().find("elastic round 0: 4 node(s)") != std::string::npos &&
+           fs::exists(ckpts / "epoch=0-step=4.ckpt");
+  }, 180)) << h[0]->err_so_far() << h[0]->out_so_far();
+  auto errs = [&] {
+    std::string all;
+    for (auto& p : h) all += p->err_so_far();
+    return all;
+  };
+
+  GroupWatch watch(dir_ / "run" / "samples");
+  const size_t before0 = h[0]->err_so_far().size(), before3 = h[3]->err_so_far().size();
+  hosts.set_split(true);
+  const auto cut = std::chrono::steady_clock::now();
+  const double cut_at = h[0]->elapsed_s();
+  double reformed_at = -1, trained_at = -1;
+  int64_t step_then = -1;
+  ASSERT_TRUE(testing::wait_until([&] {
+    if (reformed_at < 0 && h[0]->err_so_far().find(": 3 node(s)", before0) != std::string::npos) {
+      reformed_at = h[0]->elapsed_s();
+      step_then = newest_step(ckpts);
+    }
+    if (reformed_at >= 0 && newest_step(ckpts) > step_then) trained_at = h[0]->elapsed_s();
+    return trained_at >= 0;
+  }, 60)) << errs();
+  std::printf("[ measured ] 3 | 1: the three re-formed %.1f s after the cut and checkpointed a new "
+              "step %.1f s after it\n", reformed_at - cut_at, trained_at - cut_at);
+  EXPECT_GE(when_said(*h[3], "waits for a majority of the 4 node(s)", before3,
+                      60 - (h[0]->elapsed_s() - cut_at)), 0)
+      << h[3]->err_so_far();
+  std::this_thread::sleep_until(cut + std::chrono::seconds(60));
+  EXPECT_EQ(h[3]->err_so_far().find(": 1 node(s)", before3), std::string::npos)
+      << "host 3 began a round alone: " << h[3]->err_so_far();
+
+  const size_t before = h[0]->err_so_far().size();
+  hosts.set_split(false);
+  const double healed_at = h[0]->elapsed_s();
+  const double whole_at = when_said(*h[0], ": 4 node(s)", before, 120);
+  ASSERT_GE(whole_at, 0) << "(if the three finished the job within the minute, raise kLongEpochs) "
+                         << errs();
+  std::printf("[ measured ] 3 | 1 healed after 60 s: the job ran on 4 nodes %.1f s later\n",
+              whole_at - healed_at);
+  for (int k = 0; k < 4; ++k) {
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+  }
+  EXPECT_EQ(watch.stop(), "") << "two groups trained at once";
+  EXPECT_EQ(h[3]->wait().err.find(": 1 node(s)"), std::string::npos) << h[3]->wait().err;
+  expect_each_sample_once(dir_ / "run" / "samples", kLongEpochs);
+  expect_one_lineage(dir_ / "run");
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(hosts.processes(k), 0);
+}
+
+// The link between {0 (the store's), 1} and {2, 3} flaps while the job trains at --nnodes 1:4:
+// down and up again every few seconds, each time down for longer than the 4 s collective timeout,
+// so that the group fails, rounds form in the gaps and fail again at every stage of their
+// start. Whatever the timing, each round that forms holds a majority of the one before it, no
+// two groups train at once (watched every 200 ms), the run folder holds one lineage whose rounds
+// only grow, and once the link stays up the job finishes on all 4 nodes with every sample of
+// each epoch trained once.
+TEST_F(Elastic, AFlappingLinkNeverMakesTwoGroupsAndTheJobFinishesWhole) {
+  Hosts hosts(4, 2);
+  const std::vector<std::string> extra = {"--rdzv-conf", "last_call_timeout=1,join_timeout=120",
+                                          "--collective-timeout", "4", "--max-restarts", "30"};
+  constexpr int kLongEpochs = 4;
+  std::vector<std::optional<Subprocess>> h(4);
+  for (int k = 0; k < 4; ++k) h[k].emplace(node(hosts, k, "1:4", train("run", kLongEpochs), extra));
+  const fs::path ckpts = dir_ / "run" / "checkpoints";
+  ASSERT_TRUE(testing::wait_until([&] {
+    return h[0]->err_so_far().find("elastic round 0: 4 node(s)") != std::string::npos &&
+           fs::exists(ckpts / "epoch=0-step=4.ckpt");
+  }, 180)) << h[0]->err_so_far() << h[0]->out_so_far();
+
+  GroupWatch watch(dir_ / "run" / "samples");
+  // Seconds down, then up: uneven, so that the cuts land on different stages of a round.
+  // One cut is long enough for a round to close on a side, were it allowed to.
+  const std::vector<std::pair<int, int>> flaps = {{6, 3}, {12, 4}, {5, 5}, {7, 2}, {8, 3}};
+  for (const auto& [down, up] : flaps) {
+    hosts.set_split(true);
+    std::this_thread::sleep_for(std::chrono::seconds(down));
+    hosts.set_split(false);
+    std::this_thread::sleep_for(std::chrono::seconds(up));
+  }
+  // The rounds that formed, from every node's "elastic round R: N node(s) (...), node ranks A,
+  // B, ...; ...", and each node's last.
+  std::map<int, std::set<std::string>> rounds;
+  std::string last_round;
+  const std::regex formed(R"(elastic round (\d+): (\d+) node\(s\) \([^)]*\), node ranks ([^;]+);)");
+  for (int k = 0; k < 4; ++k) {
+    const Result& r = h[k]->wait();
+    EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+    std::string said = r.err, n;
+    for (std::smatch m; std::regex_search(said, m, formed); said = m.suffix()) {
+      std::set<std::string> nodes;
+      std::istringstream ids(m[3]);
+      for (std::string id; std::getline(ids >> std::ws, id, ',');) nodes.insert(id);
+      const int round = std::stoi(m[1]);
+      EXPECT_TRUE(rounds.count(round) == 0 || rounds[round] == nodes)
+          << "round " << round << " formed twice, by different nodes";
+      rounds[round] = nodes;
+      n = m[2];
+    }
+    last_round += n + " ";
+  }
+  EXPECT_EQ(last_round, "4 4 4 4 ") << "each node's last round had that many nodes";
+  // Note [Never two groups]: each round holds a majority of the one before it.
+  std::string line;
+  for (auto it = rounds.begin(); it != rounds.end(); ++it) {
+    line += fmt::format(" {}:{}", it->first, it->second.size());
+    if (it == rounds.begin()) continue;
+    const auto& before = std::prev(it)->second;
+    const auto held = std::ranges::count_if(it->second, [&](const std::string& id) {
+      return before.count(id) > 0;
+    });
+    EXPECT_GT(2 * held, static_cast<int64_t>(before.size()))
+        << "round " << it->first << " (" << fmt::format("{}", fmt::join(it->second, ", "))
+        << ") holds no majority of round " << std::prev(it)->first << " ("
+        << fmt::format("{}", fmt::join(before, ", ")) << ")";
+  }
+  std::printf("[ measured ] rounds formed (round:nodes):%s\n", line.c_str());
+  EXPECT_EQ(watch.stop(), "") << "two groups trained at once";
+  expect_each_sample_once(dir_ / "run" / "samples", kLongEpochs);
   expect_one_lineage(dir_ / "run");
   for (int k = 0; k < 4; ++k) EXPECT_EQ(hosts.processes(k), 0);
 }
@@ -639,6 +844,7 @@ TEST_F(Elastic, OnEtcdTheSideWithTheClustersMajorityTrainsAndTheOtherWaits) {
 
   const size_t before2 = h[2]->err_so_far().size(), before3 = h[3]->err_so_far().size();
   const size_t before0 = h[0]->err_so_far().size();
+  GroupWatch watch(dir_ / "run" / "samples");
   hosts.set_split(true);
   const double cut_at = h[0]->elapsed_s();
   double reformed_at = -1, trained_at = -1;
@@ -671,6 +877,7 @@ TEST_F(Elastic, OnEtcdTheSideWithTheClustersMajorityTrainsAndTheOtherWaits) {
     const Result& r = h[k]->wait();
     EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
   }
+  EXPECT_EQ(watch.stop(), "") << "two groups trained at once";
   for (int k : {2, 3}) {
     const std::string& err = h[k]->wait().err;
     EXPECT_EQ(err.find(": 2 node(s)"), std::string::npos) << err;
