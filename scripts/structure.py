@@ -36,6 +36,8 @@ LAYERS = [
     ["include/ddp/zero_redundancy_optimizer.h", "src/optim"],
     ["include/ddp/stateful.h", "include/ddp/training_state.h", "src/state"],
     ["include/ddp/checkpoint.h", "src/checkpoint"],
+    # per-step fault tolerance: quorums over the store, groups, states healed through checkpoints
+    ["include/ddp/fault_tolerance.h", "src/ft"],
     ["include/ddp/ddp.h", "include/ddp/runtime.h"],
     ["tools", "examples", "benchmarks", "tests"],
 ]

@@ -1,0 +1,131 @@
+// Per-step fault tolerance: a failure costs a step, not a restart (torchft's Manager, in C++).
+//
+//   ddp::TrainingState state;  // everything a newcomer must receive (ddp/training_state.h)
+//   state.add("model", model);
+//   state.add("optimizer", opt);
+//   ddp::ft::Manager manager(state, {.store = "10.0.0.1:29400"});
+//   for (;;) {
+//     manager.start_quorum();               // re-forms the group and heals, when needed
+//     auto loss = model->forward(batch_for(manager.rank(), manager.num_participants()));
+//     loss.backward();
+//     for (auto& p : model->parameters()) manager.allreduce(p.grad());  // the mean
+//     if (manager.should_commit()) opt.step();  // else the step is dropped everywhere
+//     opt.zero_grad();
+//   }
+//
+// Note [Per-step fault tolerance]
+// The replicas train in quorums (src/ft/quorum.h: the store's side, torch-free). A quorum is a
+// numbered set of replicas (processes) and a process group over them; it lasts as long as its steps succeed. Its members and its number live in a
+// coordination store that outlives every replica (the launcher's agent store: a ddp-cpp store
+// that no replica hosts), under "ft/<run>/q<N>/...".
+//   Each step: start_quorum() looks whether anyone waits to join quorum N + 1 (one store call);
+//   the step's collectives run over quorum N's group, and an error is recorded, not thrown;
+//   should_commit() is the vote: an all_reduce (MIN) of "my step succeeded" over the group. It
+//   commits only when every member contributed a success: a dead or stuck member, or an error
+//   anywhere, fails the vote (a collective cannot complete without every member), and the
+//   optimizer step is not applied. The manager's step counts committed steps.
+//   Re-forming (after a failed step, or when a replica waits): every live member and every
+//   newcomer arrives in quorum N + 1 ("arrived" counter; its entry: id, committed step, the
+//   quorum it last ran in and its rank there, its address). The quorum closes, by one
+//   compare-and-set of "closed" to the number of arrivals it admits, once every member of
+//   quorum N has arrived, or quorum_timeout after this replica arrived (the missing are taken
+//   for dead), with at least min_replicas. Arrivals past the closing count try quorum N + 2.
+//   Ranks: quorum N's members in their old rank order, then newcomers by arrival; rank 0 hosts
+//   the new group's store on a free port of its address and publishes it. A new group per
+//   quorum: the old one is left to its failure (a failed group fails every later call at once).
+//   Healing: the members whose committed step is below the quorum's highest receive the whole
+//   TrainingState from the lowest rank holding the highest, in memory: a snapshot encoded as a
+//   checkpoint's bytes (ddp/checkpoint.h), broadcast over the new group. A vote that completed
+//   on some members and failed on others (one saw the last contribution arrive, another timed
+//   out first) leaves them a step apart: the next quorum heals the ones behind, so no replica
+//   goes on from a step the others did not take.
+//   Why one store: the quorum's number grows only in the store, and "closed" is set once per
+//   number, so two quorums of one number never form; a partition that separates replicas from
+//   the store stops them (they cannot arrive), the side with the store goes on. Across hosts,
+//   the store's own availability is the launcher's (Note [Never two groups] in ddprun).
+// Where ours differs from torchft: the quorum is synchronous at the step's start (torchft can
+// compute it during forward); the vote is a collective over the group, not a call to the
+// lighthouse; state moves over the group's transport, not HTTP.
+// Thread-safety: none; one thread drives a Manager.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+class TrainingState;
+
+namespace ft {
+
+struct ManagerOptions {
+  // The coordination store, "HOST:PORT": a ddp-cpp store that outlives every replica. Unset:
+  // MASTER_ADDR:MASTER_PORT, which must then be the launcher's agent store
+  // (TORCHELASTIC_USE_AGENT_STORE=1 with DDP_AGENT_STORE=ddp).
+  std::optional<std::string> store;
+  // The store's secret and the run's id (its keys are the job's). Unset: DDP_STORE_SECRET and
+  // TORCHELASTIC_RUN_ID.
+  std::optional<std::string> secret;
+  std::optional<std::string> run_id;
+  // This replica; unique for each process that ever joins (default: drawn at random).
+  std::string replica_id;
+  // Where the other replicas reach this one when it hosts a quorum's group store.
+  std::string address = "127.0.0.1";
+  int min_replicas = 1;
+  // How long a forming quorum waits for a member of the last one that has not arrived.
+  std::chrono::milliseconds quorum_timeout{1000};
+  // A quorum that cannot form within this (fewer than min_replicas): ddp::RendezvousError.
+  std::chrono::milliseconds join_timeout{60000};
+  // Each quorum's group: backend and collective timeout (rank, world size and the store are the
+  // manager's).
+  InitOptions group;
+};
+
+class Manager {
+ public:
+  // Registers its own step counter in `state` (key "ft.step") and connects to the store. The
+  // first start_quorum() joins.
+  Manager(TrainingState& state, ManagerOptions options);
+  ~Manager();
+  Manager(const Manager&) = delete;
+  Manager& operator=(const Manager&) = delete;
+
+  // At the start of every step. Returns at once while nothing changed; else joins the next
+  // quorum, forms its group and heals this replica (or lets it heal the others) when committed
+  // steps differ.
+  void start_quorum();
+
+  // The current quorum's group, this replica's rank in it and its size.
+  ProcessGroup& group();
+  int rank() const;
+  int num_participants() const;
+  int64_t quorum_id() const;
+  // Committed steps (every replica of a quorum agrees after start_quorum()).
+  int64_t current_step() const;
+
+  // Averages `tensor` over the participants in place. An error is recorded (errored()), not
+  // thrown: the step will not commit.
+  void allreduce(at::Tensor& tensor);
+  // An error of the user's own during this step: it will not commit.
+  void report_error(const std::string& what);
+  // The first error of this step ("" if none).
+  const std::string& errored() const;
+
+  // The vote: true when every participant's step succeeded; then apply the optimizer step (the
+  // manager counts it committed). False: drop the step; the next start_quorum() re-forms.
+  bool should_commit();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ft
+}  // namespace ddp

@@ -1,0 +1,213 @@
+// ddp::ft::Manager: the groups of the quorums, the commit vote and live healing (Note [Per-step
+// fault tolerance] in ddp/fault_tolerance.h); the quorums themselves are ft/quorum.h's.
+#include "ddp/fault_tolerance.h"
+
+#include <cstring>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "base/parse.h"      // parse::integer
+#include "base/random_id.h"  // random_hex
+#include "ddp/checkpoint.h"  // encode_checkpoint, decode_checkpoint
+#include "ddp/env.h"
+#include "ddp/error.h"
+#include "ddp/training_state.h"
+#include "ft/quorum.h"
+#include "store/protocol.h"  // job_key
+
+namespace ddp::ft {
+namespace {
+
+std::string from_env(const char* name) {
+  const EnvMap env = current_environment();
+  const auto it = env.find(name);
+  return it == env.end() ? "" : it->second;
+}
+
+std::pair<std::string, int> split_endpoint(const std::string& endpoint, const char* what) {
+  const size_t colon = endpoint.rfind(':');
+  const auto port =
+      colon == std::string::npos ? std::nullopt : parse::integer(endpoint.substr(colon + 1));
+  if (!port || *port <= 0 || *port > 65535) {
+    throw ConfigError(fmt::format("{} '{}' is not HOST:PORT", what, endpoint));
+  }
+  return {endpoint.substr(0, colon), static_cast<int>(*port)};
+}
+
+QuorumOptions quorum_options(ManagerOptions& o) {
+  if (o.replica_id.empty()) o.replica_id = "replica-" + random_hex(6);
+  if (o.min_replicas < 1) {
+    throw ConfigError(
+        fmt::format("ft::ManagerOptions::min_replicas must be at least 1, not {}", o.min_replicas));
+  }
+  std::string endpoint = o.store.value_or("");
+  if (endpoint.empty()) {
+    const std::string addr = from_env("MASTER_ADDR"), port = from_env("MASTER_PORT");
+    if (addr.empty() || port.empty()) {
+      throw ConfigError(
+          "ft::Manager needs a coordination store that outlives every replica: set "
+          "ManagerOptions::store to HOST:PORT, or run under a launcher that hosts the store "
+          "(MASTER_ADDR and MASTER_PORT are unset here)");
+    }
+    endpoint = addr + ":" + port;
+  }
+  const auto [host, port] = split_endpoint(endpoint, "ft::ManagerOptions::store");
+  QuorumOptions q;
+  q.host = host;
+  q.port = port;
+  q.run = o.run_id.value_or(from_env("TORCHELASTIC_RUN_ID"));
+  q.key = store::job_key(o.secret.value_or(from_env("DDP_STORE_SECRET")), q.run);
+  q.replica_id = o.replica_id;
+  q.min_replicas = o.min_replicas;
+  q.quorum_timeout = o.quorum_timeout;
+  q.join_timeout = o.join_timeout;
+  return q;
+}
+
+}  // namespace
+
+struct Manager::Impl {
+  Impl(TrainingState& s, ManagerOptions options)
+      : o(std::move(options)), state(s), quorums(quorum_options(o)) {
+    state.add("ft.step", json_state([this] { return fmt::format(R"({{"step": {}}})", step); },
+                                    [this](const std::string& j) {
+                                      step = std::stoll(j.substr(j.find(':') + 1));
+                                    }));
+  }
+
+  void start_quorum() {
+    error.clear();
+    if (!broken && !quorums.someone_waits(quorum)) return;
+    std::string why;
+    int64_t after = quorum;
+    for (;;) {
+      const Formed f = quorums.join(after, {o.replica_id, step, quorum, rank, o.address}, why);
+      try {
+        form(f);
+        return;
+      } catch (const RendezvousError& e) {
+        // A member died while the group formed: every member's formation fails, and all of
+        // them go on to the next quorum.
+        why = e.what();
+        after = f.number;
+      }
+    }
+  }
+
+  // The group of quorum `f` and, when committed steps differ, the healing.
+  void form(const Formed& f) {
+    const auto [host, port] = split_endpoint(f.group_store, "a quorum's group store");
+    InitOptions g = o.group;
+    g.rank = f.rank;
+    g.world_size = static_cast<int>(f.members.size());
+    g.master_addr = host;
+    g.master_port = port;
+    g.group_name = fmt::format("ft-q{}", f.number);
+    g.process_defaults = false;
+    if (group) retired.push_back(std::move(group));  // a failed group: left to its failure
+    broken = true;
+    group = make_process_group(g);
+
+    // The replicas behind receive the state of the first rank holding the newest step.
+    int64_t newest = 0;
+    for (const Arrival& a : f.members) newest = std::max(newest, a.step);
+    int source = -1;
+    bool behind = false;
+    for (int r = 0; r < static_cast<int>(f.members.size()); ++r) {
+      if (f.members[r].step == newest && source < 0) source = r;
+      behind |= f.members[r].step < newest;
+    }
+    if (behind) heal(source, step < newest);
+    quorum = f.number;
+    rank = f.rank;
+    size = static_cast<int>(f.members.size());
+    broken = false;
+    if (rank == 0) quorums.formed(quorum);
+  }
+
+  // The whole TrainingState from rank `source` to the ranks behind, over the new group: a
+  // snapshot encoded as a checkpoint's bytes, broadcast (its size first).
+  void heal(int source, bool receive) {
+    std::string bytes;
+    if (group->rank() == source) {
+      CheckpointMeta meta;
+      meta.step = step;
+      bytes = encode_checkpoint(state.snapshot(), meta);
+    }
+    at::Tensor size_of = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
+    group->broadcast(size_of, source).wait();
+    at::Tensor payload = at::empty({size_of.item<int64_t>()}, at::kByte);
+    if (group->rank() == source) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
+    group->broadcast(payload, source).wait();
+    if (!receive) return;
+    const DecodedCheckpoint got =
+        decode_checkpoint(std::string_view(static_cast<const char*>(payload.data_ptr()),
+                                           payload.numel()),
+                          fmt::format("the state healing {} from rank {}", o.replica_id, source));
+    state.restore(got.snapshot, group->rank(), group->size());
+  }
+
+  void allreduce(at::Tensor& t) {
+    if (!error.empty() || broken) return;
+    try {
+      group->all_reduce(t, ReduceOp::kAvg).wait();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+
+  bool should_commit() {
+    if (broken) return false;
+    at::Tensor ok = at::tensor({error.empty() ? 1 : 0}, at::kInt);
+    try {
+      group->all_reduce(ok, ReduceOp::kMin).wait();
+    } catch (const Error& e) {
+      if (error.empty()) error = e.what();
+      broken = true;
+      return false;
+    }
+    if (ok.item<int>() != 1) {
+      if (error.empty()) error = "another replica's step failed";
+      broken = true;
+      return false;
+    }
+    ++step;
+    return true;
+  }
+
+  ManagerOptions o;
+  TrainingState& state;
+  Quorums quorums;
+  int64_t quorum = -1;  // the quorum this replica runs in (-1: none yet)
+  int rank = -1, size = 0;
+  int64_t step = 0;  // committed steps
+  std::shared_ptr<ProcessGroup> group;
+  std::vector<std::shared_ptr<ProcessGroup>> retired;  // failed groups, destroyed with the manager
+  bool broken = true;  // no usable group: none yet, or its step failed
+  std::string error;   // this step's first error
+};
+
+Manager::Manager(TrainingState& state, ManagerOptions options)
+    : impl_(std::make_unique<Impl>(state, std::move(options))) {}
+Manager::~Manager() = default;
+
+void Manager::start_quorum() { impl_->start_quorum(); }
+
+ProcessGroup& Manager::group() {
+  if (!impl_->group) throw ConfigError("ft::Manager::group() before the first start_quorum()");
+  return *impl_->group;
+}
+int Manager::rank() const { return impl_->rank; }
+int Manager::num_participants() const { return impl_->size; }
+int64_t Manager::quorum_id() const { return impl_->quorum; }
+int64_t Manager::current_step() const { return impl_->step; }
+void Manager::allreduce(at::Tensor& tensor) { impl_->allreduce(tensor); }
+void Manager::report_error(const std::string& what) {
+  if (impl_->error.empty()) impl_->error = what;
+}
+const std::string& Manager::errored() const { return impl_->error; }
+bool Manager::should_commit() { return impl_->should_commit(); }
+
+}  // namespace ddp::ft

@@ -1,0 +1,171 @@
+// Quorums over the coordination store (Note [Per-step fault tolerance] in ddp/fault_tolerance.h).
+#include "ft/quorum.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "base/net.h"  // pick_free_port
+#include "ddp/error.h"
+#include "store/client.h"
+
+namespace ddp::ft {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How long one store call may take (the store is the launcher's, on the job's network).
+constexpr milliseconds kCallTime{5000};
+// Between two looks at a forming quorum.
+constexpr milliseconds kPoll{5};
+
+Clock::time_point soon() { return Clock::now() + kCallTime; }
+
+std::string encode(const Arrival& a) {
+  return fmt::format("{} {} {} {} {}", a.id, a.step, a.last_quorum, a.last_rank, a.address);
+}
+
+Arrival decode(const std::string& text, const std::string& key) {
+  Arrival a;
+  std::istringstream in(text);
+  if (!(in >> a.id >> a.step >> a.last_quorum >> a.last_rank >> a.address)) {
+    throw InternalError(
+        fmt::format("fault tolerance: malformed quorum entry {} = '{}'", key, text));
+  }
+  return a;
+}
+
+}  // namespace
+
+Quorums::Quorums(QuorumOptions options)
+    : o_(std::move(options)), prefix_(fmt::format("ft/{}/", o_.run)),
+      store_(std::make_unique<store::Client>(
+          store::ClientOptions{.host = o_.host,
+                               .port = o_.port,
+                               .key = o_.key,
+                               .identity = fmt::format("fault-tolerance replica {}", o_.replica_id),
+                               .who = fmt::format("[{}]", o_.replica_id),
+                               .owner = "the launcher (the coordination store)"})) {
+  for (const char c : o_.replica_id) {
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      throw ConfigError(fmt::format("ft: replica id '{}' has a space", o_.replica_id));
+    }
+  }
+}
+
+Quorums::~Quorums() = default;
+
+std::string Quorums::key(int64_t quorum, const std::string& what) const {
+  return fmt::format("{}q{}/{}", prefix_, quorum, what);
+}
+
+std::optional<std::string> Quorums::peek(const std::string& k) {
+  if (!store_->check({k}, soon())) return std::nullopt;
+  return store_->get(k, milliseconds(0), soon());
+}
+
+// Each waited for: an arrival writes its entry right after counting itself in.
+std::vector<Arrival> Quorums::arrivals(int64_t quorum, int64_t n) {
+  std::vector<Arrival> out;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string k = key(quorum, fmt::format("member/{}", i));
+    out.push_back(decode(store_->get(k, kCallTime, soon() + kCallTime), k));
+  }
+  return out;
+}
+
+std::vector<std::string> Quorums::members_of(int64_t quorum) {
+  if (quorum < 0) return {};
+  const auto closed = peek(key(quorum, "closed"));
+  if (!closed) return {};
+  std::vector<std::string> ids;
+  for (const Arrival& a : arrivals(quorum, std::stoll(*closed))) ids.push_back(a.id);
+  return ids;
+}
+
+bool Quorums::someone_waits(int64_t current) {
+  return store_->check({key(current + 1, "arrived")}, soon());
+}
+
+void Quorums::formed(int64_t number) {
+  store_->set(prefix_ + "newest", std::to_string(number), soon());
+}
+
+Formed Quorums::join(int64_t after, const Arrival& me, const std::string& why) {
+  const auto deadline = Clock::now() + o_.join_timeout;
+  int64_t target = after + 1;
+  if (after < 0) {  // a newcomer: past the newest quorum the store knows
+    const auto newest = peek(prefix_ + "newest");
+    target = newest ? std::stoll(*newest) + 1 : 0;
+  }
+  for (;; ++target) {
+    const int64_t index = store_->add(key(target, "arrived"), 1, soon()) - 1;
+    store_->set(key(target, fmt::format("member/{}", index)), encode(me), soon());
+    const int64_t count = wait_closed(target, index, why, deadline);
+    if (count < 0) continue;  // closed without this arrival: the next one
+
+    Formed f;
+    f.number = target;
+    const std::vector<Arrival> all = arrivals(target, count);
+    // Ranks: the quorum before's members in their rank order, then newcomers by arrival.
+    std::vector<int> order(count);
+    std::iota(order.begin(), order.end(), 0);
+    std::ranges::stable_sort(order, [&](int a, int b) {
+      const bool ka = all[a].last_quorum == target - 1, kb = all[b].last_quorum == target - 1;
+      if (ka != kb) return ka;
+      return ka && all[a].last_rank < all[b].last_rank;
+    });
+    for (int r = 0; r < count; ++r) {
+      f.members.push_back(all[order[r]]);
+      if (order[r] == index) f.rank = r;
+    }
+    const std::string where = key(target, "group_store");
+    if (f.rank == 0) {
+      f.group_store = fmt::format("{}:{}", me.address, net::pick_free_port());
+      store_->set(where, f.group_store, soon());
+    } else {
+      f.group_store = store_->get(where, kCallTime, soon() + kCallTime);
+    }
+    return f;
+  }
+}
+
+int64_t Quorums::wait_closed(int64_t quorum, int64_t index, const std::string& why,
+                             Clock::time_point deadline) {
+  const auto arrived_at = Clock::now();
+  const std::vector<std::string> expected = members_of(quorum - 1);
+  for (;;) {
+    if (const auto closed = peek(key(quorum, "closed"))) {
+      const int64_t admitted = std::stoll(*closed);
+      return index < admitted ? admitted : -1;
+    }
+    const int64_t n = store_->add(key(quorum, "arrived"), 0, soon());
+    std::vector<std::string> ids;
+    for (const Arrival& a : arrivals(quorum, n)) ids.push_back(a.id);
+    const bool all_in = std::ranges::all_of(expected, [&](const std::string& id) {
+      return std::ranges::find(ids, id) != ids.end();
+    });
+    // The first quorum knows nobody to wait for: it waits quorum_timeout for the replicas
+    // starting together (later ones join the next quorum, healed there).
+    const bool waited = Clock::now() - arrived_at >= o_.quorum_timeout;
+    if (n >= o_.min_replicas && ((all_in && !expected.empty()) || waited)) {
+      store_->compare_set(key(quorum, "closed"), "", std::to_string(n), soon());
+      continue;  // whoever won, "closed" is there now
+    }
+    if (Clock::now() > deadline) {
+      throw RendezvousError(fmt::format(
+          "[{}] fault tolerance: quorum {} did not form within {} s: {} replica(s) arrived, at "
+          "least {} needed (ft::ManagerOptions::min_replicas); start more replicas or lower "
+          "it{}",
+          o_.replica_id, quorum, std::chrono::duration<double>(o_.join_timeout).count(), n,
+          o_.min_replicas, why.empty() ? "" : fmt::format(" (before: {})", why)));
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+}  // namespace ddp::ft

@@ -1,0 +1,81 @@
+// The quorums of per-step fault tolerance, over the coordination store (Note [Per-step fault
+// tolerance] in ddp/fault_tolerance.h): arriving, closing, ranks, where each quorum's group store
+// is. Torch-free: the store and the rule only; ft::Manager forms the groups and heals.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::store {
+class Client;
+}
+
+namespace ddp::ft {
+
+// One replica as a quorum sees it: its entry "q<N>/member/<i>".
+struct Arrival {
+  std::string id;
+  int64_t step = 0;          // committed steps
+  int64_t last_quorum = -1;  // the quorum it last ran in (-1: a newcomer)
+  int last_rank = -1;        // its rank there
+  std::string address;       // where it hosts the group's store when it is rank 0
+};
+
+// A quorum that closed with this replica in it.
+struct Formed {
+  int64_t number = -1;
+  std::vector<Arrival> members;  // by rank
+  int rank = -1;                 // this replica's
+  std::string group_store;       // "HOST:PORT" of the group's store (its rank 0 hosts it)
+};
+
+struct QuorumOptions {
+  std::string host;  // the coordination store
+  int port = 0;
+  std::string key;  // store::job_key(secret, run)
+  std::string run;  // the run id: keys under "ft/<run>/"
+  std::string replica_id;
+  int min_replicas = 1;
+  std::chrono::milliseconds quorum_timeout{1000};
+  std::chrono::milliseconds join_timeout{60000};
+};
+
+class Quorums {
+ public:
+  explicit Quorums(QuorumOptions options);
+  ~Quorums();
+  Quorums(const Quorums&) = delete;
+  Quorums& operator=(const Quorums&) = delete;
+
+  // Whether a replica waits to enter the quorum after `current` (one store call).
+  bool someone_waits(int64_t current);
+  // Arrives in the first quorum after `after` that still admits (a newcomer, after = -1: past
+  // the newest the store knows) as `me`, and waits until it closes: once every member of the
+  // quorum before it arrived, or quorum_timeout after this arrival, with at least min_replicas.
+  // Ranks: the quorum before's members in their rank order, then newcomers by arrival. Rank 0
+  // picks a port at its address for the group's store and publishes it. `why`: what ended the
+  // last attempt, for the join timeout's message. ddp::RendezvousError at the join timeout.
+  Formed join(int64_t after, const Arrival& me, const std::string& why = "");
+  // Rank 0, once the group formed: newcomers start past `number`.
+  void formed(int64_t number);
+
+ private:
+  std::string key(int64_t quorum, const std::string& what) const;
+  std::optional<std::string> peek(const std::string& key);
+  std::vector<Arrival> arrivals(int64_t quorum, int64_t n);
+  std::vector<std::string> members_of(int64_t quorum);
+  // Waits in `quorum` (this replica arrival `index`): the number it admitted, or -1 if it closed
+  // without this one.
+  int64_t wait_closed(int64_t quorum, int64_t index, const std::string& why,
+                      std::chrono::steady_clock::time_point deadline);
+
+  QuorumOptions o_;
+  std::string prefix_;
+  std::unique_ptr<store::Client> store_;
+};
+
+}  // namespace ddp::ft
