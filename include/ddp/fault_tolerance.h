@@ -18,12 +18,14 @@
 // numbered set of replicas (processes) and a process group over them; it lasts as long as its steps succeed. Its members and its number live in a
 // coordination store that outlives every replica (the launcher's agent store: a ddp-cpp store
 // that no replica hosts), under "ft/<run>/q<N>/...".
-//   Each step: start_quorum() looks whether anyone waits to join quorum N + 1 (one store call);
-//   the step's collectives run over quorum N's group, and an error is recorded, not thrown;
-//   should_commit() is the vote: an all_reduce (MIN) of "my step succeeded" over the group. It
-//   commits only when every member contributed a success: a dead or stuck member, or an error
-//   anywhere, fails the vote (a collective cannot complete without every member), and the
-//   optimizer step is not applied. The manager's step counts committed steps.
+//   Each step: the step's collectives run over quorum N's group, and an error is recorded, not
+//   thrown; should_commit() is the vote: an all_reduce (MIN) of "my step succeeded" over the
+//   group. It commits only when every member contributed a success: a dead or stuck member, or
+//   an error anywhere, fails the vote (a collective cannot complete without every member), and
+//   the optimizer step is not applied. The manager's step counts committed steps. The vote also
+//   carries whether a member saw a replica waiting to join quorum N + 1 (one store call each):
+//   then all of them re-form at the next start_quorum(), the same step boundary for every member
+//   (one that re-formed alone would leave the others waiting in a collective).
 //   Re-forming (after a failed step, or when a replica waits): every live member and every
 //   newcomer arrives in quorum N + 1 ("arrived" counter; its entry: id, committed step, the
 //   quorum it last ran in and its rank there, its address). The quorum closes, by one

@@ -79,7 +79,8 @@ struct Manager::Impl {
 
   void start_quorum() {
     error.clear();
-    if (!broken && !quorums.someone_waits(quorum)) return;
+    if (!broken && !regroup) return;
+    regroup = false;
     std::string why;
     int64_t after = quorum;
     for (;;) {
@@ -91,6 +92,7 @@ struct Manager::Impl {
         // A member died while the group formed: every member's formation fails, and all of
         // them go on to the next quorum.
         why = e.what();
+        quorums.failed(f.number, why);
         after = f.number;
       }
     }
@@ -98,10 +100,12 @@ struct Manager::Impl {
 
   // The group of quorum `f` and, when committed steps differ, the healing.
   void form(const Formed& f) {
-    const auto [host, port] = split_endpoint(f.group_store, "a quorum's group store");
     InitOptions g = o.group;
     g.rank = f.rank;
     g.world_size = static_cast<int>(f.members.size());
+    // Its rank 0 hosts its store: explicit placement, so not the launcher's agent store even
+    // under one (make_process_group), and a store that goes with the quorum.
+    const auto [host, port] = split_endpoint(f.group_store, "a quorum's group store");
     g.master_addr = host;
     g.master_port = port;
     g.group_name = fmt::format("ft-q{}", f.number);
@@ -158,23 +162,40 @@ struct Manager::Impl {
     }
   }
 
+  // The vote, with the news the quorum must agree on: whether a replica waits to join. Each
+  // member looks at the store at its own moment; the MIN over "nobody waits" makes all of them
+  // re-form at the same step boundary, or none (one that went alone would leave the others
+  // waiting in a collective).
   bool should_commit() {
-    if (broken) return false;
-    at::Tensor ok = at::tensor({error.empty() ? 1 : 0}, at::kInt);
+    if (broken) return dropped();
+    bool waits = false;
     try {
-      group->all_reduce(ok, ReduceOp::kMin).wait();
+      waits = quorums.someone_waits(quorum);
     } catch (const Error& e) {
       if (error.empty()) error = e.what();
-      broken = true;
-      return false;
     }
-    if (ok.item<int>() != 1) {
+    at::Tensor vote = at::tensor({error.empty() ? 1 : 0, waits ? 0 : 1}, at::kInt);
+    try {
+      group->all_reduce(vote, ReduceOp::kMin).wait();
+    } catch (const Error& e) {
+      if (error.empty()) error = e.what();
+      return dropped();
+    }
+    if (vote[0].item<int>() != 1) {
       if (error.empty()) error = "another replica's step failed";
-      broken = true;
-      return false;
+      return dropped();
     }
+    regroup = vote[1].item<int>() == 0;
     ++step;
     return true;
+  }
+
+  // The step is not applied here; the next start_quorum() re-forms.
+  bool dropped() {
+    broken = true;
+    quorums.note(fmt::format("step {} not committed (quorum {}, rank {} of {}): {}", step, quorum,
+                             rank, size, error.substr(0, 400)));
+    return false;
   }
 
   ManagerOptions o;
@@ -185,7 +206,8 @@ struct Manager::Impl {
   int64_t step = 0;  // committed steps
   std::shared_ptr<ProcessGroup> group;
   std::vector<std::shared_ptr<ProcessGroup>> retired;  // failed groups, destroyed with the manager
-  bool broken = true;  // no usable group: none yet, or its step failed
+  bool broken = true;    // no usable group: none yet, or its step failed
+  bool regroup = false;  // the quorum agreed to re-form at the next step (a replica waits)
   std::string error;   // this step's first error
 };
 

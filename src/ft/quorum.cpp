@@ -1,14 +1,20 @@
 // Quorums over the coordination store (Note [Per-step fault tolerance] in ddp/fault_tolerance.h).
 #include "ft/quorum.h"
 
+#include <unistd.h>  // getpid
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 
-#include "base/net.h"  // pick_free_port
+#include "base/log.h"
+#include "base/net.h"        // pick_free_port
+#include "base/proc_stat.h"  // live_process, own_start_time
 #include "ddp/error.h"
 #include "store/client.h"
 
@@ -26,17 +32,34 @@ constexpr milliseconds kPoll{5};
 Clock::time_point soon() { return Clock::now() + kCallTime; }
 
 std::string encode(const Arrival& a) {
-  return fmt::format("{} {} {} {} {}", a.id, a.step, a.last_quorum, a.last_rank, a.address);
+  return fmt::format("{} {} {} {} {} {} {} {}", a.id, a.step, a.last_quorum, a.last_rank, a.address,
+                     a.host, a.pid, a.start_time);
 }
 
 Arrival decode(const std::string& text, const std::string& key) {
   Arrival a;
   std::istringstream in(text);
-  if (!(in >> a.id >> a.step >> a.last_quorum >> a.last_rank >> a.address)) {
+  if (!(in >> a.id >> a.step >> a.last_quorum >> a.last_rank >> a.address >> a.host >> a.pid >>
+        a.start_time)) {
     throw InternalError(
         fmt::format("fault tolerance: malformed quorum entry {} = '{}'", key, text));
   }
   return a;
+}
+
+// This kernel and pid namespace: where a pid means the same process.
+std::string this_host() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(boot, id);
+  std::error_code ec;
+  const std::string ns = std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
+  return fmt::format("{}/{}", id.empty() ? "?" : id, ec ? "?" : ns);
+}
+
+// A member of the last quorum whose process is gone from this host: not waited for.
+bool known_dead(const Arrival& a, const std::string& here) {
+  return a.host == here && a.pid > 0 && !live_process(a.pid, a.start_time);
 }
 
 }  // namespace
@@ -78,24 +101,36 @@ std::vector<Arrival> Quorums::arrivals(int64_t quorum, int64_t n) {
   return out;
 }
 
-std::vector<std::string> Quorums::members_of(int64_t quorum) {
+std::vector<Arrival> Quorums::members_of(int64_t quorum) {
   if (quorum < 0) return {};
   const auto closed = peek(key(quorum, "closed"));
   if (!closed) return {};
-  std::vector<std::string> ids;
-  for (const Arrival& a : arrivals(quorum, std::stoll(*closed))) ids.push_back(a.id);
-  return ids;
+  return arrivals(quorum, std::stoll(*closed));
 }
 
 bool Quorums::someone_waits(int64_t current) {
   return store_->check({key(current + 1, "arrived")}, soon());
 }
 
+void Quorums::failed(int64_t number, const std::string& why) {
+  log::line(-1, fmt::format("[{}] fault tolerance: quorum {}'s group did not form ({}); trying "
+                            "the next quorum",
+                            o_.replica_id, number, why));
+}
+
+void Quorums::note(const std::string& text) const {
+  log::line(-1, fmt::format("[{}] fault tolerance: {}", o_.replica_id, text));
+}
+
 void Quorums::formed(int64_t number) {
   store_->set(prefix_ + "newest", std::to_string(number), soon());
 }
 
-Formed Quorums::join(int64_t after, const Arrival& me, const std::string& why) {
+Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
+  static const std::string here = this_host();
+  me.host = here;
+  me.pid = static_cast<int>(::getpid());
+  me.start_time = own_start_time();
   const auto deadline = Clock::now() + o_.join_timeout;
   int64_t target = after + 1;
   if (after < 0) {  // a newcomer: past the newest quorum the store knows
@@ -137,7 +172,13 @@ Formed Quorums::join(int64_t after, const Arrival& me, const std::string& why) {
 int64_t Quorums::wait_closed(int64_t quorum, int64_t index, const std::string& why,
                              Clock::time_point deadline) {
   const auto arrived_at = Clock::now();
-  const std::vector<std::string> expected = members_of(quorum - 1);
+  // The last quorum's members, but those whose process is gone from this host (a worker that
+  // died: nothing to wait for; one on another host is waited for up to quorum_timeout).
+  std::vector<std::string> expected;
+  static const std::string here = this_host();
+  for (const Arrival& a : members_of(quorum - 1)) {
+    if (!known_dead(a, here)) expected.push_back(a.id);
+  }
   for (;;) {
     if (const auto closed = peek(key(quorum, "closed"))) {
       const int64_t admitted = std::stoll(*closed);

@@ -23,6 +23,11 @@ struct Arrival {
   int64_t last_quorum = -1;  // the quorum it last ran in (-1: a newcomer)
   int last_rank = -1;        // its rank there
   std::string address;       // where it hosts the group's store when it is rank 0
+  // Its process (set by Quorums::join): a forming quorum does not wait for a member of the last
+  // one that is known dead, its process gone from this host.
+  std::string host;  // this kernel: boot id and pid namespace
+  int pid = 0;
+  uint64_t start_time = 0;  // with the pid, names the process (base/proc_stat.h)
 };
 
 // A quorum that closed with this replica in it.
@@ -59,15 +64,20 @@ class Quorums {
   // Ranks: the quorum before's members in their rank order, then newcomers by arrival. Rank 0
   // picks a port at its address for the group's store and publishes it. `why`: what ended the
   // last attempt, for the join timeout's message. ddp::RendezvousError at the join timeout.
-  Formed join(int64_t after, const Arrival& me, const std::string& why = "");
+  Formed join(int64_t after, Arrival me, const std::string& why = "");
   // Rank 0, once the group formed: newcomers start past `number`.
   void formed(int64_t number);
+  // This replica could not form quorum `number`'s group (`why`): said on stderr; it tries the
+  // next quorum.
+  void failed(int64_t number, const std::string& why);
+  // A line on stderr, "[<replica>] ddp: fault tolerance: <text>".
+  void note(const std::string& text) const;
 
  private:
   std::string key(int64_t quorum, const std::string& what) const;
   std::optional<std::string> peek(const std::string& key);
   std::vector<Arrival> arrivals(int64_t quorum, int64_t n);
-  std::vector<std::string> members_of(int64_t quorum);
+  std::vector<Arrival> members_of(int64_t quorum);
   // Waits in `quorum` (this replica arrival `index`): the number it admitted, or -1 if it closed
   // without this one.
   int64_t wait_closed(int64_t quorum, int64_t index, const std::string& why,

@@ -244,7 +244,7 @@ TEST_F(FaultTolerance, ANewcomerIsHealedLiveAndTheGroupGrows) {
     });
     for (auto& t : threads) t.join();
   }
-  for (int r = 0; r < 3; ++r) ASSERT_EQ(out[r].error, "") << "replica " << r;
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r].error, "") << "replica " << r;
   ASSERT_TRUE(healed_at.has_value());
   EXPECT_GE(*healed_at, 8) << "it starts from the others' committed step, not 0";
   EXPECT_TRUE(healed_differs) << "its own initial weights were replaced";

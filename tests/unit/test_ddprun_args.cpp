@@ -338,6 +338,17 @@ TEST(DdprunArgs, Standalone) {
   EXPECT_USAGE_ERROR(({"--standalone", "--nnodes", "2", "p"}), "--standalone", "--nnodes");
 }
 
+// --ft (Note [Per-step fault tolerance] in ddp/fault_tolerance.h): one node, C++ workers.
+TEST(DdprunArgs, FaultTolerance) {
+  EXPECT_FALSE(parse({"p"}).ft);
+  EXPECT_TRUE(parse({"--ft", "--nproc-per-node", "3", "p"}).ft);
+  EXPECT_USAGE_ERROR(({"--ft", "--nnodes", "2", "p"}), "--ft runs one node for now",
+                     "--nnodes is 2");
+  EXPECT_USAGE_ERROR(({"--ft", "--nnodes", "1:3", "--rdzv-backend", "c10d", "p"}),
+                     "--ft runs one node", "1:3");
+  EXPECT_USAGE_ERROR(({"--ft", "train.py"}), "--ft needs workers built on ddp::ft::Manager");
+}
+
 TEST(DdprunArgs, SecondsAndCounts) {
   EXPECT_USAGE_ERROR(({"--grace-period", "-1", "p"}), "--grace-period", ">= 0");
   EXPECT_USAGE_ERROR(({"--monitor-interval", "1e300", "p"}), "--monitor-interval", "at most 1e9");

@@ -272,6 +272,7 @@ void apply_supervision(const RawFlags& raw, LaunchConfig& c) {
   if (auto* v = raw.get("collective_timeout")) {
     c.collective_timeout = parse_seconds(v->source, v->text, false);
   }
+  c.ft = raw.flag("ft");
   if (auto* v = raw.get("start_method")) {
     if (v->text != "spawn" && v->text != "fork" && v->text != "forkserver") {
       bad_value(v->source, v->text, "expected spawn, fork or forkserver (ignored by ddprun)");
@@ -468,6 +469,18 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const EnvMa
   apply_backend(raw, out.config);
   apply_output(raw, out.config);
   apply_program(raw, app.remaining(), out.config);
+  if (out.config.ft && (out.config.nnodes > 1 || out.config.elastic)) {
+    throw UsageError(fmt::format(
+        "--ft runs one node for now (--nnodes is {}): run a single-node job, or drop --ft for "
+        "the restart rounds across nodes",
+        out.config.elastic ? fmt::format("{}:{}", out.config.min_nodes, out.config.nnodes)
+                           : std::to_string(out.config.nnodes)));
+  }
+  if (out.config.ft && out.config.python_worker) {
+    throw UsageError(
+        "--ft needs workers built on ddp::ft::Manager (C++); a Python worker "
+        "cannot reach ddprun's store");
+  }
   if (raw.given("start_method")) {
     out.notes.push_back("--start-method is ignored: ddprun always fork+execs");
   }

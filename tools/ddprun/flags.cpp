@@ -110,6 +110,11 @@ constexpr FlagDef kFlags[] = {
     {"grace_period", "", "SECONDS", kExtensions,
      "Time a worker gets between SIGTERM and SIGKILL when the group is stopped. "
      "[default: 10]"},
+    {"ft", "", "", kExtensions,
+     "Per-step fault tolerance, one node: ddprun hosts the workers' store, and a worker that "
+     "fails is started again alone, at most --max-restarts times in all, while the others go on "
+     "(workers built on ddp::ft::Manager re-form without it and heal it when it is back). "
+     "[default: off]"},
     {"cpu_bind", "", "none|cores|numa", kExtensions,
      "Pin each worker to its share of ddprun's CPUs: cores, a block of whole physical cores; "
      "numa, the CPUs of one NUMA node (workers spread over the nodes). OMP_NUM_THREADS, unless "

@@ -103,6 +103,10 @@ struct LaunchConfig {
   int max_restarts = kDefaultMaxRestarts;
   Seconds monitor_interval = kDefaultMonitorInterval;
   Seconds grace_period = kDefaultGracePeriod;
+  // --ft (Note [Per-step fault tolerance] in ddp/fault_tolerance.h): ddprun hosts the workers'
+  // store (their coordination store), and a worker that fails is started again alone while the
+  // others go on, at most max_restarts times in all. One node.
+  bool ft = false;
 
   // --- output
   std::string log_dir;                              // empty: no --log-dir

@@ -131,9 +131,9 @@ GroupSpec group_for_round(const LaunchConfig& config, const std::string& run_id,
   g.nnodes = m.nnodes;
   g.store_secret = secret;
   g.master_addr = m.store_addr.empty() ? config.master_addr : m.store_addr;
-  g.master_port = config.pick_free_port ? net::pick_free_port()
-                  : m.store_addr.empty() ? config.master_port
-                                         : m.store_port;
+  g.master_port = !m.store_addr.empty()   ? m.store_port
+                  : config.pick_free_port ? net::pick_free_port()
+                                          : config.master_port;
   g.run_id = run_id;
   g.restart_count = round;
   g.lineage = m.lineage;
@@ -294,7 +294,9 @@ RunResult RoundLoop::end_run(const WorkerGroup& group, Outcome outcome, const Me
 // attempts, or the store-backed rounds of a multi-node job, fixed or elastic.
 std::unique_ptr<Rounds> make_rounds(const LaunchConfig& config, const EnvMap& base_env,
                                     const std::string& run_id, const std::string& secret) {
-  if (!config.elastic && config.nnodes <= 1) return make_local_rounds();
+  if (!config.elastic && config.nnodes <= 1) {
+    return make_local_rounds(config, base_env, run_id, secret);
+  }
   return make_elastic_rounds(config, base_env, run_id, secret);
 }
 

@@ -159,8 +159,10 @@ class StorePoll {
   bool noted_ = false;
 };
 
-// A single node restarts alone: its rounds are its own attempts.
-std::unique_ptr<Rounds> make_local_rounds();
+// A single node restarts alone: its rounds are its own attempts. With --ft this ddprun hosts the
+// workers' store for the whole run (their coordination store: it outlives every worker).
+std::unique_ptr<Rounds> make_local_rounds(const LaunchConfig& config, const EnvMap& base_env,
+                                          const std::string& run_id, const std::string& secret);
 
 // The rounds this node runs in: LocalRounds for a single node, ElasticRounds (elastic.h) for a
 // job of several, fixed or elastic. `base_env` supplies DDP_STORE_BIND; `secret` and `run_id`

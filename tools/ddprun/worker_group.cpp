@@ -197,6 +197,7 @@ void WorkerGroup::on_exit(Worker& w, int status) {
 // Decisions after each round of reaping: stop the group after a failure, stop leftovers after a
 // clean exit, SIGKILL at the end of the grace period.
 void WorkerGroup::advance() {
+  if (s_.config.ft && !stopping_) restart_failed_alone();
   if (!stopping_ && first_failure_ != nullptr && regroup_now("a worker exited")) {
     first_failure_ = nullptr;  // stopped for the re-forming (another node signalled first)
   }
@@ -231,6 +232,33 @@ void WorkerGroup::advance() {
   }
   if (killed_) {
     for (auto& w : workers_) w->signal_group(SIGKILL);  // stragglers forked during the stop
+  }
+}
+
+// --ft: a worker that failed is started again alone while the others go on; they re-form
+// without it and heal it when it is back (Note [Per-step fault tolerance] in
+// ddp/fault_tolerance.h). --max-restarts bounds them all together; past it the failure is final
+// and stops the group.
+void WorkerGroup::restart_failed_alone() {
+  for (auto& w : workers_) {
+    if (w->running || w->succeeded()) continue;
+    const std::string what =
+        fmt::format("rank {} failed ({})", w->rank, describe_wait_status(w->wait_status));
+    if (ft_restarts_ >= s_.config.max_restarts) {
+      // Final: the whole group is not started again either (the budget was the same).
+      final_failure_ = fmt::format("{}, with --ft's {} restart(s) spent", what, ft_restarts_);
+      note(fmt::format("{}; --ft's {} restart(s) (--max-restarts) are spent: the job fails", what,
+                       ft_restarts_));
+      if (first_failure_ == nullptr) first_failure_ = w.get();
+      return;
+    }
+    w->out.drain();  // its last words first, then ours
+    w->err.drain();
+    ++ft_restarts_;
+    note(fmt::format("{}; starting it again alone, the others go on (--ft: restart {} of {})", what,
+                     ft_restarts_, s_.config.max_restarts));
+    if (first_failure_ == w.get()) first_failure_ = nullptr;
+    start(*w);
   }
 }
 

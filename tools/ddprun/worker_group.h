@@ -73,6 +73,7 @@ class WorkerGroup {
   void reap();
   void on_exit(Worker& w, int status);
   void advance();
+  void restart_failed_alone();
   void watch_other_nodes();
   bool regroup_now(const char* what);
   bool finished();
@@ -105,6 +106,7 @@ class WorkerGroup {
   std::string final_failure_;      // see final_failure()
   std::string regroup_;            // see regroup()
   bool leaving_ = false;           // see leaving()
+  int ft_restarts_ = 0;            // --ft: workers started again alone so far
 
   // Set at the end of run().
   std::vector<WorkerEnd> ends_;          // one per worker, in local rank order
