@@ -115,6 +115,11 @@ int main(int argc, char** argv) {
     while (manager.current_step() < o.steps) {
       const int64_t before = manager.current_step();
       manager.start_quorum();
+      if (manager.job_finished()) {  // the others finished while this replica was away
+        std::printf("ft_train: the job finished without this replica (at step %ld)\n",
+                    static_cast<long>(before));
+        return 0;
+      }
       if (manager.quorum_id() != quorum) {
         quorum = manager.quorum_id();
         std::printf("ft_train: quorum %ld: %d replica(s), from step %ld%s\n",
@@ -149,6 +154,7 @@ int main(int argc, char** argv) {
       }
       if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
     }
+    manager.finish();
     if (!o.out.empty()) {
       std::vector<at::Tensor> params;
       for (auto& p : net.parameters()) params.push_back(p.detach().clone());

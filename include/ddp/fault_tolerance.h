@@ -4,14 +4,16 @@
 //   state.add("model", model);
 //   state.add("optimizer", opt);
 //   ddp::ft::Manager manager(state, {.store = "10.0.0.1:29400"});
-//   for (;;) {
+//   while (manager.current_step() < steps) {
 //     manager.start_quorum();               // re-forms the group and heals, when needed
+//     if (manager.job_finished()) break;    // it finished while this replica was away
 //     auto loss = model->forward(batch_for(manager.rank(), manager.num_participants()));
 //     loss.backward();
 //     for (auto& p : model->parameters()) manager.allreduce(p.grad());  // the mean
 //     if (manager.should_commit()) opt.step();  // else the step is dropped everywhere
 //     opt.zero_grad();
 //   }
+//   manager.finish();
 //
 // Note [Per-step fault tolerance]
 // The replicas train in quorums (src/ft/quorum.h: the store's side, torch-free). A quorum is a
@@ -29,9 +31,12 @@
 //   Re-forming (after a failed step, or when a replica waits): every live member and every
 //   newcomer arrives in quorum N + 1 ("arrived" counter; its entry: id, committed step, the
 //   quorum it last ran in and its rank there, its address). The quorum closes, by one
-//   compare-and-set of "closed" to the number of arrivals it admits, once every member of
-//   quorum N has arrived, or quorum_timeout after this replica arrived (the missing are taken
-//   for dead), with at least min_replicas. Arrivals past the closing count try quorum N + 2.
+//   compare-and-set of "closed" to the number of arrivals it admits, once every live member of
+//   quorum N has arrived (a member whose process is gone from this host is dead for sure), or
+//   quorum_timeout after this replica arrived (the missing are taken for dead), with at least
+//   min_replicas and a majority of quorum N's live members: a replica that was away (stopped,
+//   cut off) cannot start a quorum of its own while the others train (the rule of ddprun's
+//   rounds, Note [Never two groups]; a 2-replica job survives a death it can see, not a stall). Arrivals past the closing count try quorum N + 2.
 //   Ranks: quorum N's members in their old rank order, then newcomers by arrival; rank 0 hosts
 //   the new group's store on a free port of its address and publishes it. A new group per
 //   quorum: the old one is left to its failure (a failed group fails every later call at once).
@@ -41,6 +46,9 @@
 //   on some members and failed on others (one saw the last contribution arrive, another timed
 //   out first) leaves them a step apart: the next quorum heals the ones behind, so no replica
 //   goes on from a step the others did not take.
+//   Stale state: each quorum's rank 0 records the committed step it started from, and finish()
+//   the last; a quorum whose members all hold an older step never trains (job_finished() when
+//   the job ended meanwhile, else ddp::RendezvousError: only a checkpoint has the newer state).
 //   Why one store: the quorum's number grows only in the store, and "closed" is set once per
 //   number, so two quorums of one number never form; a partition that separates replicas from
 //   the store stops them (they cannot arrive), the side with the store goes on. Across hosts,
@@ -123,6 +131,15 @@ class Manager {
   // The vote: true when every participant's step succeeded; then apply the optimizer step (the
   // manager counts it committed). False: drop the step; the next start_quorum() re-forms.
   bool should_commit();
+
+  // After the training loop, on the replicas that ran it to the end: the job's last committed
+  // step, for a replica that was away (stopped, cut off) and comes back after the others left.
+  void finish();
+  // start_quorum() found the job finished at a step this replica does not hold, with nobody
+  // left to heal it: end the loop, there is nothing to train. (A quorum that holds only older
+  // steps while the job is not finished throws ddp::RendezvousError: it never trains from a
+  // stale state.)
+  bool job_finished() const;
 
  private:
   struct Impl;

@@ -85,6 +85,7 @@ struct Manager::Impl {
     int64_t after = quorum;
     for (;;) {
       const Formed f = quorums.join(after, {o.replica_id, step, quorum, rank, o.address}, why);
+      if (stale(f)) return;
       try {
         form(f);
         return;
@@ -96,6 +97,30 @@ struct Manager::Impl {
         after = f.number;
       }
     }
+  }
+
+  // Whether quorum `f` holds nobody with the job's newest committed step (its replicas were away,
+  // a SIGSTOP, a partition): it must not train from an older one. When the job finished there,
+  // this replica has nothing left to do (job_finished()); else the replicas that held it are
+  // gone, and only a checkpoint has it.
+  bool stale(const Formed& f) {
+    int64_t newest = 0;
+    for (const Arrival& a : f.members) newest = std::max(newest, a.step);
+    const Quorums::Known known = quorums.known();
+    if (newest >= known.step) return false;
+    if (known.finished) {
+      finished_elsewhere = true;
+      quorums.note(
+          fmt::format("the job finished at step {} while this replica was at step {}: "
+                      "nothing left to train",
+                      known.step, step));
+      return true;
+    }
+    throw RendezvousError(fmt::format(
+        "[{}] fault tolerance: quorum {}'s replicas hold step {} at most, but the job committed "
+        "step {}: every replica that held it is gone. Going on would train from an older state; "
+        "resume the job from its last checkpoint instead",
+        o.replica_id, f.number, newest, known.step));
   }
 
   // The group of quorum `f` and, when committed steps differ, the healing.
@@ -128,7 +153,7 @@ struct Manager::Impl {
     rank = f.rank;
     size = static_cast<int>(f.members.size());
     broken = false;
-    if (rank == 0) quorums.formed(quorum);
+    if (rank == 0) quorums.formed(quorum, step);
   }
 
   // The whole TrainingState from rank `source` to the ranks behind, over the new group: a
@@ -206,6 +231,7 @@ struct Manager::Impl {
   int64_t step = 0;  // committed steps
   std::shared_ptr<ProcessGroup> group;
   std::vector<std::shared_ptr<ProcessGroup>> retired;  // failed groups, destroyed with the manager
+  bool finished_elsewhere = false;                     // see job_finished()
   bool broken = true;    // no usable group: none yet, or its step failed
   bool regroup = false;  // the quorum agreed to re-form at the next step (a replica waits)
   std::string error;   // this step's first error
@@ -231,5 +257,9 @@ void Manager::report_error(const std::string& what) {
 }
 const std::string& Manager::errored() const { return impl_->error; }
 bool Manager::should_commit() { return impl_->should_commit(); }
+bool Manager::job_finished() const { return impl_->finished_elsewhere; }
+void Manager::finish() {
+  if (!impl_->broken) impl_->quorums.finish(impl_->step);
+}
 
 }  // namespace ddp::ft

@@ -122,8 +122,24 @@ void Quorums::note(const std::string& text) const {
   log::line(-1, fmt::format("[{}] fault tolerance: {}", o_.replica_id, text));
 }
 
-void Quorums::formed(int64_t number) {
+void Quorums::formed(int64_t number, int64_t step) {
   store_->set(prefix_ + "newest", std::to_string(number), soon());
+  store_->set(prefix_ + "committed", std::to_string(step), soon());
+}
+
+Quorums::Known Quorums::known() {
+  Known k;
+  if (const auto finished = peek(prefix_ + "finished")) {
+    k.step = std::stoll(*finished);
+    k.finished = true;
+  } else if (const auto committed = peek(prefix_ + "committed")) {
+    k.step = std::stoll(*committed);
+  }
+  return k;
+}
+
+void Quorums::finish(int64_t step) {
+  store_->set(prefix_ + "finished", std::to_string(step), soon());
 }
 
 Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
@@ -172,6 +188,7 @@ Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
 int64_t Quorums::wait_closed(int64_t quorum, int64_t index, const std::string& why,
                              Clock::time_point deadline) {
   const auto arrived_at = Clock::now();
+  bool majority = true;
   // The last quorum's members, but those whose process is gone from this host (a worker that
   // died: nothing to wait for; one on another host is waited for up to quorum_timeout).
   std::vector<std::string> expected;
@@ -187,23 +204,32 @@ int64_t Quorums::wait_closed(int64_t quorum, int64_t index, const std::string& w
     const int64_t n = store_->add(key(quorum, "arrived"), 0, soon());
     std::vector<std::string> ids;
     for (const Arrival& a : arrivals(quorum, n)) ids.push_back(a.id);
-    const bool all_in = std::ranges::all_of(expected, [&](const std::string& id) {
+    const auto held = std::ranges::count_if(expected, [&](const std::string& id) {
       return std::ranges::find(ids, id) != ids.end();
     });
+    const bool all_in = held == static_cast<int64_t>(expected.size());
+    // Never two quorums training at once: a quorum holds a majority of the last one's live
+    // members (as ddprun's rounds do: Note [Never two groups]), so a replica that was away (a
+    // SIGSTOP, a cut link) cannot start one of its own while the others train.
+    majority = expected.empty() || 2 * held > static_cast<int64_t>(expected.size());
     // The first quorum knows nobody to wait for: it waits quorum_timeout for the replicas
     // starting together (later ones join the next quorum, healed there).
     const bool waited = Clock::now() - arrived_at >= o_.quorum_timeout;
-    if (n >= o_.min_replicas && ((all_in && !expected.empty()) || waited)) {
+    if (n >= o_.min_replicas && majority && ((all_in && !expected.empty()) || waited)) {
       store_->compare_set(key(quorum, "closed"), "", std::to_string(n), soon());
       continue;  // whoever won, "closed" is there now
     }
     if (Clock::now() > deadline) {
       throw RendezvousError(fmt::format(
-          "[{}] fault tolerance: quorum {} did not form within {} s: {} replica(s) arrived, at "
-          "least {} needed (ft::ManagerOptions::min_replicas); start more replicas or lower "
-          "it{}",
+          "[{}] fault tolerance: quorum {} did not form within {} s: {} replica(s) arrived, {}{}",
           o_.replica_id, quorum, std::chrono::duration<double>(o_.join_timeout).count(), n,
-          o_.min_replicas, why.empty() ? "" : fmt::format(" (before: {})", why)));
+          !majority ? fmt::format("holding {} of the {} live replica(s) of quorum {}, not a "
+                                  "majority (the others may train without this side)",
+                                  held, expected.size(), quorum - 1)
+                    : fmt::format("at least {} needed (ft::ManagerOptions::min_replicas); start "
+                                  "more replicas or lower it",
+                                  o_.min_replicas),
+          why.empty() ? "" : fmt::format(" (before: {})", why)));
     }
     std::this_thread::sleep_for(kPoll);
   }

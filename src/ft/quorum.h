@@ -65,8 +65,18 @@ class Quorums {
   // picks a port at its address for the group's store and publishes it. `why`: what ended the
   // last attempt, for the join timeout's message. ddp::RendezvousError at the join timeout.
   Formed join(int64_t after, Arrival me, const std::string& why = "");
-  // Rank 0, once the group formed: newcomers start past `number`.
-  void formed(int64_t number);
+  // Rank 0, once the group formed at committed step `step`: newcomers start past `number`, and
+  // no later quorum may start from an older step.
+  void formed(int64_t number, int64_t step);
+  // The newest committed step the store knows (formations, the end), and whether the job
+  // finished there.
+  struct Known {
+    int64_t step = 0;
+    bool finished = false;
+  };
+  Known known();
+  // A replica ended the training loop at committed step `step`.
+  void finish(int64_t step);
   // This replica could not form quorum `number`'s group (`why`): said on stderr; it tries the
   // next quorum.
   void failed(int64_t number, const std::string& why);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -119,8 +120,9 @@ class FaultTolerance : public ::testing::Test {
     std::string error;
   };
 
-  // Trains replica `id` until `until` committed steps; `stop_at(step)` true: it goes silent at
-  // that step (after its forward and backward, before any collective) and leaves.
+  // Trains replica `id` until `until` committed steps. `stop_at(step)` runs after each step's
+  // forward and backward, before any collective (it may sleep there: a replica away); true: the
+  // replica goes silent at that step and leaves.
   Outcome replica(const std::string& id, uint64_t seed, int min_replicas, int64_t until,
                   std::function<bool(int64_t)> stop_at = {},
                   std::function<void(ft::Manager&, Net&)> after_first_quorum = {}) {
@@ -215,6 +217,51 @@ TEST_F(FaultTolerance, ASilentReplicaCostsTheOthersOneStepNotARestart) {
     EXPECT_EQ(out[r].sizes, (std::vector<int>{3, 2})) << "replica " << r;
   }
   expect_bitwise_equal(out[0].params, out[1].params, "the survivors");
+  expect_close(out[0].params, reference(kSteps));
+}
+
+// 3 replicas; "c" is away for 5 s at step 10 (a SIGSTOP, a stalled host) without leaving. The
+// others drop that step and re-form at 2; then they slow down (1.2 s a step), so that when "c"
+// comes back its quorum waits long past quorum_timeout for them. It must not form one alone
+// from its stale state, though min_replicas is 1 (the majority rule); it waits until they
+// arrive, and is healed. It never trains at 1 replica.
+TEST_F(FaultTolerance, AReplicaBackFromAwayNeverTrainsAloneAndIsHealed) {
+  progress_["a"];
+  progress_["b"];
+  progress_["c"];
+  constexpr int64_t kSteps = 20;
+  auto slow = [](int64_t s) {
+    if (s >= 11 && s <= 16) std::this_thread::sleep_for(1200ms);
+    return false;
+  };
+  std::vector<Outcome> out(3);
+  {
+    std::vector<std::thread> threads;
+    threads.emplace_back([&] { out[0] = replica("a", 1, 1, kSteps, slow); });
+    threads.emplace_back([&] { out[1] = replica("b", 1, 1, kSteps, slow); });
+    threads.emplace_back([&] {
+      bool away = false;
+      out[2] = replica("c", 1, 1, kSteps, [&](int64_t s) {
+        if (s == 10 && !away) {
+          away = true;
+          std::this_thread::sleep_for(5s);
+        }
+        return false;
+      });
+    });
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(out[r].error, "") << "replica " << r;
+    EXPECT_EQ(out[r].steps, kSteps) << "replica " << r;
+  }
+  std::printf("[ measured ] sizes: a %s, c %s\n",
+              fmt::format("{}", fmt::join(out[0].sizes, ", ")).c_str(),
+              fmt::format("{}", fmt::join(out[2].sizes, ", ")).c_str());
+  EXPECT_EQ(std::ranges::count(out[2].sizes, 1), 0) << "c trained alone from its stale state";
+  EXPECT_EQ(out[0].sizes.back(), 3);
+  expect_bitwise_equal(out[0].params, out[1].params, "a and b");
+  expect_bitwise_equal(out[0].params, out[2].params, "c, healed");
   expect_close(out[0].params, reference(kSteps));
 }
 

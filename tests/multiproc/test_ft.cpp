@@ -1,7 +1,7 @@
 // Per-step fault tolerance in real processes (Note [Per-step fault tolerance] in
 // ddp/fault_tolerance.h): ddprun --ft with examples/ft_train. A worker SIGKILLed mid-training
 // costs the others the step in flight: they stay up, ddprun starts the killed one again alone,
-// and it is healed live from their state. Every replica that finishes ends bitwise equal to the
+// and it is healed live from their state; one SIGSTOPped is dropped, and healed when it wakes. Every replica that finishes ends bitwise equal to the
 // others and, to float tolerance, to one process trained on the same global batches; every step
 // is committed once. With its restarts spent, the job fails and says so.
 #include <signal.h>
@@ -89,12 +89,13 @@ class FtJob : public ::testing::Test {
   void SetUp() override { dir_ = testing::make_temp_dir("ddp_ft"); }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Subprocess job(int nproc, int max_restarts, const fs::path& out, int steps, int step_ms) {
+  Subprocess job(int nproc, int max_restarts, const fs::path& out, int steps, int step_ms,
+                 int collective_timeout_s = 20) {
     return Subprocess::start(
         {.argv = {kDdprun, "--ft", "--standalone", "--nproc-per-node", std::to_string(nproc),
-                  "--max-restarts", std::to_string(max_restarts), "--collective-timeout", "20",
-                  kFtTrain, "--steps", std::to_string(steps), "--out", out.string(), "--step-ms",
-                  std::to_string(step_ms)},
+                  "--max-restarts", std::to_string(max_restarts), "--collective-timeout",
+                  std::to_string(collective_timeout_s), kFtTrain, "--steps", std::to_string(steps),
+                  "--out", out.string(), "--step-ms", std::to_string(step_ms)},
          .timeout_s = 240});
   }
 
@@ -203,6 +204,49 @@ TEST_F(FtJob, AKilledWorkerCostsOneStepAndIsHealedLive) {
   for (size_t i = 0; i < one.size(); ++i) {
     EXPECT_TRUE(torch::allclose(finals[0][i], one[i], 1e-4, 1e-5))
         << "param " << i << ": " << (finals[0][i] - one[i]).abs().max().item<float>();
+  }
+}
+
+// A worker SIGSTOPped for 8 s (a debugger, a swapped-out VM), past the 3 s collective timeout:
+// the others drop the step it stalls, wait quorum_timeout for it, re-form without it and go on. Woken, it finds its group
+// gone, arrives in a later quorum, and is healed: it never goes on with its stale state. Nobody
+// was restarted.
+TEST_F(FtJob, AStoppedWorkerIsDroppedThenHealedWhenItWakes) {
+  const fs::path out = dir_ / "run";
+  // Long enough that the others still train when it wakes.
+  constexpr int kLongSteps = 1200;  // at most ~100 steps/s (--step-ms 10): 8 s are < 900
+  Subprocess p = job(3, 3, out, kLongSteps, 10, 3);
+  const std::vector<pid_t> workers = workers_past(p, 3, out, 60);
+  ASSERT_EQ(workers.size(), 3u) << p.err_so_far();
+  ASSERT_EQ(::kill(workers[1], SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(8));
+  ASSERT_EQ(::kill(workers[1], SIGCONT), 0);
+  const Result& r = p.wait();
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  EXPECT_EQ(r.err.find("starting it again"), std::string::npos) << "nobody restarted: " << r.err;
+  EXPECT_NE(r.out.find("(healed)"), std::string::npos) << r.out;
+  std::vector<std::vector<at::Tensor>> finals;
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
+  }
+  ASSERT_EQ(finals.size(), 3u);
+  for (size_t k = 1; k < finals.size(); ++k) {
+    for (size_t i = 0; i < finals[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
+    }
+  }
+  for (const auto& [file, steps] : committed(out)) {
+    std::vector<int> sizes;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      // The stopped one jumps ahead once, when it is healed; no step is committed twice.
+      if (i > 0) EXPECT_GT(steps[i].step, steps[i - 1].step) << file;
+      if (sizes.empty() || sizes.back() != steps[i].replicas) sizes.push_back(steps[i].replicas);
+    }
+    EXPECT_EQ(steps.back().step, kLongSteps - 1) << file;
+    EXPECT_EQ(sizes.back(), 3) << file << ": the stopped one healed, the group whole again";
+    std::printf("[ measured ] %s: steps %ld-%ld at %s replica(s)\n", file.c_str(),
+                static_cast<long>(steps.front().step), static_cast<long>(steps.back().step),
+                fmt::format("{}", fmt::join(sizes, ", ")).c_str());
   }
 }
 
