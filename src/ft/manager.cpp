@@ -85,6 +85,14 @@ struct Manager::Impl {
     int64_t after = quorum;
     for (;;) {
       const Formed f = quorums.join(after, {o.replica_id, step, quorum, rank, o.address}, why);
+      if (f.job_finished) {
+        finished_elsewhere = true;
+        quorums.note(
+            fmt::format("the job finished while this replica was away (at step {}): "
+                        "nothing left to train",
+                        step));
+        return;
+      }
       if (stale(f)) return;
       try {
         form(f);

@@ -156,7 +156,8 @@ Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
   for (;; ++target) {
     const int64_t index = store_->add(key(target, "arrived"), 1, soon()) - 1;
     store_->set(key(target, fmt::format("member/{}", index)), encode(me), soon());
-    const int64_t count = wait_closed(target, index, why, deadline);
+    const int64_t count = wait_closed(target, index, me.step, why, deadline);
+    if (count == kFinished) return Formed{.number = target, .job_finished = true};
     if (count < 0) continue;  // closed without this arrival: the next one
 
     Formed f;
@@ -185,7 +186,7 @@ Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
   }
 }
 
-int64_t Quorums::wait_closed(int64_t quorum, int64_t index, const std::string& why,
+int64_t Quorums::wait_closed(int64_t quorum, int64_t index, int64_t step, const std::string& why,
                              Clock::time_point deadline) {
   const auto arrived_at = Clock::now();
   bool majority = true;
@@ -200,6 +201,11 @@ int64_t Quorums::wait_closed(int64_t quorum, int64_t index, const std::string& w
     if (const auto closed = peek(key(quorum, "closed"))) {
       const int64_t admitted = std::stoll(*closed);
       return index < admitted ? admitted : -1;
+    }
+    // The others finished while this replica was away: nobody is left to heal it.
+    if (const auto finished = peek(prefix_ + "finished");
+        finished && std::stoll(*finished) > step) {
+      return kFinished;
     }
     const int64_t n = store_->add(key(quorum, "arrived"), 0, soon());
     std::vector<std::string> ids;

@@ -33,6 +33,9 @@ struct Arrival {
 // A quorum that closed with this replica in it.
 struct Formed {
   int64_t number = -1;
+  // The job finished past this replica's step while it waited (Quorums::finish): nothing
+  // formed, nothing left to train.
+  bool job_finished = false;
   std::vector<Arrival> members;  // by rank
   int rank = -1;                 // this replica's
   std::string group_store;       // "HOST:PORT" of the group's store (its rank 0 hosts it)
@@ -90,8 +93,10 @@ class Quorums {
   std::vector<Arrival> members_of(int64_t quorum);
   // Waits in `quorum` (this replica arrival `index`): the number it admitted, or -1 if it closed
   // without this one.
-  int64_t wait_closed(int64_t quorum, int64_t index, const std::string& why,
+  // kFinished: the job finished past `step` meanwhile (Quorums::finish).
+  int64_t wait_closed(int64_t quorum, int64_t index, int64_t step, const std::string& why,
                       std::chrono::steady_clock::time_point deadline);
+  static constexpr int64_t kFinished = -2;
 
   QuorumOptions o_;
   std::string prefix_;

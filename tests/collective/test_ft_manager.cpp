@@ -114,6 +114,7 @@ class FaultTolerance : public ::testing::Test {
   // What one replica did.
   struct Outcome {
     std::vector<at::Tensor> params;
+    bool job_finished = false;  // it came back after the others had finished
     int64_t steps = 0;
     int failed_steps = 0;
     std::vector<int> sizes;  // the quorum sizes it trained at, in order
@@ -134,9 +135,13 @@ class FaultTolerance : public ::testing::Test {
       state.add("model", net);
       state.add("optimizer", opt);
       ft::Manager manager(state, options(id, min_replicas));
-      bool first = true;
+      bool first = true, left = false;
       while (manager.current_step() < until) {
         manager.start_quorum();
+        if (manager.job_finished()) {
+          out.job_finished = true;
+          break;
+        }
         if (first && after_first_quorum) after_first_quorum(manager, net);
         first = false;
         if (out.sizes.empty() || out.sizes.back() != manager.num_participants()) {
@@ -146,7 +151,10 @@ class FaultTolerance : public ::testing::Test {
         auto [x, y] = data().slice(s, manager.rank(), manager.num_participants());
         opt.zero_grad();
         torch::mse_loss(net.forward(x), y).backward();
-        if (stop_at && stop_at(s)) break;  // silent from here: the others' step fails
+        if (stop_at && stop_at(s)) {  // silent from here: the others' step fails
+          left = true;
+          break;
+        }
         for (auto& p : net.parameters()) manager.allreduce(p.mutable_grad());
         if (manager.should_commit()) {
           opt.step();
@@ -155,6 +163,7 @@ class FaultTolerance : public ::testing::Test {
         }
         progress_.at(id) = manager.current_step();
       }
+      if (!out.job_finished && !left) manager.finish();
       out.steps = manager.current_step();
       for (auto& p : net.parameters()) out.params.push_back(p.detach().clone());
     } catch (const std::exception& e) {
@@ -262,6 +271,39 @@ TEST_F(FaultTolerance, AReplicaBackFromAwayNeverTrainsAloneAndIsHealed) {
   EXPECT_EQ(out[0].sizes.back(), 3);
   expect_bitwise_equal(out[0].params, out[1].params, "a and b");
   expect_bitwise_equal(out[0].params, out[2].params, "c, healed");
+  expect_close(out[0].params, reference(kSteps));
+}
+
+// The same, but the others finish while "c" is away: back, it finds the job finished past its
+// step and nobody to heal it, and stops (job_finished()); it never trains from its stale state.
+TEST_F(FaultTolerance, AReplicaBackAfterTheJobFinishedStopsWithoutTraining) {
+  progress_["a"];
+  progress_["b"];
+  progress_["c"];
+  constexpr int64_t kSteps = 20;
+  std::vector<Outcome> out(3);
+  {
+    std::vector<std::thread> threads;
+    threads.emplace_back([&] { out[0] = replica("a", 1, 1, kSteps); });
+    threads.emplace_back([&] { out[1] = replica("b", 1, 1, kSteps); });
+    threads.emplace_back([&] {
+      out[2] = replica("c", 1, 1, kSteps, [&](int64_t s) {
+        if (s == 10) {
+          while (progress("a") < kSteps || progress("b") < kSteps) {
+            std::this_thread::sleep_for(10ms);
+          }
+          std::this_thread::sleep_for(200ms);  // they call finish() and leave
+        }
+        return false;
+      });
+    });
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r].error, "") << "replica " << r;
+  EXPECT_EQ(out[0].steps, kSteps);
+  EXPECT_TRUE(out[2].job_finished);
+  EXPECT_EQ(out[2].steps, 10) << "c committed nothing after it came back";
+  expect_bitwise_equal(out[0].params, out[1].params, "a and b");
   expect_close(out[0].params, reference(kSteps));
 }
 
