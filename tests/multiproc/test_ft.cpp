@@ -219,6 +219,13 @@ TEST_F(FtJob, AStoppedWorkerIsDroppedThenHealedWhenItWakes) {
   const std::vector<pid_t> workers = workers_past(p, 3, out, 60);
   ASSERT_EQ(workers.size(), 3u) << p.err_so_far();
   ASSERT_EQ(::kill(workers[1], SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {
+    std::ifstream st(fmt::format("/proc/{}/stat", workers[1]));
+    std::string line;
+    std::getline(st, line);
+    std::printf("[ measured ] stopped pid %d: %s\n", workers[1], line.substr(0, 60).c_str());
+  }
   std::this_thread::sleep_for(std::chrono::seconds(8));
   ASSERT_EQ(::kill(workers[1], SIGCONT), 0);
   const Result& r = p.wait();
