@@ -2,6 +2,7 @@
 // fault tolerance] in ddp/fault_tolerance.h); the quorums themselves are ft/quorum.h's.
 #include "ddp/fault_tolerance.h"
 
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -83,6 +84,7 @@ struct Manager::Impl {
     regroup = false;
     std::string why;
     int64_t after = quorum;
+    const auto started = std::chrono::steady_clock::now();
     for (;;) {
       const Formed f = quorums.join(after, {o.replica_id, step, quorum, rank, o.address}, why);
       if (f.job_finished) {
@@ -99,7 +101,9 @@ struct Manager::Impl {
         return;
       } catch (const RendezvousError& e) {
         // A member died while the group formed: every member's formation fails, and all of
-        // them go on to the next quorum.
+        // them go on to the next quorum; join_timeout bounds the attempts together (each
+        // join() bounds only its own wait).
+        if (std::chrono::steady_clock::now() - started > o.join_timeout) throw;
         why = e.what();
         quorums.failed(f.number, why);
         after = f.number;
