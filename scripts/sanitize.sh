@@ -4,12 +4,14 @@
 # folder, builds only the executables the chosen tests run, runs them with ctest (serially, like
 # scripts/test.sh) and prints how long each build and run took. Fails if any test fails; a
 # sanitizer report fails its test. Note [Sanitizers] below says what is set and why.
-# Usage: scripts/sanitize.sh [asan|tsan|all] [--torch-free] [ctest arguments...]
+# Usage: scripts/sanitize.sh [asan|tsan|all] [--torch-free] [--build] [ctest arguments...]
 #   default: all, labels unit and collective (store, shm, reducer, hang reports among them)
 #   --torch-free: only the tests that never load LibTorch (the store's protocol and server,
 #     ddprun's restart and elastic rounds over a real agent store, the etcd backend against real
 #     etcd members, env, completion): minutes,
 #     not an hour; what scripts/test.sh runs
+#   --build: configure and build only, run nothing (scripts/test.sh builds niced beside the
+#     LibTorch 2.6 suite, then runs the tests once that suite is done)
 #   DDP_SANITIZE_TESTS=REGEX narrows the tests before anything is built, e.g. 'store|shm'
 #   extra arguments go to ctest, e.g. --repeat until-fail:3
 set -euo pipefail
@@ -21,6 +23,8 @@ mode=all
 if [[ ${1:-} =~ ^(asan|tsan|all)$ ]]; then mode=$1; shift; fi
 torch_free=0
 if [[ ${1:-} == --torch-free ]]; then torch_free=1; shift; fi
+build_only=0
+if [[ ${1:-} == --build ]]; then build_only=1; shift; fi
 case $mode in
   asan) modes=(asan) ;;
   tsan) modes=(tsan) ;;
@@ -105,6 +109,10 @@ for m in "${modes[@]}"; do
         exit 1
       fi
     done
+  fi
+  if ((build_only)); then
+    summary+=("sanitize.sh: $m: ${#targets[@]} programs built in ${built} s")
+    continue
   fi
   regex="^($(printf '%s\n' "${names[@]}" | sed 's/[.]/[.]/g' | paste -sd'|'))\$"
   start=$SECONDS

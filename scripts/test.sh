@@ -56,8 +56,11 @@ if ((deb)); then
   scripts/test-deb.sh --prepare >"$deb_log" 2>&1 &
   deb_pid=$!
 fi
+sanitize_pid= sanitize_log=
 trap '[[ -n $prepare_pid ]] && kill "$prepare_pid" 2>/dev/null
-      [[ -n $deb_pid ]] && kill "$deb_pid" 2>/dev/null; rm -f "$prepare_log" "$deb_log"' EXIT
+      [[ -n $deb_pid ]] && kill "$deb_pid" 2>/dev/null
+      [[ -n $sanitize_pid ]] && kill "$sanitize_pid" 2>/dev/null
+      rm -f "$prepare_log" "$deb_log" $sanitize_log' EXIT
 
 # Paths relative to the tree in ccache's keys: build-deb/ (scripts/test-deb.sh) reuses build/'s
 # objects instead of compiling LibTorch code again (~7 min on 2 cores).
@@ -71,16 +74,24 @@ rc=0
 phase_done "bookworm suite (ctest)"
 
 # Sanitizers, the torch-free part: ASan+UBSan and TSan over the store (protocol, epoll server,
-# ddprun's restart rounds against a real agent store), env, allocator and completion tests; a
-# few minutes (docs/testing.md: Sanitizers). The whole sanitizer suite rebuilds libddp twice and
-# does not fit CI's hour: run scripts/sanitize.sh by hand. Only in a full run (no ctest arguments);
-# DDP_SKIP_SANITIZE=1 skips it.
+# ddprun's restart and elastic rounds against a real agent store, etcd), env, allocator and
+# completion tests; a few minutes (docs/testing.md: Sanitizers). The whole sanitizer suite
+# rebuilds libddp twice and does not fit CI's hour: run scripts/sanitize.sh by hand. Only in a
+# full run (no ctest arguments); DDP_SKIP_SANITIZE=1 skips it. Where the LibTorch 2.6 suite runs,
+# its two builds (~10 min of both cores) go niced beside that suite, in the CPU its ranks leave
+# idle, and only the tests run after it.
+sanitize=1
 if [[ ${DDP_SKIP_SANITIZE:-0} == 1 || $# -gt 0 ]]; then
   echo "test.sh: sanitizer step skipped (DDP_SKIP_SANITIZE=1 or ctest arguments given)"
-else
-  scripts/sanitize.sh all --torch-free || rc=1
-  phase_done "sanitizers (torch-free, ASan+UBSan, TSan)"
+  sanitize=0
 fi
+run_sanitizers() {
+  if ((sanitize)); then
+    scripts/sanitize.sh all --torch-free || rc=1
+    phase_done "sanitizers (torch-free, ASan+UBSan, TSan)"
+  fi
+}
+if ! ((libtorch2)); then run_sanitizers; fi
 
 # The Debian packages: built in build-deb/ (ccache shares build/'s objects), installed by apt in
 # a throwaway copy of the clean root, used there (a few minutes).
@@ -111,12 +122,25 @@ if ((libtorch2)); then
   if prepared "$prepare_pid" "$prepare_log" "the trixie root and build"; then
     phase_done "waiting for the trixie root and build"
     grep -a '^test-libtorch2:' "$prepare_log" || true
+    sanitize_log=$(mktemp /tmp/ddp-sanitize-build.XXXXXX)
+    sanitize_pid=
+    if ((sanitize)); then
+      nice -n 19 scripts/sanitize.sh all --torch-free --build >"$sanitize_log" 2>&1 &
+      sanitize_pid=$!
+    fi
     scripts/test-libtorch2.sh "$@" || rc=$?
   else
     rc=1
   fi
   prepare_pid=
   phase_done "trixie suite (LibTorch 2.6, ctest)"
+  if [[ -n ${sanitize_pid:-} ]]; then
+    # A failed build shows here; sanitize.sh below builds what is left and says what failed.
+    wait "$sanitize_pid" || tail -n 40 "$sanitize_log"
+    sanitize_pid=
+    phase_done "waiting for the sanitizer builds"
+  fi
+  run_sanitizers
 fi
 echo "test.sh: exit $rc; the phases' wall times:" >&2
 printf 'test.sh:   %s\n' "${phases[@]}" >&2

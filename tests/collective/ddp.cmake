@@ -24,6 +24,8 @@ ddp_add_test(NAME test_zero SOURCES test_zero.cpp LABEL collective LIBS ddp TIME
 ddp_add_test(NAME test_powersgd SOURCES test_powersgd.cpp LABEL collective LIBS ddp TIMEOUT 300)
 target_compile_definitions(test_powersgd PRIVATE
   DDP_POWERSGD_REFERENCE="${CMAKE_CURRENT_SOURCE_DIR}/powersgd_reference.py")
+# Over shm too; version-neutral: the hook's LibTorch side is checked against python3-torch on
+# both versions by test_powersgd, the shm transport under DDP by test_ddp_equivalence_shm.
 add_test(NAME test_powersgd_shm COMMAND test_powersgd)
-set_tests_properties(test_powersgd_shm PROPERTIES LABELS collective TIMEOUT 300
+set_tests_properties(test_powersgd_shm PROPERTIES LABELS "collective;version-neutral" TIMEOUT 300
   ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};DDP_TEST_BACKEND=shm")
