@@ -89,6 +89,7 @@ class Join;
 
 namespace detail {
 class DdpCore;  // the machinery behind the wrapper: the library's
+DdpCore& core_of(DistributedDataParallelBase& model);  // for the library's own components
 }  // namespace detail
 
 // While it lives, backward passes through the wrapper do not reduce gradients (see no_sync()).
@@ -156,6 +157,7 @@ class DistributedDataParallelBase {
 
  private:
   friend class Join;  // drives the wrapper's rounds (ddp/join.h)
+  friend detail::DdpCore& detail::core_of(DistributedDataParallelBase& model);
   // Null when `t` is undefined, already there, or no device_ids was given.
   at::Tensor* to_input_device(const at::Tensor& t);
   std::unique_ptr<detail::DdpCore> core_;

@@ -15,6 +15,27 @@
 //   }
 //   manager.finish();
 //
+// With DistributedDataParallel and a DistributedSampler (registered, they follow every new quorum
+// by themselves; a backward whose bucket all-reduce failed throws, and the step is dropped):
+//   ddp::TrainingState state;
+//   ddp::ft::Manager manager(state, {.store = "10.0.0.1:29400"});
+//   ddp::DistributedDataParallel model(net, {.process_group = manager.process_group(),
+//                                            .init_sync = false});
+//   ddp::DistributedSampler sampler(n, {.num_replicas = 1, .rank = 0});  // re-split per quorum
+//   state.add("model", model);  state.add("optimizer", opt);  state.add("sampler", sampler);
+//   while (manager.current_step() < steps) {
+//     manager.start_quorum();
+//     if (manager.job_finished()) break;
+//     if (sampler.remaining().empty()) sampler.set_epoch(sampler.epoch() + 1);
+//     auto batch = first_k(sampler.remaining(), per_rank);  sampler.advance(batch.size());
+//     try { loss_of(model, batch).backward(); } catch (const std::exception& e) {
+//       manager.report_error(e.what());
+//     }
+//     if (manager.should_commit()) opt.step();
+//     opt.zero_grad();
+//   }
+//   manager.finish();
+//
 // Note [Per-step fault tolerance]
 // The replicas train in quorums (src/ft/quorum.h: the store's side, torch-free). A quorum is a
 // numbered set of replicas (processes) and a process group over them; it lasts as long as its steps succeed. Its members and its number live in a
@@ -46,6 +67,17 @@
 //   on some members and failed on others (one saw the last contribution arrive, another timed
 //   out first) leaves them a step apart: the next quorum heals the ones behind, so no replica
 //   goes on from a step the others did not take.
+//   What follows the group (src/state/group_bound.h): at each new quorum, on every member
+//   and before any healing, a registered DistributedDataParallel rebinds its reducer to the new
+//   group (an iteration the old one failed in is forgotten; the divisor is the new size; the
+//   buckets, in the same order or the healer's, are built in the new transport's memory at the
+//   next forward, in step on every rank), and a registered DistributedSampler returns to its
+//   cursor at the last commit (a dropped step's batch is not consumed) and reshards: the new
+//   ranks split the epoch's unconsumed rest, so each sample trains once over the committed
+//   steps (but the padding when the rest does not divide by the new size). Before any step
+//   committed, the first quorum gives every replica rank 0's state, as DDP's init_sync would:
+//   build the wrapper on process_group() with init_sync = false. ddp::Join, ZeRO and
+//   PowerSGD's per-rank error feedback do not follow a group yet.
 //   Stale state: each quorum's rank 0 records the committed step it started from, and finish()
 //   the last; a quorum whose members all hold an older step never trains (job_finished() when
 //   the job ended meanwhile, else ddp::RendezvousError: only a checkpoint has the newer state).
@@ -114,6 +146,11 @@ class Manager {
 
   // The current quorum's group, this replica's rank in it and its size.
   ProcessGroup& group();
+  // The same, shared; before the first start_quorum(), a group of this replica alone: what a
+  // DistributedDataParallel is built on (with init_sync = false: the first quorum gives every
+  // replica rank 0's state) before it is registered in the TrainingState. A registered DDP
+  // follows each new group by itself (see the Note).
+  std::shared_ptr<ProcessGroup> process_group();
   int rank() const;
   int num_participants() const;
   int64_t quorum_id() const;

@@ -152,7 +152,15 @@ class DistributedSampler {
   int64_t dataset_size() const;
   int num_replicas() const;
   int rank() const;
-  const SamplerOptions& options() const;  // num_replicas and rank filled in
+  SamplerOptions options() const;  // num_replicas and rank filled in
+  // This rank becomes `rank` of `num_replicas` mid-epoch, in place (a group re-formed by
+  // ddp::ft::Manager, Note [Per-step fault tolerance]): the samples of the epoch consumed so far
+  // (consumed()) stay consumed, and the new ranks split the rest as load_state() would at the
+  // new size (Note [Sampler position and resume]): another size splits the rest of the
+  // permutation; the same size goes on in the same shards, rank r taking shard r's rest. Every
+  // rank of the new group reshards from the same state. Not while a pass (a loader) is drawing
+  // from it.
+  void reshard(int num_replicas, int rank);
 
   SamplerState state() const;
   // Throws ddp::ConfigError when the state belongs to another dataset size, seed, shuffle,

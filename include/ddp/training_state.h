@@ -131,6 +131,8 @@ class TrainingState {
 
   std::vector<std::string> keys() const;
   bool contains(std::string_view key) const;
+  // Calls `f` with every registered object (adapters for the library's), in registration order.
+  void for_each(const std::function<void(const std::string& key, Stateful& object)>& f) const;
 
   // This process's state: every object's state_dict() here, kPerRank ones as this rank's
   // alone (Snapshot::Entry::ranks holds one state). No collective besides those a kCollective

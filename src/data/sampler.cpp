@@ -58,7 +58,8 @@ std::vector<int64_t> shard_indices(const std::vector<int64_t>& order, int64_t of
 
 // Note [Shared cursor]: every copy of a DistributedSampler points at one Shared.
 struct DistributedSampler::Shared {
-  // Constant after construction.
+  // Constant after construction, but for options.num_replicas and options.rank: set under mu
+  // by reshard() (read them through R() and r()).
   int64_t n = 0;
   SamplerOptions options;  // num_replicas and rank resolved
 
@@ -68,8 +69,8 @@ struct DistributedSampler::Shared {
   int64_t offset GUARDED_BY(mu) = 0;     // Note [Sampler position and resume]
   bool restored GUARDED_BY(mu) = false;  // load_state() since the last begin_pass()
 
-  int R() const { return *options.num_replicas; }
-  int r() const { return *options.rank; }
+  int R() const REQUIRES(mu) { return *options.num_replicas; }
+  int r() const REQUIRES(mu) { return *options.rank; }
   int64_t num_samples_locked() const REQUIRES(mu) {
     return plan_num_samples(n - offset, R(), r(), options.drop_last, options.pad);
   }
@@ -206,9 +207,41 @@ int64_t DistributedSampler::position() const {
 }
 
 int64_t DistributedSampler::dataset_size() const { return shared_->n; }
-int DistributedSampler::num_replicas() const { return shared_->R(); }
-int DistributedSampler::rank() const { return shared_->r(); }
-const SamplerOptions& DistributedSampler::options() const { return shared_->options; }
+int DistributedSampler::num_replicas() const {
+  MutexLock lock(&shared_->mu);
+  return shared_->R();
+}
+int DistributedSampler::rank() const {
+  MutexLock lock(&shared_->mu);
+  return shared_->r();
+}
+SamplerOptions DistributedSampler::options() const {
+  MutexLock lock(&shared_->mu);
+  return shared_->options;
+}
+
+// Note [Sampler position and resume]'s resume at another world size, in place: the new ranks
+// split the rest of the epoch's permutation.
+void DistributedSampler::reshard(int num_replicas, int rank) {
+  DDP_CHECK(num_replicas > 0 && rank >= 0 && rank < num_replicas, ConfigError,
+            "DistributedSampler::reshard({}, {}): rank must be in [0, num_replicas) and "
+            "num_replicas at least 1",
+            num_replicas, rank);
+  Shared& s = *shared_;
+  MutexLock lock(&s.mu);
+  if (num_replicas != s.R()) {  // else the same plan goes on: every shard is at `position`
+    SamplerState st;
+    st.position = s.position;
+    st.num_replicas = s.R();
+    st.offset = s.offset;
+    st.dataset_size = s.n;
+    s.offset = st.consumed();
+    s.position = 0;
+  }
+  s.options.num_replicas = num_replicas;
+  s.options.rank = rank;
+  s.restored = true;
+}
 
 SamplerState DistributedSampler::state() const {
   const Shared& s = *shared_;

@@ -16,7 +16,8 @@
 #include "ddp/error.h"
 #include "ddp/training_state.h"
 #include "ft/quorum.h"
-#include "store/protocol.h"  // job_key
+#include "state/group_bound.h"  // what follows each new group: DDP, the sampler
+#include "store/protocol.h"     // job_key
 
 namespace ddp::ft {
 namespace {
@@ -150,8 +151,13 @@ struct Manager::Impl {
     if (group) retired.push_back(std::move(group));  // a failed group: left to its failure
     broken = true;
     group = make_process_group(g);
+    // DDP and the sampler follow the new group, back at the last committed step.
+    const std::vector<state::GroupBound*> bound = state::group_bound(state);
+    for (state::GroupBound* b : bound) b->regroup(group);
 
-    // The replicas behind receive the state of the first rank holding the newest step.
+    // The replicas behind receive the state of the first rank holding the newest step. Before
+    // any step committed, every replica receives rank 0's: the job's initial state, as DDP's
+    // init_sync gives it.
     int64_t newest = 0;
     for (const Arrival& a : f.members) newest = std::max(newest, a.step);
     int source = -1;
@@ -160,7 +166,12 @@ struct Manager::Impl {
       if (f.members[r].step == newest && source < 0) source = r;
       behind |= f.members[r].step < newest;
     }
-    if (behind) heal(source, step < newest);
+    if (newest == 0 && f.members.size() > 1) {
+      heal(source, f.rank != source);
+    } else if (behind) {
+      heal(source, step < newest);
+    }
+    for (state::GroupBound* b : bound) b->committed();
     quorum = f.number;
     rank = f.rank;
     size = static_cast<int>(f.members.size());
@@ -224,7 +235,21 @@ struct Manager::Impl {
     }
     regroup = vote[1].item<int>() == 0;
     ++step;
+    for (state::GroupBound* b : state::group_bound(state)) b->committed();
     return true;
+  }
+
+  // The current group; before the first quorum, a group of this replica alone.
+  std::shared_ptr<ProcessGroup> process_group() {
+    if (!group) {
+      InitOptions g = o.group;
+      g.rank = 0;
+      g.world_size = 1;
+      g.group_name = "ft-alone";
+      g.process_defaults = false;
+      group = make_process_group(g);
+    }
+    return group;
   }
 
   // The step is not applied here; the next start_quorum() re-forms.
@@ -259,6 +284,7 @@ ProcessGroup& Manager::group() {
   if (!impl_->group) throw ConfigError("ft::Manager::group() before the first start_quorum()");
   return *impl_->group;
 }
+std::shared_ptr<ProcessGroup> Manager::process_group() { return impl_->process_group(); }
 int Manager::rank() const { return impl_->rank; }
 int Manager::num_participants() const { return impl_->size; }
 int64_t Manager::quorum_id() const { return impl_->quorum; }

@@ -50,6 +50,7 @@ void DistributedDataParallelBase::register_comm_hook(CommHook hook) {
   core_->register_comm_hook(std::move(hook));
 }
 ProcessGroup& DistributedDataParallelBase::process_group() { return core_->process_group(); }
+detail::DdpCore& detail::core_of(DistributedDataParallelBase& model) { return *model.core_; }
 const IterationStats& DistributedDataParallelBase::last_iteration_stats() const {
   return core_->last_iteration_stats();
 }
@@ -88,7 +89,7 @@ void collect(const torch::OrderedDict<std::string, at::Tensor>& named, bool trai
 }  // namespace
 
 struct DdpCore::State {
-  // Constant after construction.
+  // Constant after construction, but for `group` (rebind()).
   std::shared_ptr<torch::nn::Module> module;
   DDPOptions options;
   std::shared_ptr<ProcessGroup> group;
@@ -233,6 +234,16 @@ void DdpCore::register_comm_hook(CommHook hook) {
 }
 
 ProcessGroup& DdpCore::process_group() { return *state_->group; }
+
+void DdpCore::rebind(std::shared_ptr<ProcessGroup> group) {
+  State& s = *state_;
+  DDP_CHECK(s.join == nullptr, ConfigError,
+            "[rank {}] ddp::Join and fault tolerance (ddp::ft::Manager) do not combine: the "
+            "manager drops a failed step on every replica instead of shadowing it",
+            s.group->rank());
+  s.reducer->rebind(*group);
+  s.group = std::move(group);
+}
 
 const IterationStats& DdpCore::last_iteration_stats() const {
   return state_->reducer->last_stats();

@@ -33,6 +33,9 @@ class DdpCore {
   std::vector<std::vector<std::string>> bucket_layout() const;  // names per bucket
   std::vector<int64_t> bucket_order() const;
   void restore_bucket_order(const std::vector<int64_t>& order);
+  // Fault tolerance (Note [Per-step fault tolerance]): reduce and broadcast buffers over
+  // `group` from now on (Reducer::rebind). Between iterations, on every rank of `group`.
+  void rebind(std::shared_ptr<ProcessGroup> group);
 
   // What ddp::Join drives. attach_join/detach (null); one round of "who is still training"
   // (an all-gather; returns the active ranks, ascending); shadow one iteration of the others;

@@ -51,18 +51,18 @@ struct Reducer::Bucket {
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  ProcessGroup& group, ReducerOptions options)
-    : params_(std::move(params)), names_(std::move(names)), group_(group), options_(options),
-      hook_(comm_hooks::allreduce()) {
+    : params_(std::move(params)), names_(std::move(names)), group_(&group), rank_(group.rank()),
+      options_(options), hook_(comm_hooks::allreduce()) {
   const size_t n = params_.size();
   DDP_ASSERT(names_.size() == n, "{} names for {} parameters", names_.size(), n);
   fired_.assign(n, 0);
   ready_.assign(n, 0);
   location_.resize(n);
-  divisor_ = group_.size();
-  passthrough_ = group_.size() == 1;
+  divisor_ = group.size();
+  passthrough_ = group.size() == 1;
   if (passthrough_) {
     if (options_.debug != DebugLevel::kOff) {
-      log::line(group_.rank(), "world size 1: gradients need no reduction");
+      log::line(group.rank(), "world size 1: gradients need no reduction");
     }
   } else {
     build_initial_buckets();
@@ -111,8 +111,9 @@ void Reducer::register_comm_hook(CommHook hook) {
   DDP_CHECK(iterations_ == 0 && phase_ == Phase::kIdle, Error,
             "[rank {}] register_comm_hook must be called before the first forward through "
             "DistributedDataParallel (every rank must use the same hook from the start)",
-            group_.rank());
+            group_->rank());
   hook_ = std::move(hook);
+  custom_hook_ = true;
   if (passthrough_) {
     passthrough_ = false;
     build_initial_buckets();
@@ -138,7 +139,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     int64_t total = 0;
     for (size_t v : bucket.vars) total += params_[v].numel();
     // In the transport's own memory where it has some (shm: peers reduce it in place).
-    bucket.contents = group_.comm_buffer(total, params_[bucket.vars.front()].options());
+    bucket.contents = group_->comm_buffer(total, params_[bucket.vars.front()].options());
     int64_t offset = 0;
     for (size_t slot = 0; slot < bucket.vars.size(); ++slot) {
       const size_t v = bucket.vars[slot];
@@ -174,6 +175,7 @@ std::vector<int64_t> Reducer::bucket_order() const {
   MutexLock lock(&mu_);
   std::vector<int64_t> order;
   if (!rebuilt_) return order;
+  if (pending_order_) return {pending_order_->begin(), pending_order_->end()};
   for (const auto& b : buckets_) {
     for (size_t v : b.vars) order.push_back(static_cast<int64_t>(v));
   }
@@ -184,7 +186,7 @@ void Reducer::restore_bucket_order(const std::vector<int64_t>& order) {
   check_not_in_hook("restore_bucket_order");
   MutexLock lock(&mu_);
   DDP_CHECK(phase_ != Phase::kBackward, Error, "[rank {}] restore_bucket_order during a backward",
-            group_.rank());
+            group_->rank());
   if (passthrough_ || order.empty()) return;
   std::vector<char> seen(params_.size(), 0);
   bool permutation = order.size() == params_.size();
@@ -195,9 +197,13 @@ void Reducer::restore_bucket_order(const std::vector<int64_t>& order) {
   DDP_CHECK(permutation, Error,
             "[rank {}] DistributedDataParallel: the saved bucket order ({} entries) is not a "
             "permutation of this model's {} parameters: it was saved from another model",
-            group_.rank(), order.size(), params_.size());
-  build_buckets(std::vector<size_t>(order.begin(), order.end()));
+            group_->rank(), order.size(), params_.size());
   rebuilt_ = true;
+  if (pending_order_) {  // rebound: built at the next forward, in step with the other ranks
+    pending_order_ = std::vector<size_t>(order.begin(), order.end());
+    return;
+  }
+  build_buckets(std::vector<size_t>(order.begin(), order.end()));
   log_layout("restored");
 }
 
@@ -213,10 +219,10 @@ void Reducer::log_layout(const char* when) const {
     for (size_t v : bucket.vars) names.push_back(names_[v]);
     s += fmt::format("\n  bucket {} ({}, {:.3f} MB{}): {}", b, key_of(bucket.contents),
                      bucket.contents.numel() * bucket.contents.element_size() / 1048576.0,
-                     group_.is_comm_buffer(bucket.contents) ? ", shared memory" : "",
+                     group_->is_comm_buffer(bucket.contents) ? ", shared memory" : "",
                      fmt::join(names, ", "));
   }
-  log::line(group_.rank(), s);
+  log::line(group_->rank(), s);
 }
 
 void Reducer::prepare_for_forward(bool sync) {
@@ -226,7 +232,8 @@ void Reducer::prepare_for_forward(bool sync) {
             "[rank {}] DistributedDataParallel: the previous backward did not finish reducing "
             "gradients (an exception interrupted it), so the ranks are out of step. Recreate "
             "the process group and the model, or restart from a checkpoint.",
-            group_.rank());
+            group_->rank());
+  settle_rebind();
   maybe_rebuild_buckets();
   sync_ = sync;
   phase_ = Phase::kForwarded;
@@ -245,7 +252,7 @@ void Reducer::maybe_rebuild_buckets() {
     if (!seen[v]) order.push_back(static_cast<int64_t>(v));
   }
   at::Tensor t = at::tensor(order, at::kLong);
-  group_.broadcast(t, 0).wait();
+  group_->broadcast(t, 0).wait();
   const int64_t* data = t.data_ptr<int64_t>();
   build_buckets(std::vector<size_t>(data, data + t.numel()));
   log_layout("rebuilt (observed ready order)");
@@ -260,7 +267,7 @@ void Reducer::on_gradient(size_t var) {
             "iteration's gradients were already reduced. Each forward through DDP must be "
             "followed by exactly one backward: sum the losses into one backward() (a second "
             "backward would not be reduced across ranks).",
-            group_.rank(), names_[var]);
+            group_->rank(), names_[var]);
   if (phase_ == Phase::kForwarded) begin_backward();
   if (fired_[var]++ == 0) hook_order_.push_back(var);
   if (options_.ddp.static_graph && !recorded_) return;  // recording: all reduced in finalize
@@ -273,7 +280,7 @@ void Reducer::on_gradient(size_t var) {
         "backward (activation checkpointing) or when one forward's graph is backpropagated "
         "twice. Use one backward per forward, or static_graph=true if the pattern is the same "
         "every iteration.",
-        group_.rank(), names_[var], fired_[var], expected));
+        group_->rank(), names_[var], fired_[var], expected));
   }
   if (fired_[var] == expected) {
     mark_ready(var);
@@ -335,7 +342,7 @@ void Reducer::launch_bucket(size_t b) {
   std::vector<at::Tensor> params;
   for (size_t v : bucket.vars) params.push_back(params_[v]);
   GradBucket gb(b, b + 1 == buckets_.size(), bucket.contents, bucket.views, std::move(params),
-                group_, divisor_);
+                *group_, divisor_);
   struct InHook {  // marks this thread as running user code with mu_ held, until it returns
     std::atomic<std::thread::id>& thread;
     explicit InHook(std::atomic<std::thread::id>& t) : thread(t) {
@@ -351,7 +358,7 @@ void Reducer::launch_bucket(size_t b) {
     names += (i > 0 ? ", " : "") + names_[bucket.vars[i]];
   }
   if (bucket.vars.size() > kNamesRecorded) names += ", ...";
-  flight::annotate_next(&detail::impl_of(group_), static_cast<int>(b), std::move(names));
+  flight::annotate_next(&detail::impl_of(*group_), static_cast<int>(b), std::move(names));
   struct ClearNote {  // a hook that issues nothing (or throws) leaves no note behind
     ~ClearNote() { flight::clear_note(); }
   } clear_note;
@@ -365,7 +372,7 @@ void Reducer::check_not_in_hook(const char* call) const {
             "runs during backward while DDP holds its lock, so it must not call back into the "
             "wrapper or the model's DDP (no forward, no backward, no bucket queries): use only "
             "its GradBucket and the process group, and return a Future.",
-            group_.rank(), call);
+            rank_.load(), call);
 }
 
 void Reducer::set_divisor(int divisor) {
@@ -392,7 +399,7 @@ void Reducer::shadow_backward() {
   }
   at::Tensor unused = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
   Work used_work;
-  if (bitmap) used_work = group_.all_reduce(unused, ReduceOp::kSum);
+  if (bitmap) used_work = group_->all_reduce(unused, ReduceOp::kSum);
   for (auto& bucket : buckets_) {
     bucket.future.wait();
     bucket.launched = false;
@@ -406,6 +413,47 @@ void Reducer::shadow_backward() {
   }
   ++iterations_;
   phase_ = Phase::kIdle;
+}
+
+void Reducer::rebind(ProcessGroup& group) {
+  check_not_in_hook("rebind (a new process group)");
+  MutexLock lock(&mu_);
+  // An iteration the old group failed in: what it launched finishes or fails (bounded by that
+  // group's timeout; a failed transport fails it at once).
+  fail_iteration();
+  std::vector<size_t> order;
+  for (const Bucket& b : buckets_) order.insert(order.end(), b.vars.begin(), b.vars.end());
+  group_ = &group;
+  rank_.store(group.rank());
+  divisor_ = group.size();
+  passthrough_ = group.size() == 1 && !custom_hook_;
+  // What the ranks of the new group must agree on starts over together: members that had
+  // iterated (or recorded the static graph) and newcomers that had not would otherwise issue
+  // different collectives. A rebuilt order stays (a newcomer receives it with the state).
+  if (!rebuilt_) {
+    iterations_ = 0;
+    first_hook_order_.clear();
+  }
+  recorded_ = false;
+  expected_fires_.clear();
+  recorded_globally_unused_.clear();
+  if (order.size() != params_.size()) {
+    order.resize(params_.size());
+    std::iota(order.rbegin(), order.rend(), 0);  // the initial order (build_initial_buckets)
+  }
+  // The buckets are built again at the next forward, in the new transport's memory (shm: the
+  // new group's segment). Not here: a comm buffer is allocated in step on every rank, and a
+  // replica being healed receives its bucket order after this (restore_bucket_order).
+  pending_order_ = std::move(order);
+}
+
+void Reducer::settle_rebind() {
+  if (!pending_order_) return;
+  if (!passthrough_) {
+    build_buckets(*pending_order_);
+    if (options_.debug != DebugLevel::kOff) log_layout("rebound to a new process group");
+  }
+  pending_order_.reset();
 }
 
 void Reducer::fail_iteration() {
@@ -447,7 +495,7 @@ std::vector<size_t> Reducer::handle_missing_gradients() {
           "[rank {}] DistributedDataParallel(static_graph=true): parameter '{}' received {} "
           "gradient(s) this iteration but {} when the graph was recorded in the first "
           "iteration; the graph is not static. Use find_unused_parameters=true instead.",
-          group_.rank(), names_[v], fired_[v], expected_fires_[v]));
+          group_->rank(), names_[v], fired_[v], expected_fires_[v]));
     }
     if (!options_.ddp.find_unused_parameters && !options_.ddp.static_graph) {
       missing.push_back(names_[v]);
@@ -459,7 +507,7 @@ std::vector<size_t> Reducer::handle_missing_gradients() {
         "iteration: {}. They were not used to compute the loss, or their gradient does not "
         "flow back to them. Pass find_unused_parameters=true (or static_graph=true if the set "
         "never changes), or exclude them from the module (requires_grad(false)).",
-        group_.rank(), missing.size(), fmt::join(missing, ", ")));
+        group_->rank(), missing.size(), fmt::join(missing, ", ")));
   }
   for (size_t v = 0; v < params_.size(); ++v) {
     if (!ready_[v]) mark_ready(v);
@@ -483,7 +531,7 @@ void Reducer::finalize_locked() {
     used = at::ones({static_cast<int64_t>(params_.size())}, at::kInt);
     int* u = used.data_ptr<int>();
     for (size_t v : silent) u[v] = 0;
-    used_work = group_.all_reduce(used, ReduceOp::kSum);
+    used_work = group_->all_reduce(used, ReduceOp::kSum);
   }
   // Without the bitmap, which parameters to write back is known now: each bucket is written
   // back as soon as it is reduced, while the transport works on the next one.
@@ -494,7 +542,7 @@ void Reducer::finalize_locked() {
     if (!result.is_same(bucket.contents)) {
       DDP_CHECK(result.sizes() == bucket.contents.sizes(), Error,
                 "[rank {}] comm hook returned a tensor of {} elements for bucket {} of {}",
-                group_.rank(), result.numel(), b, bucket.contents.numel());
+                group_->rank(), result.numel(), b, bucket.contents.numel());
       bucket.contents.copy_(result);
     }
     if (!need_bitmap) write_back(bucket.vars, globally_unused);
@@ -518,7 +566,7 @@ void Reducer::finalize_locked() {
   if (options_.debug == DebugLevel::kDetail) {
     // One line per iteration: at most 10 a second (Note [Logging]).
     static log::RateLimit per_iteration(10, std::chrono::seconds(1));
-    log::limited(per_iteration, group_.rank(),
+    log::limited(per_iteration, group_->rank(),
                  fmt::format("iteration {} ready order: {}", iterations_,
                              fmt::join(stats_.ready_order, ", ")));
   }

@@ -41,6 +41,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +103,13 @@ class Reducer {
   // must restore the same order. Throws ddp::Error if it is not a permutation of the
   // parameters or an iteration is under way.
   void restore_bucket_order(const std::vector<int64_t>& order);
+  // Reduces over `group` from now on (fault tolerance: the replicas re-formed in process, Note
+  // [Per-step fault tolerance]). Between iterations, on every rank of `group`: forgets an
+  // iteration the old group failed in, divides by the new size, and builds the buckets again
+  // in the same order (or the one restore_bucket_order() gives before then) in the new
+  // transport's memory at the next forward. The one-time bucket rebuild and the static graph's
+  // recording start over unless the buckets were rebuilt already.
+  void rebind(ProcessGroup& group);
 
  private:
   struct Bucket;
@@ -127,11 +135,13 @@ class Reducer {
   void log_layout(const char* when) const REQUIRES(mu_);
   double since_start() const REQUIRES(mu_);
   void fail_iteration() REQUIRES(mu_);
+  void settle_rebind() REQUIRES(mu_);  // the buckets of a rebind(), built now
 
   // Constant after construction.
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
-  ProcessGroup& group_;
+  ProcessGroup* group_ GUARDED_BY(mu_);  // rebind() changes it
+  std::atomic<int> rank_;                // group_'s rank, for messages made without mu_
   const ReducerOptions options_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep hooks alive
   std::vector<uintptr_t> hook_keys_;
@@ -141,6 +151,7 @@ class Reducer {
 
   mutable Mutex mu_;  // hooks may run on autograd device threads
   CommHook hook_ GUARDED_BY(mu_);
+  bool custom_hook_ GUARDED_BY(mu_) = false;  // register_comm_hook() was called
   std::vector<Bucket> buckets_ GUARDED_BY(mu_);
   struct Location {
     size_t bucket = 0;
@@ -162,6 +173,8 @@ class Reducer {
   IterationStats last_stats_;
   int64_t iterations_ GUARDED_BY(mu_) = 0;  // reduced iterations so far
   bool rebuilt_ GUARDED_BY(mu_) = false;
+  // After rebind(), until the next forward: the order to build the buckets in (Note above).
+  std::optional<std::vector<size_t>> pending_order_ GUARDED_BY(mu_);
   std::vector<size_t> first_hook_order_ GUARDED_BY(mu_);  // from the first reduced iteration
   // static_graph, recorded in the first reduced iteration:
   bool recorded_ GUARDED_BY(mu_) = false;

@@ -8,7 +8,9 @@
 #include <torch/nn/module.h>
 
 #include "ddp/distributed_data_parallel.h"
+#include "parallel/ddp_core.h"  // DdpCore::rebind
 #include "state/adapters.h"
+#include "state/group_bound.h"
 
 namespace ddp::state {
 namespace {
@@ -151,9 +153,15 @@ class ModuleState : public Stateful {
   torch::nn::Module& m_;
 };
 
-// The module as above, plus the bucket order DDP rebuilt after its first iteration.
-class DdpState : public ModuleState {
+// The module as above, plus the bucket order DDP rebuilt after its first iteration. Under fault
+// tolerance, the wrapper follows each new group (a failed step changed nothing to return to).
+class DdpState : public ModuleState, public GroupBound {
  public:
+  void committed() override {}
+  void regroup(const std::shared_ptr<ProcessGroup>& group) override {
+    detail::core_of(model_).rebind(group);
+  }
+
   explicit DdpState(DistributedDataParallelBase& model)
       : ModuleState(model.untyped_module()), model_(model) {}
 

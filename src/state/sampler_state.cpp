@@ -2,8 +2,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <optional>
+
+#include "ddp/process_group.h"
 #include "ddp/sampler.h"
 #include "state/adapters.h"
+#include "state/group_bound.h"
 
 namespace ddp::state {
 namespace {
@@ -37,9 +41,17 @@ SamplerState from_json(const json& j) {
   return s;
 }
 
-class SamplerStateful : public Stateful {
+// Under fault tolerance: a dropped step's batch returns to the sampler (the cursor goes back to
+// the last commit), and the new group splits the rest of the epoch (reshard).
+class SamplerStateful : public Stateful, public GroupBound {
  public:
   explicit SamplerStateful(DistributedSampler& s) : s_(s) {}
+
+  void committed() override { committed_ = s_.state(); }
+  void regroup(const std::shared_ptr<ProcessGroup>& group) override {
+    if (committed_) s_.load_state(*committed_);
+    s_.reshard(group->size(), group->rank());
+  }
 
   // Every rank consumes in lockstep, so rank 0's cursor describes all ranks (Note [Sampler
   // position and resume]).
@@ -64,6 +76,7 @@ class SamplerStateful : public Stateful {
 
  private:
   DistributedSampler& s_;
+  std::optional<SamplerState> committed_;  // at the last committed step (fault tolerance)
 };
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "base/check.h"
 #include "ddp/process_group.h"
 #include "process_group/bytes_collectives.h"
+#include "state/group_bound.h"
 #include "state/adapters.h"
 #include "state/codec.h"
 
@@ -167,6 +168,19 @@ void TrainingState::add(std::string key, comm_hooks::PowerSGDState& state, AddOp
 std::vector<std::string> TrainingState::keys() const {
   std::vector<std::string> out;
   for (const auto& i : impl_->items) out.push_back(i.key);
+  return out;
+}
+
+void TrainingState::for_each(
+    const std::function<void(const std::string& key, Stateful& object)>& f) const {
+  for (const auto& i : impl_->items) f(i.key, *i.object);
+}
+
+std::vector<state::GroupBound*> state::group_bound(TrainingState& state) {
+  std::vector<GroupBound*> out;
+  state.for_each([&](const std::string&, Stateful& object) {
+    if (auto* bound = dynamic_cast<GroupBound*>(&object)) out.push_back(bound);
+  });
   return out;
 }
 

@@ -4,7 +4,10 @@
 // the smaller size in their own threads and redo it); a replica that arrives later is healed
 // live, bitwise, and the group grows. Every run ends equal to one process training on the same
 // global batches for the same number of committed steps, every replica's parameters bitwise
-// identical. DDP_TEST_BACKEND picks the transport (gloo, shm).
+// identical. DistributedDataParallel and the DistributedSampler follow the quorums by themselves
+// when registered in the TrainingState: every sample of an epoch is trained once over the
+// committed steps at whatever sizes the quorums had. DDP_TEST_BACKEND picks the transport (gloo,
+// shm).
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -19,8 +22,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
 #include "ddp/fault_tolerance.h"
+#include "ddp/sampler.h"
 #include "ddp/training_state.h"
 #include "store/host.h"
 #include "store/protocol.h"  // job_key
@@ -347,6 +352,170 @@ TEST_F(FaultTolerance, ANewcomerIsHealedLiveAndTheGroupGrows) {
   expect_bitwise_equal(out[0].params, out[1].params, "a and b");
   expect_bitwise_equal(out[0].params, out[2].params, "the healed newcomer");
   expect_close(out[0].params, reference(kSteps));
+}
+
+// Under DDP, with the sampler: the program as a user writes it (the header's second example).
+// "a", "b" and "c" start with different initial weights; "c" hangs before its forward at step 5
+// (then leaves), so the others' bucketed all-reduce times out inside backward; "d" arrives when "a" has
+// committed 12 steps. Checked: no step applied from a failed backward; the replicas bitwise
+// equal (the first quorum gave everyone rank 0's weights); each epoch's samples trained over the
+// committed steps once (the repeats only the sampler's padding, when a size does not divide the
+// rest); and the result equal to one process training on the committed global batches.
+TEST_F(FaultTolerance, DdpAndTheSamplerFollowTheQuorumsAndEachSampleTrainsOnce) {
+  constexpr int64_t kSteps = 30, kPerRank = 4;
+  struct Batch {
+    int64_t epoch = 0, step = 0;
+    int rank = 0;
+    std::vector<int64_t> indices;
+  };
+  struct Run {
+    std::vector<at::Tensor> params;
+    std::vector<at::Tensor> initial;  // after the first quorum
+    std::vector<Batch> committed;     // this replica's part of each committed step
+    std::vector<int> sizes;
+    int failed_steps = 0;
+    std::string error;
+  };
+  std::atomic<int64_t> a_progress{0};
+  auto run = [&](const std::string& id, uint64_t seed, std::function<bool(int64_t)> silent_at) {
+    Run out;
+    try {
+      TrainingState state;
+      ft::Manager manager(state, options(id, 2));
+      auto net = std::make_shared<Net>(seed);
+      DistributedDataParallel model(net, {.process_group = manager.process_group(),
+                                          .bucket_cap_mb = 0.0002,
+                                          .first_bucket_mb = 0.0002,
+                                          .init_sync = false});
+      auto opt = sgd(*net);
+      DistributedSampler sampler(kSamples, {.num_replicas = 1, .rank = 0, .seed = 5});
+      state.add("model", model);
+      state.add("optimizer", opt);
+      state.add("sampler", sampler);
+      while (manager.current_step() < kSteps) {
+        manager.start_quorum();
+        if (out.sizes.empty() || out.sizes.back() != manager.num_participants()) {
+          out.sizes.push_back(manager.num_participants());
+        }
+        if (out.initial.empty()) {
+          for (auto& p : net->parameters()) out.initial.push_back(p.detach().clone());
+        }
+        if (sampler.remaining().empty()) sampler.set_epoch(sampler.epoch() + 1);
+        std::vector<int64_t> mine = sampler.remaining();
+        mine.resize(std::min<size_t>(mine.size(), kPerRank));
+        sampler.advance(static_cast<int64_t>(mine.size()));
+        const at::Tensor index = at::tensor(mine, at::kLong);
+        const int64_t step = manager.current_step();
+        if (silent_at && silent_at(step)) return out;  // gone: the others' step fails
+        opt.zero_grad();
+        try {
+          torch::mse_loss(model(data().x.index_select(0, index)), data().y.index_select(0, index))
+              .backward();
+        } catch (const std::exception& e) {
+          manager.report_error(e.what());
+        }
+        if (manager.should_commit()) {
+          opt.step();
+          out.committed.push_back({sampler.epoch(), step, manager.rank(), mine});
+        } else {
+          ++out.failed_steps;
+        }
+        if (id == "a") a_progress = manager.current_step();
+      }
+      manager.finish();
+      for (auto& p : net->parameters()) out.params.push_back(p.detach().clone());
+    } catch (const std::exception& e) {
+      out.error = e.what();
+    }
+    return out;
+  };
+  std::vector<Run> out(4);
+  {
+    std::vector<std::thread> threads;
+    threads.emplace_back([&] { out[0] = run("a", 1, {}); });
+    threads.emplace_back([&] { out[1] = run("b", 2, {}); });
+    threads.emplace_back([&] {
+      out[2] = run("c", 3, [](int64_t s) {
+        if (s != 5) return false;
+        std::this_thread::sleep_for(4s);  // hung past the collective timeout (3 s), then gone
+        return true;
+      });
+    });
+    threads.emplace_back([&] {
+      while (a_progress < 12) std::this_thread::sleep_for(1ms);
+      out[3] = run("d", 4, {});
+    });
+    for (auto& t : threads) t.join();
+  }
+  for (int r : {0, 1, 3}) {
+    ASSERT_EQ(out[r].error, "") << "replica " << r;
+    EXPECT_EQ(out[r].params.size(), 4u);
+  }
+  std::printf("[ measured ] sizes: a %s, d %s; a's failed steps %d\n",
+              fmt::format("{}", fmt::join(out[0].sizes, ", ")).c_str(),
+              fmt::format("{}", fmt::join(out[3].sizes, ", ")).c_str(), out[0].failed_steps);
+  EXPECT_EQ(out[0].sizes.front(), 3);
+  EXPECT_EQ(out[0].sizes.back(), 3) << "d joined";
+  EXPECT_GE(std::ranges::count(out[0].sizes, 2), 1) << "the survivors went on at 2";
+  EXPECT_EQ(out[0].failed_steps, 1) << "the step c left in, once";
+  expect_bitwise_equal(out[0].initial, out[1].initial, "b's first weights: rank 0's");
+  expect_bitwise_equal(out[0].initial, out[2].initial, "c's first weights: rank 0's");
+  expect_bitwise_equal(out[0].params, out[1].params, "a and b");
+  expect_bitwise_equal(out[0].params, out[3].params, "d, healed");
+
+  // Every committed step's global batch (its ranks' parts in rank order), from all replicas.
+  std::map<int64_t, std::map<int, Batch>> steps;
+  for (const Run& r : out) {
+    for (const Batch& b : r.committed) {
+      auto [it, fresh] = steps[b.step].emplace(b.rank, b);
+      if (!fresh)
+        EXPECT_EQ(it->second.indices, b.indices) << "step " << b.step << " rank " << b.rank;
+    }
+  }
+  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  std::map<int64_t, std::vector<int>> seen;  // per epoch: how often each sample was trained
+  Net reference_net(1);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < out[0].initial.size(); ++i) {
+      reference_net.parameters()[i].copy_(out[0].initial[i]);
+    }
+  }
+  auto reference_opt = sgd(reference_net);
+  for (const auto& [step, parts] : steps) {
+    std::vector<int64_t> global;
+    const int64_t epoch = parts.begin()->second.epoch;
+    auto& counts = seen[epoch];
+    counts.resize(kSamples);
+    for (const auto& [rank, b] : parts) {
+      EXPECT_EQ(b.epoch, epoch);
+      for (int64_t i : b.indices) ++counts[i];
+      global.insert(global.end(), b.indices.begin(), b.indices.end());
+    }
+    EXPECT_EQ(static_cast<int>(parts.size()), parts.rbegin()->first + 1)
+        << "step " << step << ": a rank's part is missing";
+    const at::Tensor index = at::tensor(global, at::kLong);
+    reference_opt.zero_grad();
+    torch::mse_loss(reference_net.forward(data().x.index_select(0, index)),
+                    data().y.index_select(0, index))
+        .backward();
+    reference_opt.step();
+  }
+  for (const auto& [epoch, counts] : seen) {
+    const bool complete = epoch + 1 < static_cast<int64_t>(seen.size());
+    int missing = 0, repeats = 0;
+    for (int c : counts) {
+      missing += c == 0;
+      repeats += std::max(c - 1, 0);
+    }
+    std::printf("[ measured ] epoch %ld: %d repeat(s) (padding), %d not reached\n",
+                static_cast<long>(epoch), repeats, missing);
+    if (complete) EXPECT_EQ(missing, 0) << "epoch " << epoch;
+    EXPECT_LE(repeats, 4) << "epoch " << epoch << ": more repeats than the padding of its reshards";
+  }
+  std::vector<at::Tensor> reference_params;
+  for (auto& p : reference_net.parameters()) reference_params.push_back(p.detach().clone());
+  expect_close(out[0].params, reference_params);
 }
 
 }  // namespace

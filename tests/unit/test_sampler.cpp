@@ -532,6 +532,42 @@ TEST(SamplerResume, DifferentWorldSizeSeesEverySampleOnce) {
   }
 }
 
+// reshard() (a group re-formed in process, ddp::ft::Manager): the sampler in hand splits the
+// rest of the epoch as a new sampler at the new size would after load_state(), from any size to
+// any other (the same size too: ranks may move), and keeps doing so across several reshards.
+TEST(SamplerResume, ReshardInPlaceSplitsTheRestAsANewSamplerWould) {
+  for (auto [n, R1, steps1, R2, r2, R3, r3] :
+       std::vector<std::tuple<int64_t, int, int64_t, int, int, int, int>>{{103, 4, 7, 3, 1, 5, 4},
+                                                                          {96, 3, 5, 2, 0, 3, 2},
+                                                                          {10, 3, 3, 3, 2, 1, 0}}) {
+    const std::string at =
+        fmt::format("n={} {}x{} -> rank {} of {} -> rank {} of {}", n, R1, steps1, r2, R2, r3, R3);
+    DistributedSampler s(n, {.num_replicas = R1, .rank = 0, .seed = 3});
+    s.set_epoch(1);
+    s.advance(steps1);
+    const SamplerState before = s.state();
+    s.reshard(R2, r2);
+    DistributedSampler fresh(n, {.num_replicas = R2, .rank = r2, .seed = 3});
+    fresh.load_state(before);
+    EXPECT_EQ(s.remaining(), fresh.remaining()) << at;
+    EXPECT_EQ(s.num_replicas(), R2) << at;
+    EXPECT_EQ(s.rank(), r2) << at;
+    EXPECT_EQ(s.state().consumed(), before.consumed()) << at << ": nothing consumed or lost";
+    const int64_t k = std::min<int64_t>(2, static_cast<int64_t>(s.remaining().size()));
+    s.advance(k);
+    fresh.advance(k);
+    const SamplerState middle = s.state();
+    s.reshard(R3, r3);
+    DistributedSampler third(n, {.num_replicas = R3, .rank = r3, .seed = 3});
+    third.load_state(middle);
+    EXPECT_EQ(s.remaining(), third.remaining()) << at;
+    EXPECT_EQ(s.epoch(), 1) << at;
+  }
+  DistributedSampler s(10, {.num_replicas = 2, .rank = 0});
+  EXPECT_THROW(s.reshard(0, 0), ConfigError);
+  EXPECT_THROW(s.reshard(2, 2), ConfigError);
+}
+
 TEST(SamplerResume, MismatchedOrCorruptStatesAreConfigErrors) {
   DistributedSampler saved(100, {.num_replicas = 2, .rank = 0, .seed = 1});
   saved.advance(20);
