@@ -18,7 +18,7 @@
 //
 // Options: --steps N, --global-batch G (divisible by every replica count the job reaches),
 // --min-replicas N, --out DIR (each replica writes its final parameters to DIR/final.<id>.pt
-// and a line per committed step to DIR/steps.<id>.txt: "<step> <quorum> <replicas>
+// and a line per committed step to DIR/steps.<id>.txt: "<step> <quorum> <replicas> <its rank>
 // <unix ms>"), --step-ms MS (sleep after each step: a slower run to kill in).
 #include <unistd.h>
 
@@ -144,7 +144,9 @@ int main(int argc, char** argv) {
       if (manager.should_commit()) {
         opt.step();
         if (steps.is_open()) {
-          steps << s << ' ' << quorum << ' ' << n << ' ' << unix_ms() << '\n' << std::flush;
+          steps << s << ' ' << quorum << ' ' << n << ' ' << manager.rank() << ' ' << unix_ms()
+                << '\n'
+                << std::flush;
         }
       } else {
         ++dropped;

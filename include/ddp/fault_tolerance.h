@@ -51,16 +51,18 @@
 //   (one that re-formed alone would leave the others waiting in a collective).
 //   Re-forming (after a failed step, or when a replica waits): every live member and every
 //   newcomer arrives in quorum N + 1 ("arrived" counter; its entry: id, committed step, the
-//   quorum it last ran in and its rank there, its address). The quorum closes, by one
+//   quorum it last ran in and its rank there, its process). The quorum closes, by one
 //   compare-and-set of "closed" to the number of arrivals it admits, once every live member of
 //   quorum N has arrived (a member whose process is gone from this host is dead for sure), or
 //   quorum_timeout after this replica arrived (the missing are taken for dead), with at least
 //   min_replicas and a majority of quorum N's live members: a replica that was away (stopped,
 //   cut off) cannot start a quorum of its own while the others train (the rule of ddprun's
 //   rounds, Note [Never two groups]; a 2-replica job survives a death it can see, not a stall). Arrivals past the closing count try quorum N + 2.
-//   Ranks: quorum N's members in their old rank order, then newcomers by arrival; rank 0 hosts
-//   the new group's store on a free port of its address and publishes it. A new group per
-//   quorum: the old one is left to its failure (a failed group fails every later call at once).
+//   Ranks: quorum N's members in their old rank order, then newcomers by arrival. A new group
+//   per quorum, whose rendezvous and hang reports go through the coordination store under the
+//   quorum's keys (no member hosts a store that its stop or death would freeze: a stopped rank 0
+//   hosting it cost the others seconds of recovery, enough for it to wake and rejoin unhealed).
+//   The old group is left to its failure (a failed group fails every later call at once).
 //   Healing: the members whose committed step is below the quorum's highest receive the whole
 //   TrainingState from the lowest rank holding the highest, in memory: a snapshot encoded as a
 //   checkpoint's bytes (ddp/checkpoint.h), broadcast over the new group. A vote that completed
@@ -118,8 +120,6 @@ struct ManagerOptions {
   std::optional<std::string> run_id;
   // This replica; unique for each process that ever joins (default: drawn at random).
   std::string replica_id;
-  // Where the other replicas reach this one when it hosts a quorum's group store.
-  std::string address = "127.0.0.1";
   int min_replicas = 1;
   // How long a forming quorum waits for a member of the last one that has not arrived.
   std::chrono::milliseconds quorum_timeout{1000};

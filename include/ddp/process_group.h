@@ -70,6 +70,12 @@ struct InitOptions {
   // otherwise (a count set before, a malloc tunable in the environment, a terminate handler of
   // its own). Unset: DDP_PROCESS_DEFAULTS (0 turns them off), else on.
   std::optional<bool> process_defaults;
+  // Set: master_addr:master_port is a ddp-cpp store that outlives the ranks (a launcher's agent
+  // store; ddp::ft::Manager's coordination store), joined under this run id's key (with
+  // store_secret, else DDP_STORE_SECRET), instead of a store that rank 0 hosts. The group's keys
+  // are under the run id and group_name. A stopped or dead rank then cannot freeze the store.
+  std::optional<std::string> agent_store_run_id;
+  std::optional<std::string> store_secret;
 };
 
 namespace detail {

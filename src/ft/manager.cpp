@@ -60,7 +60,7 @@ QuorumOptions quorum_options(ManagerOptions& o) {
   q.host = host;
   q.port = port;
   q.run = o.run_id.value_or(from_env("TORCHELASTIC_RUN_ID"));
-  q.key = store::job_key(o.secret.value_or(from_env("DDP_STORE_SECRET")), q.run);
+  q.key = store::job_key(o.secret.value_or(from_env("DDP_STORE_SECRET")), q.run);  // = Impl::secret
   q.replica_id = o.replica_id;
   q.min_replicas = o.min_replicas;
   q.quorum_timeout = o.quorum_timeout;
@@ -72,7 +72,8 @@ QuorumOptions quorum_options(ManagerOptions& o) {
 
 struct Manager::Impl {
   Impl(TrainingState& s, ManagerOptions options)
-      : o(std::move(options)), state(s), quorums(quorum_options(o)) {
+      : o(std::move(options)), secret(o.secret.value_or(from_env("DDP_STORE_SECRET"))),
+        qo(quorum_options(o)), state(s), quorums(qo) {
     state.add("ft.step", json_state([this] { return fmt::format(R"({{"step": {}}})", step); },
                                     [this](const std::string& j) {
                                       step = std::stoll(j.substr(j.find(':') + 1));
@@ -87,7 +88,7 @@ struct Manager::Impl {
     int64_t after = quorum;
     const auto started = std::chrono::steady_clock::now();
     for (;;) {
-      const Formed f = quorums.join(after, {o.replica_id, step, quorum, rank, o.address}, why);
+      const Formed f = quorums.join(after, {o.replica_id, step, quorum, rank}, why);
       if (f.job_finished) {
         finished_elsewhere = true;
         quorums.note(
@@ -141,11 +142,13 @@ struct Manager::Impl {
     InitOptions g = o.group;
     g.rank = f.rank;
     g.world_size = static_cast<int>(f.members.size());
-    // Its rank 0 hosts its store: explicit placement, so not the launcher's agent store even
-    // under one (make_process_group), and a store that goes with the quorum.
-    const auto [host, port] = split_endpoint(f.group_store, "a quorum's group store");
-    g.master_addr = host;
-    g.master_port = port;
+    // Its rendezvous, and its hang reports, go through the coordination store, which outlives
+    // every replica: one that stops or dies cannot freeze them (as it would a store that the
+    // quorum's rank 0 hosted). Its keys are the quorum's: ddp/<run>/attempt_0/ft-q<N>/.
+    g.master_addr = qo.host;
+    g.master_port = qo.port;
+    g.agent_store_run_id = qo.run;
+    g.store_secret = secret;
     g.group_name = fmt::format("ft-q{}", f.number);
     g.process_defaults = false;
     if (group) retired.push_back(std::move(group));  // a failed group: left to its failure
@@ -261,6 +264,8 @@ struct Manager::Impl {
   }
 
   ManagerOptions o;
+  const std::string secret;  // the coordination store's
+  const QuorumOptions qo;
   TrainingState& state;
   Quorums quorums;
   int64_t quorum = -1;  // the quorum this replica runs in (-1: none yet)

@@ -13,7 +13,6 @@
 #include <fmt/format.h>
 
 #include "base/log.h"
-#include "base/net.h"        // pick_free_port
 #include "base/proc_stat.h"  // live_process, own_start_time
 #include "ddp/error.h"
 #include "store/client.h"
@@ -32,15 +31,14 @@ constexpr milliseconds kPoll{5};
 Clock::time_point soon() { return Clock::now() + kCallTime; }
 
 std::string encode(const Arrival& a) {
-  return fmt::format("{} {} {} {} {} {} {} {}", a.id, a.step, a.last_quorum, a.last_rank, a.address,
-                     a.host, a.pid, a.start_time);
+  return fmt::format("{} {} {} {} {} {} {}", a.id, a.step, a.last_quorum, a.last_rank, a.host,
+                     a.pid, a.start_time);
 }
 
 Arrival decode(const std::string& text, const std::string& key) {
   Arrival a;
   std::istringstream in(text);
-  if (!(in >> a.id >> a.step >> a.last_quorum >> a.last_rank >> a.address >> a.host >> a.pid >>
-        a.start_time)) {
+  if (!(in >> a.id >> a.step >> a.last_quorum >> a.last_rank >> a.host >> a.pid >> a.start_time)) {
     throw InternalError(
         fmt::format("fault tolerance: malformed quorum entry {} = '{}'", key, text));
   }
@@ -174,13 +172,6 @@ Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
     for (int r = 0; r < count; ++r) {
       f.members.push_back(all[order[r]]);
       if (order[r] == index) f.rank = r;
-    }
-    const std::string where = key(target, "group_store");
-    if (f.rank == 0) {
-      f.group_store = fmt::format("{}:{}", me.address, net::pick_free_port());
-      store_->set(where, f.group_store, soon());
-    } else {
-      f.group_store = store_->get(where, kCallTime, soon() + kCallTime);
     }
     return f;
   }

@@ -1,6 +1,6 @@
 // The quorums of per-step fault tolerance, over the coordination store (Note [Per-step fault
-// tolerance] in ddp/fault_tolerance.h): arriving, closing, ranks, where each quorum's group store
-// is. Torch-free: the store and the rule only; ft::Manager forms the groups and heals.
+// tolerance] in ddp/fault_tolerance.h): arriving, closing, ranks. Torch-free: the store and the
+// rule only; ft::Manager forms the groups (their rendezvous in the same store) and heals.
 #pragma once
 
 #include <chrono>
@@ -22,7 +22,6 @@ struct Arrival {
   int64_t step = 0;          // committed steps
   int64_t last_quorum = -1;  // the quorum it last ran in (-1: a newcomer)
   int last_rank = -1;        // its rank there
-  std::string address;       // where it hosts the group's store when it is rank 0
   // Its process (set by Quorums::join): a forming quorum does not wait for a member of the last
   // one that is known dead, its process gone from this host.
   std::string host;  // this kernel: boot id and pid namespace
@@ -38,7 +37,6 @@ struct Formed {
   bool job_finished = false;
   std::vector<Arrival> members;  // by rank
   int rank = -1;                 // this replica's
-  std::string group_store;       // "HOST:PORT" of the group's store (its rank 0 hosts it)
 };
 
 struct QuorumOptions {
@@ -64,9 +62,9 @@ class Quorums {
   // Arrives in the first quorum after `after` that still admits (a newcomer, after = -1: past
   // the newest the store knows) as `me`, and waits until it closes: once every member of the
   // quorum before it arrived, or quorum_timeout after this arrival, with at least min_replicas.
-  // Ranks: the quorum before's members in their rank order, then newcomers by arrival. Rank 0
-  // picks a port at its address for the group's store and publishes it. `why`: what ended the
-  // last attempt, for the join timeout's message. ddp::RendezvousError at the join timeout.
+  // Ranks: the quorum before's members in their rank order, then newcomers by arrival. `why`:
+  // what ended the last attempt, for the join timeout's message. ddp::RendezvousError at the
+  // join timeout.
   Formed join(int64_t after, Arrival me, const std::string& why = "");
   // Rank 0, once the group formed at committed step `step`: newcomers start past `number`, and
   // no later quorum may start from an older step.
