@@ -155,7 +155,7 @@ struct Manager::Impl {
     broken = true;
     group = make_process_group(g);
     // DDP and the sampler follow the new group, back at the last committed step.
-    const std::vector<state::GroupBound*> bound = state::group_bound(state);
+    bound = state::group_bound(state);
     for (state::GroupBound* b : bound) b->regroup(group);
 
     // The replicas behind receive the state of the first rank holding the newest step. Before
@@ -238,7 +238,7 @@ struct Manager::Impl {
     }
     regroup = vote[1].item<int>() == 0;
     ++step;
-    for (state::GroupBound* b : state::group_bound(state)) b->committed();
+    for (state::GroupBound* b : bound) b->committed();
     return true;
   }
 
@@ -272,6 +272,8 @@ struct Manager::Impl {
   int rank = -1, size = 0;
   int64_t step = 0;  // committed steps
   std::shared_ptr<ProcessGroup> group;
+  // What follows the group (DDP, the sampler): found in `state` at each formation, not per step.
+  std::vector<state::GroupBound*> bound;
   std::vector<std::shared_ptr<ProcessGroup>> retired;  // failed groups, destroyed with the manager
   bool finished_elsewhere = false;                     // see job_finished()
   bool broken = true;    // no usable group: none yet, or its step failed

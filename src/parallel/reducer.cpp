@@ -96,11 +96,15 @@ Reducer::~Reducer() {
   }
 }
 
-void Reducer::build_initial_buckets() {
-  // Before any iteration, gradients are expected in reverse registration order.
+// Before any iteration, gradients are expected in reverse registration order.
+std::vector<size_t> Reducer::initial_order() const {
   std::vector<size_t> order(params_.size());
   std::iota(order.rbegin(), order.rend(), 0);
-  build_buckets(order);
+  return order;
+}
+
+void Reducer::build_initial_buckets() {
+  build_buckets(initial_order());
   log_layout("initial");
 }
 
@@ -437,10 +441,7 @@ void Reducer::rebind(ProcessGroup& group) {
   recorded_ = false;
   expected_fires_.clear();
   recorded_globally_unused_.clear();
-  if (order.size() != params_.size()) {
-    order.resize(params_.size());
-    std::iota(order.rbegin(), order.rend(), 0);  // the initial order (build_initial_buckets)
-  }
+  if (order.size() != params_.size()) order = initial_order();  // no buckets yet (world size 1)
   // The buckets are built again at the next forward, in the new transport's memory (shm: the
   // new group's segment). Not here: a comm buffer is allocated in step on every rank, and a
   // replica being healed receives its bucket order after this (restore_bucket_order).

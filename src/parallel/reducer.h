@@ -129,6 +129,7 @@ class Reducer {
   // The reduced values of `vars` into their .grad (not those used by no rank).
   void write_back(const std::vector<size_t>& vars, const std::vector<char>& globally_unused)
       REQUIRES(mu_);
+  std::vector<size_t> initial_order() const;
   void build_initial_buckets() REQUIRES(mu_);
   void build_buckets(const std::vector<size_t>& order) REQUIRES(mu_);
   void maybe_rebuild_buckets() REQUIRES(mu_);
