@@ -80,9 +80,12 @@
 //   committed, the first quorum gives every replica rank 0's state, as DDP's init_sync would:
 //   build the wrapper on process_group() with init_sync = false. ddp::Join, ZeRO and
 //   PowerSGD's per-rank error feedback do not follow a group yet.
-//   Stale state: each quorum's rank 0 records the committed step it started from, and finish()
-//   the last; a quorum whose members all hold an older step never trains (job_finished() when
-//   the job ended meanwhile, else ddp::RendezvousError: only a checkpoint has the newer state).
+//   Stale state: each quorum's rank 0 records in the store the step it started from and each
+//   step it commits (one store call per step, under the quorum's number, so a woken rank 0 of an
+//   older quorum cannot set it back), and finish() the last; a quorum whose members all hold an
+//   older step never trains (job_finished() when the job ended meanwhile, else
+//   ddp::RendezvousError: only a checkpoint has the newer state). One case is left open: rank 0
+//   lost between a commit and its record, with every other holder lost with it.
 //   Why one store: the quorum's number grows only in the store, and "closed" is set once per
 //   number, so two quorums of one number never form; a partition that separates replicas from
 //   the store stops them (they cannot arrive), the side with the store goes on. Across hosts,

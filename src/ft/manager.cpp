@@ -239,6 +239,17 @@ struct Manager::Impl {
     regroup = vote[1].item<int>() == 0;
     ++step;
     for (state::GroupBound* b : bound) b->committed();
+    // The store learns each commit: a quorum of replicas that all missed it (every holder gone,
+    // restarted ones at step 0) is then refused (stale()), not trained from an older state. A
+    // store that fails here fails the next step's vote (someone_waits() asks it too).
+    if (rank == 0) {
+      try {
+        quorums.committed(quorum, step);
+      } catch (const Error& e) {
+        quorums.note(
+            fmt::format("step {} committed, but the store did not record it: {}", step, e.what()));
+      }
+    }
     return true;
   }
 

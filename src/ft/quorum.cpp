@@ -121,8 +121,12 @@ void Quorums::note(const std::string& text) const {
 }
 
 void Quorums::formed(int64_t number, int64_t step) {
+  committed(number, step);
   store_->set(prefix_ + "newest", std::to_string(number), soon());
-  store_->set(prefix_ + "committed", std::to_string(step), soon());
+}
+
+void Quorums::committed(int64_t number, int64_t step) {
+  store_->set(key(number, "committed"), std::to_string(step), soon());
 }
 
 Quorums::Known Quorums::known() {
@@ -130,8 +134,10 @@ Quorums::Known Quorums::known() {
   if (const auto finished = peek(prefix_ + "finished")) {
     k.step = std::stoll(*finished);
     k.finished = true;
-  } else if (const auto committed = peek(prefix_ + "committed")) {
-    k.step = std::stoll(*committed);
+  } else if (const auto newest = peek(prefix_ + "newest")) {
+    if (const auto committed = peek(key(std::stoll(*newest), "committed"))) {
+      k.step = std::stoll(*committed);
+    }
   }
   return k;
 }

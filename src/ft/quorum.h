@@ -69,8 +69,11 @@ class Quorums {
   // Rank 0, once the group formed at committed step `step`: newcomers start past `number`, and
   // no later quorum may start from an older step.
   void formed(int64_t number, int64_t step);
-  // The newest committed step the store knows (formations, the end), and whether the job
-  // finished there.
+  // Rank 0 of quorum `number`, at each step it commits (one store call): the newest committed
+  // step, kept per quorum so that a woken rank 0 of an older quorum cannot set it back.
+  void committed(int64_t number, int64_t step);
+  // The newest committed step the store knows (the newest quorum's commits, or the end), and
+  // whether the job finished there.
   struct Known {
     int64_t step = 0;
     bool finished = false;

@@ -3,7 +3,8 @@
 // cost the others the step in flight: they stay up, ddprun starts each killed one again alone,
 // and they are healed live from the others' state; one SIGSTOPped is dropped, and healed when it wakes. Every replica that finishes ends bitwise equal to the
 // others and, to float tolerance, to one process trained on the same global batches; every step
-// is committed once. With its restarts spent, the job fails and says so.
+// is committed once. Every replica lost at once, the restarted ones refuse to train from step 0.
+// With its restarts spent, the job fails and says so.
 #include <signal.h>
 #include <unistd.h>
 
@@ -273,6 +274,36 @@ TEST_F(FtJob, AStoppedWorkerIsDroppedThenHealedWhenItWakes) {
     std::printf("[ measured ] %s: steps %ld-%ld at %s replica(s)\n", file.c_str(),
                 static_cast<long>(steps.front().step), static_cast<long>(steps.back().step),
                 fmt::format("{}", fmt::join(sizes, ", ")).c_str());
+  }
+}
+
+// Every replica lost at once (the job's one host, here both workers SIGKILLed): the ones ddprun
+// starts again hold step 0 while the job committed past 60. Their quorum never trains from
+// scratch into the job's output; each says the replicas that held the state are gone and to
+// resume from a checkpoint, until the restarts are spent. (Sabotage: with the per-step record
+// of the committed step off, the restarted pair trained 300 steps again from step 0.)
+TEST_F(FtJob, EveryReplicaLostTheRestartedRefuseToTrainFromScratch) {
+  const fs::path out = dir_ / "run";
+  Subprocess p = job(2, 2, out, kSteps, 10);
+  const std::vector<pid_t> workers = workers_past(p, 2, out, 60);
+  ASSERT_EQ(workers.size(), 2u) << p.err_so_far();
+  ASSERT_EQ(::kill(workers[0], SIGKILL), 0);
+  ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
+  const Result& r = p.wait();
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(r.err.find("but the job committed step"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("every replica that held it is gone. Going on would train from an older "
+                       "state; resume the job from its last checkpoint instead"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("are spent: the job fails"), std::string::npos) << r.err;
+  EXPECT_LT(r.wall_s, 120);
+  // No step was committed again: each step file is the killed workers', in order.
+  for (const auto& [file, steps] : committed(out)) {
+    EXPECT_TRUE(file == fmt::format("steps.pid{}.txt", workers[0]) ||
+                file == fmt::format("steps.pid{}.txt", workers[1]))
+        << file << ": a restarted replica committed " << steps.size() << " step(s) from "
+        << (steps.empty() ? -1 : steps.front().step);
   }
 }
 
