@@ -217,7 +217,7 @@ TEST_F(MultiNode, AHostWhoseProcessesAreAllKilledIsReportedByTheOther) {
 // ddprun finds again.
 TEST_F(MultiNode, AKilledHostStartedAgainRejoinsAndTheJobResumesFromItsCheckpoint) {
   auto train = [&](const std::string& name) {
-    return std::vector<std::string>{kTrain, "--model", "cnn", "--epochs", "3", "--train-subset",
+    return std::vector<std::string>{kTrain, "--model", "cnn", "--epochs", "2", "--train-subset",
                                     "1536", "--test-subset", "1000", "--batch-size", "32",
                                     "--checkpoint-every", "5", "--resume", "auto", "--no-plots",
                                     "--workers", "1", "--output-dir", (dir_ / name).string()};
