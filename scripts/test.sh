@@ -48,6 +48,30 @@ if ((libtorch2)); then
   nice -n 19 scripts/test-libtorch2.sh --build >"$prepare_log" 2>&1 &
   prepare_pid=$!
 fi
+# Sanitizers, the torch-free part: ASan+UBSan and TSan over the store (protocol, epoll server,
+# ddprun's restart and elastic rounds against a real agent store, etcd), env, allocator and
+# completion tests; a few minutes (docs/testing.md: Sanitizers). The whole sanitizer suite
+# rebuilds libddp twice and does not fit CI's hour: run scripts/sanitize.sh by hand. Only in a
+# full run (no ctest arguments); DDP_SKIP_SANITIZE=1 skips it. Where the LibTorch 2.6 suite runs,
+# its two builds (~10 min of both cores) follow the trixie build in the background, niced, in
+# the CPU the suites leave idle, and only the tests run at the end.
+sanitize=1
+if [[ ${DDP_SKIP_SANITIZE:-0} == 1 || $# -gt 0 ]]; then
+  echo "test.sh: sanitizer step skipped (DDP_SKIP_SANITIZE=1 or ctest arguments given)"
+  sanitize=0
+fi
+# alive PID: running, not a zombie left for `wait` (a background job that ended).
+alive() {
+  local state
+  state=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) && [[ $state != Z ]]
+}
+sanitize_pid= sanitize_log=
+if ((sanitize && libtorch2)); then
+  sanitize_log=$(mktemp /tmp/ddp-sanitize-build.XXXXXX)
+  (while alive "$prepare_pid"; do sleep 5; done
+   exec nice -n 19 scripts/sanitize.sh all --torch-free --build) >"$sanitize_log" 2>&1 &
+  sanitize_pid=$!
+fi
 # The same for the Debian packages' clean bookworm root (debootstrap and downloads, ~1 min here).
 deb=$(runs "Debian package test" DDP_SKIP_DEB scripts/test-deb.sh "$@")
 deb_log=$(mktemp /tmp/ddp-deb-prepare.XXXXXX)
@@ -56,11 +80,12 @@ if ((deb)); then
   scripts/test-deb.sh --prepare >"$deb_log" 2>&1 &
   deb_pid=$!
 fi
-sanitize_pid= sanitize_log=
+deb_run_pid= deb_run_log=  # the package test's own run (below)
 trap '[[ -n $prepare_pid ]] && kill "$prepare_pid" 2>/dev/null
       [[ -n $deb_pid ]] && kill "$deb_pid" 2>/dev/null
       [[ -n $sanitize_pid ]] && kill "$sanitize_pid" 2>/dev/null
-      rm -f "$prepare_log" "$deb_log" $sanitize_log' EXIT
+      [[ -n $deb_run_pid ]] && kill "$deb_run_pid" 2>/dev/null
+      rm -f "$prepare_log" "$deb_log" $sanitize_log $deb_run_log' EXIT
 
 # Paths relative to the tree in ccache's keys: build-deb/ (scripts/test-deb.sh) reuses build/'s
 # objects instead of compiling LibTorch code again (~7 min on 2 cores).
@@ -73,18 +98,6 @@ rc=0
 (cd "$BUILD_DIR" && ctest --output-on-failure "$@") || rc=$?
 phase_done "bookworm suite (ctest)"
 
-# Sanitizers, the torch-free part: ASan+UBSan and TSan over the store (protocol, epoll server,
-# ddprun's restart and elastic rounds against a real agent store, etcd), env, allocator and
-# completion tests; a few minutes (docs/testing.md: Sanitizers). The whole sanitizer suite
-# rebuilds libddp twice and does not fit CI's hour: run scripts/sanitize.sh by hand. Only in a
-# full run (no ctest arguments); DDP_SKIP_SANITIZE=1 skips it. Where the LibTorch 2.6 suite runs,
-# its two builds (~10 min of both cores) go niced beside that suite, in the CPU its ranks leave
-# idle, and only the tests run after it.
-sanitize=1
-if [[ ${DDP_SKIP_SANITIZE:-0} == 1 || $# -gt 0 ]]; then
-  echo "test.sh: sanitizer step skipped (DDP_SKIP_SANITIZE=1 or ctest arguments given)"
-  sanitize=0
-fi
 run_sanitizers() {
   if ((sanitize)); then
     scripts/sanitize.sh all --torch-free || rc=1
@@ -107,14 +120,22 @@ prepared() {
   return $status
 }
 
+# Beside the LibTorch 2.6 suite when that runs (niced: its build comes from ccache, the rest is
+# apt and dpkg, and one 20-step job on a port of its own), else here.
 if ((deb)); then
   if prepared "$deb_pid" "$deb_log" "the Debian package test's root"; then
-    scripts/test-deb.sh || rc=1
+    if ((libtorch2)); then
+      deb_run_log=$(mktemp /tmp/ddp-deb-run.XXXXXX)
+      nice -n 10 scripts/test-deb.sh >"$deb_run_log" 2>&1 &
+      deb_run_pid=$!
+    else
+      scripts/test-deb.sh || rc=1
+      phase_done "Debian packages (build, install, use)"
+    fi
   else
     rc=1
   fi
   deb_pid=
-  phase_done "Debian packages (build, install, use)"
 fi
 
 if ((libtorch2)); then
@@ -122,18 +143,20 @@ if ((libtorch2)); then
   if prepared "$prepare_pid" "$prepare_log" "the trixie root and build"; then
     phase_done "waiting for the trixie root and build"
     grep -a '^test-libtorch2:' "$prepare_log" || true
-    sanitize_log=$(mktemp /tmp/ddp-sanitize-build.XXXXXX)
-    sanitize_pid=
-    if ((sanitize)); then
-      nice -n 19 scripts/sanitize.sh all --torch-free --build >"$sanitize_log" 2>&1 &
-      sanitize_pid=$!
-    fi
     scripts/test-libtorch2.sh "$@" || rc=$?
   else
     rc=1
   fi
   prepare_pid=
   phase_done "trixie suite (LibTorch 2.6, ctest)"
+  if [[ -n $deb_run_pid ]]; then
+    deb_status=0
+    wait "$deb_run_pid" || deb_status=$?
+    cat "$deb_run_log"
+    if ((deb_status)); then rc=1; fi
+    deb_run_pid=
+    phase_done "Debian packages (build, install, use; beside the trixie suite)"
+  fi
   if [[ -n ${sanitize_pid:-} ]]; then
     # A failed build shows here; sanitize.sh below builds what is left and says what failed.
     wait "$sanitize_pid" || tail -n 40 "$sanitize_log"
