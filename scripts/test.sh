@@ -155,7 +155,7 @@ if ((libtorch2)); then
     cat "$deb_run_log"
     if ((deb_status)); then rc=1; fi
     deb_run_pid=
-    phase_done "Debian packages (build, install, use; beside the trixie suite)"
+    phase_done "Debian packages (beside the trixie suite)"
   fi
   if [[ -n ${sanitize_pid:-} ]]; then
     # A failed build shows here; sanitize.sh below builds what is left and says what failed.
