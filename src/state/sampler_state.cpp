@@ -68,8 +68,11 @@ class SamplerStateful : public Stateful, public GroupBound {
     return "";
   }
 
+  // A loaded state is a committed point too: a checkpoint is written between steps, and a
+  // step dropped after a resume must go back to it, not to the cursor before the load.
   void load_state_dict(const StateDict& saved, const LoadContext&) override {
     s_.load_state(from_json(json::parse(saved.json)));
+    committed_ = s_.state();
   }
 
   std::string kind() const override { return "sampler"; }

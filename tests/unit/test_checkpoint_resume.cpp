@@ -13,6 +13,8 @@
 #include "ddp/checkpoint.h"
 #include "ddp/data_loader.h"
 #include "ddp/sampler.h"
+#include "state/group_bound.h"  // what ft::Manager moves to each quorum
+#include "support/ranks.h"      // one_rank_group
 #include "test_checkpoint_support.h"
 
 namespace ddp {
@@ -328,6 +330,36 @@ TEST(CheckpointRng, EachRankTakesItsOwnState) {
   EXPECT_FALSE(got.per_rank_exact);
   EXPECT_TRUE(got.world_size_changed);
   EXPECT_EQ(got.meta.world_size, 3);
+}
+
+// Under ft::Manager a dropped step takes the sampler back to its last committed cursor. A
+// checkpoint loaded between steps (ddp-train --ft resuming) is such a point: a step dropped
+// right after the resume goes back to the loaded cursor, not to the one before the load (which
+// retrained the epoch's start, with the model at the checkpoint's step).
+TEST(CheckpointSampler, ALoadedStateIsWhereADroppedStepGoesBack) {
+  TempDir dir;
+  Net net;
+  DistributedSampler saved_sampler(50, {.num_replicas = 1, .rank = 0, .seed = 9});
+  saved_sampler.set_epoch(3);
+  saved_sampler.advance(17);
+  TrainingState saved;
+  saved.add("model", net);
+  saved.add("sampler", saved_sampler);
+  save_checkpoint(dir / "s.ckpt", saved, {.epoch = 3});
+
+  DistributedSampler s(50, {.num_replicas = 1, .rank = 0, .seed = 9});
+  TrainingState state;
+  state.add("model", net);
+  state.add("sampler", s);
+  const std::vector<state::GroupBound*> bound = state::group_bound(state);
+  ASSERT_EQ(bound.size(), 1u);
+  bound[0]->committed();  // a quorum formed at epoch 0, position 0
+  load_checkpoint(dir / "s.ckpt", state);
+  s.advance(5);                                  // a step's batch taken, then the step dropped
+  bound[0]->regroup(testing::one_rank_group());  // the next quorum
+  EXPECT_EQ(s.epoch(), 3);
+  EXPECT_EQ(s.position(), 17);
+  EXPECT_EQ(s.remaining(), saved_sampler.remaining());
 }
 
 TEST(CheckpointSampler, StateRoundTripsAndAnotherDatasetIsRefused) {
