@@ -1,5 +1,6 @@
 // Per-step fault tolerance in real processes (Note [Per-step fault tolerance] in
-// ddp/fault_tolerance.h): ddprun --ft with examples/ft_train. Two workers SIGKILLed in one step
+// ddp/fault_tolerance.h): ddprun --ft with examples/ft_train, and with ddp-train --ft (Note
+// [Training under ft::Manager] in tools/ddp_train/ft_loop.cpp). Two workers SIGKILLed in one step
 // cost the others the step in flight: they stay up, ddprun starts each killed one again alone,
 // and they are healed live from the others' state; one SIGSTOPped is dropped, and healed when it wakes. Every replica that finishes ends bitwise equal to the
 // others and, to float tolerance, to one process trained on the same global batches; every step
@@ -37,6 +38,7 @@ using testing::Subprocess;
 
 const std::string kDdprun = testing::env_or_die("DDPRUN");
 const std::string kFtTrain = testing::env_or_die("EXAMPLE_FT_TRAIN");
+const std::string kDdpTrain = testing::env_or_die("DDP_TRAIN");
 
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -305,6 +307,158 @@ TEST_F(FtJob, EveryReplicaLostTheRestartedRefuseToTrainFromScratch) {
         << file << ": a restarted replica committed " << steps.size() << " step(s) from "
         << (steps.empty() ? -1 : steps.front().step);
   }
+}
+
+// ddp-train --ft's sample log (Note [Sample log] in tools/ddp_train/run.h): "<epoch> <step>
+// <replicas> <index>..." per step attempted, a file per replica, written before the step's vote.
+struct LoggedStep {
+  int64_t epoch, step;
+  int replicas;
+  std::vector<int64_t> indices;
+};
+// Each replica's steps; a step attempted again replaces its earlier line.
+std::map<std::string, std::map<int64_t, LoggedStep>> sample_logs(const fs::path& dir) {
+  std::map<std::string, std::map<int64_t, LoggedStep>> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream in(e.path());
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream fields(line);
+      LoggedStep s;
+      fields >> s.epoch >> s.step >> s.replicas;
+      for (int64_t i; fields >> i;) s.indices.push_back(i);
+      out[e.path().filename().string()][s.step] = std::move(s);
+    }
+  }
+  return out;
+}
+
+// The committed lines: a step's are those at the size of the replicas that went on past it (or,
+// for the last step, of the replica that logged the most steps); a replica killed in a step the
+// others dropped logged it at the old size. Also returns each step's size.
+std::vector<LoggedStep> committed_lines(
+    const std::map<std::string, std::map<int64_t, LoggedStep>>& logs,
+    std::map<int64_t, int>& size_of) {
+  size_t longest = 0;
+  std::string survivor;
+  for (const auto& [file, steps] : logs) {
+    if (steps.size() > longest) longest = steps.size(), survivor = file;
+  }
+  for (const auto& [file, steps] : logs) {
+    for (const auto& [step, s] : steps) {
+      if (steps.rbegin()->first == step) continue;  // nobody is known to have gone past it here
+      const auto [it, fresh] = size_of.emplace(step, s.replicas);
+      EXPECT_TRUE(fresh || it->second == s.replicas)
+          << "step " << step << " went on at " << it->second << " and at " << s.replicas;
+    }
+  }
+  for (const auto& [step, s] : logs.at(survivor)) size_of.emplace(step, s.replicas);
+  std::vector<LoggedStep> out;
+  for (const auto& [file, steps] : logs) {
+    for (const auto& [step, s] : steps) {
+      if (size_of.at(step) == s.replicas) out.push_back(s);
+    }
+  }
+  return out;
+}
+
+// ddp-train --ft, the main job under per-step fault tolerance: 3 replicas train an MLP on 12,000
+// Fashion-MNIST images for 4 epochs; one is SIGKILLed mid-training. The other two drop the step
+// in flight and go on at 2 (the rest of the epoch resplit between them); ddprun starts the
+// killed one again, it is healed live (its first step is the job's next, not step 1) and the
+// job ends at 3 replicas with a model of normal accuracy. No checkpoint was read. Every step is
+// committed at one size, and every image of every epoch is trained once (a resplit pads at most
+// replicas - 1 images).
+TEST_F(FtJob, DdpTrainLosesAStepNotTheRunWhenAReplicaIsKilled) {
+  const fs::path out = dir_ / "run", samples = dir_ / "samples";
+  constexpr int64_t kImages = 12000, kEpochs = 4;
+  std::vector<std::string> argv = {kDdprun};
+  argv.insert(argv.end(), {"--ft", "--standalone", "--nproc-per-node", "3", "--max-restarts", "2",
+                           "--collective-timeout", "20", kDdpTrain, "--ft", "--model", "mlp"});
+  argv.insert(argv.end(), {"--workers", "0", "--threads", "1", "--batch-size", "16",
+                           "--test-subset", "1000", "--log-every", "100", "--checkpoint-every",
+                           "100", "--no-plots", "--epochs", std::to_string(kEpochs)});
+  argv.insert(argv.end(), {"--train-subset", std::to_string(kImages), "--output-dir", out.string(),
+                           "--sample-log", samples.string()});
+  Subprocess p = Subprocess::start({.argv = argv, .timeout_s = 300});
+  std::vector<pid_t> workers;
+  testing::wait_until(
+      [&] {
+        workers = children_of(p.pid());
+        for (const auto& [file, steps] : sample_logs(samples)) {
+          if (!steps.empty() && steps.rbegin()->first >= 60) return workers.size() == 3;
+        }
+        return false;
+      },
+      120);
+  ASSERT_EQ(workers.size(), 3u) << p.err_so_far();
+  ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
+  const Result& r = p.wait();
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("starting it again alone, the others go on (--ft: restart 1 of 2)"),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find("not committed"), std::string::npos) << all;
+  EXPECT_NE(all.find(": 2 replicas, step "), std::string::npos) << all;
+  EXPECT_EQ(all.find("resumed from"), std::string::npos) << "no checkpoint is read: " << all;
+  EXPECT_TRUE(fs::exists(out / "model_state.pt"));
+  const size_t done = all.find("done: test accuracy ");
+  ASSERT_NE(done, std::string::npos) << all;
+  EXPECT_GT(std::stod(all.substr(done + 20)), 70.0) << all.substr(done, 200);
+
+  // Steps: 1..last, each committed at one size; the replacement healed (its first step is the
+  // job's next one) and trained to the end.
+  const auto logs = sample_logs(samples);
+  EXPECT_EQ(logs.size(), 4u) << "three replicas and the one started again";
+  std::map<int64_t, int> size_of;
+  const std::vector<LoggedStep> lines = committed_lines(logs, size_of);
+  ASSERT_FALSE(size_of.empty());
+  const int64_t last = size_of.rbegin()->first;
+  EXPECT_EQ(size_of.begin()->first, 1);
+  EXPECT_EQ(static_cast<int64_t>(size_of.size()), last) << "a step missing";
+  EXPECT_EQ(size_of.at(last), 3) << "the job ends at 3 replicas";
+  bool at_two = false, healed = false;
+  for (const auto& [step, size] : size_of) at_two |= size == 2;
+  EXPECT_TRUE(at_two) << "the survivors went on at 2";
+  for (const auto& [file, steps] : logs) {
+    if (steps.begin()->first > 1 && steps.rbegin()->first == last) healed = true;
+  }
+  EXPECT_TRUE(healed) << "a replica whose first step is the job's next one";
+
+  // Samples: each image of each epoch trained once, the resplits' padding the only repeats.
+  for (int64_t e = 0; e < kEpochs; ++e) {
+    std::vector<int> seen(kImages, 0);
+    for (const LoggedStep& s : lines) {
+      if (s.epoch != e) continue;
+      for (int64_t i : s.indices) ++seen[i];
+    }
+    int64_t missing = 0, repeats = 0;
+    for (int n : seen) {
+      missing += n == 0;
+      repeats += n > 1 ? n - 1 : 0;
+    }
+    EXPECT_EQ(missing, 0) << "epoch " << e;
+    EXPECT_LE(repeats, 2 * 4) << "epoch " << e << ": more repeats than the resplits' padding";
+  }
+}
+
+// ddp-train --ft where it cannot work: not under ddprun --ft, and with state that does not
+// follow a re-formed group; each says why at once (exit 2).
+TEST_F(FtJob, DdpTrainFtRefusesWhatItCannotDo) {
+  Subprocess alone = Subprocess::start({.argv = {kDdpTrain, "--ft"}, .timeout_s = 60});
+  const Result& a = alone.wait();
+  EXPECT_EQ(a.exit_code, 2) << a.describe();
+  EXPECT_NE(a.err.find("--ft needs a coordination store that outlives every replica, which "
+                       "ddprun --ft hosts"),
+            std::string::npos)
+      << a.err;
+  Subprocess zero = Subprocess::start({.argv = {kDdpTrain, "--ft", "--zero"}, .timeout_s = 60});
+  const Result& z = zero.wait();
+  EXPECT_EQ(z.exit_code, 2) << z.describe();
+  EXPECT_NE(z.err.find("--ft with --zero: its state does not follow a re-formed group yet"),
+            std::string::npos)
+      << z.err;
 }
 
 // --max-restarts 0: nothing to start again with; the first death ends the job, named.

@@ -123,9 +123,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"device", to_string(device)},
           {"threads", threads},
           {"workers", workers},
-          {"comm_hook", comm_hook == CommHook::kPowerSGD
-                            ? fmt::format("powersgd:{}", powersgd_rank)
-                            : std::string(to_string(comm_hook))},
+          {"comm_hook", comm_hook == CommHook::kPowerSGD ? fmt::format("powersgd:{}", powersgd_rank)
+                                                         : std::string(to_string(comm_hook))},
           {"powersgd_start", powersgd_start},
           {"output_dir", output_dir},
           {"name", name},
@@ -134,7 +133,9 @@ nlohmann::json TrainConfig::to_json() const {
           {"keep", keep},
           {"log_every", log_every},
           {"plots", plots},
-          {"sample_log", sample_log}};
+          {"sample_log", sample_log},
+          {"ft", ft},
+          {"ft_min_replicas", ft_min_replicas}};
 }
 
 bool parse_args(int argc, char** argv, TrainConfig& c) {
@@ -221,6 +222,14 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
                  "a folder: each rank appends the dataset indices of every optimizer step it "
                  "trains (checks that restarts and resizes use each sample once; Note [Sample "
                  "log])");
+  app.add_flag("--ft", c.ft,
+               "per-step fault tolerance under ddprun --ft: a failed replica costs the step in "
+               "flight, the others go on in their own processes and heal it live when it returns "
+               "(ddp::ft::Manager; CPU; not with --zero, --sync-bn, --comm-hook powersgd or "
+               "--precision fp16)");
+  app.add_option("--ft-min-replicas", c.ft_min_replicas,
+                 "with --ft: the fewest replicas that may train")
+      ->check(integer_at_least<int>(1));
 
   try {
     app.parse(argc, argv);
@@ -238,6 +247,21 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   if (powersgd_start->count() > 0 && c.comm_hook != CommHook::kPowerSGD) {
     throw ConfigError(
         "--powersgd-start applies to --comm-hook powersgd[:RANK] only (see ddp-train --help)");
+  }
+  if (c.ft) {
+    // What does not follow a re-formed group yet (Note [Per-step fault tolerance]).
+    const char* refused = c.zero                               ? "--zero"
+                          : c.sync_bn                          ? "--sync-bn"
+                          : c.comm_hook == CommHook::kPowerSGD ? "--comm-hook powersgd"
+                          : c.precision == Precision::kFp16    ? "--precision fp16"
+                                                               : nullptr;
+    if (refused != nullptr) {
+      throw ConfigError(fmt::format(
+          "--ft with {}: its state does not follow a re-formed group yet (ZeRO's shards, "
+          "SyncBatchNorm's group, PowerSGD's error feedback, the gradient scaler's agreement); "
+          "leave one of them out",
+          refused));
+    }
   }
   return true;
 }

@@ -77,6 +77,10 @@ struct TrainConfig {
   int64_t log_every = 50;        // optimizer steps between progress lines (non-terminal output)
   bool plots = true;             // PNG curves at the end (gnuplot)
   std::string sample_log;        // a folder: each rank logs the samples of each step it trains
+  // Fault tolerance (--ft, under ddprun --ft): each step under ddp::ft::Manager; a failed
+  // replica costs the step, the others go on and heal it when it returns.
+  bool ft = false;
+  int ft_min_replicas = 1;  // the fewest replicas a quorum trains with
 
   nlohmann::json to_json() const;
 };

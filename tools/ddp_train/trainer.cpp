@@ -1,6 +1,8 @@
 // ddp-train's training run (see Note [Training loop] in trainer.h).
 #include "trainer.h"
 
+#include "run.h"
+
 #include <unistd.h>  // getpid
 
 #include <algorithm>
@@ -29,39 +31,91 @@
 #include "schedule.h"
 
 namespace ddp::train {
-namespace {
-
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-using tools::make_model;
-using tools::ModelImpl;
-
-// Exposed communication above this share of the step gets a line of advice at the epoch's end.
-constexpr double kCommShareAdvice = 0.25;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 // The run folder: --output-dir, or runs/<name>/version_N (rank 0 picks N: the next free one,
-// or with --resume auto the newest existing one) agreed by broadcast.
-fs::path run_dir(const TrainConfig& c, ProcessGroup& pg) {
+// or with --resume auto the newest existing one).
+fs::path pick_run_dir(const TrainConfig& c) {
   if (!c.output_dir.empty()) return c.output_dir;
   const fs::path base = fs::path("runs") / c.name;
-  at::Tensor version = at::zeros({1}, at::kLong);
-  if (pg.rank() == 0) {
-    int64_t newest = -1;
-    if (fs::exists(base)) {
-      for (const auto& e : fs::directory_iterator(base)) {
-        const std::string n = e.path().filename().string();
-        if (n.rfind("version_", 0) == 0)
-          newest = std::max<int64_t>(newest, std::atoll(n.c_str() + 8));
-      }
+  int64_t newest = -1;
+  if (fs::exists(base)) {
+    for (const auto& e : fs::directory_iterator(base)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("version_", 0) == 0)
+        newest = std::max<int64_t>(newest, std::atoll(n.c_str() + 8));
     }
-    version[0] = c.resume == "auto" && newest >= 0 ? newest : newest + 1;
   }
-  pg.broadcast(version, 0).wait();
-  return base / fmt::format("version_{}", version.item<int64_t>());
+  return base / fmt::format("version_{}", c.resume == "auto" && newest >= 0 ? newest : newest + 1);
+}
+
+// Rank 0's text on every rank (a length, then the bytes).
+std::string broadcast_text(ProcessGroup& pg, std::string text) {
+  at::Tensor n = at::full({1}, static_cast<int64_t>(text.size()), at::kLong);
+  pg.broadcast(n, 0).wait();
+  at::Tensor bytes = at::zeros({n.item<int64_t>()}, at::kByte);
+  if (pg.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  pg.broadcast(bytes, 0).wait();
+  return {static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())};
+}
+
+EvalStats evaluate(ModelImpl& model, const Dataset& test, ProcessGroup& pg, c10::Device device,
+                   int64_t batch_size) {
+  // Each test sample exactly once across ranks: no padding, no shuffling.
+  DistributedSampler sampler(test.size(), {.num_replicas = pg.size(),
+                                           .rank = pg.rank(),
+                                           .shuffle = false,
+                                           .pad = false});
+  // A non-owning pointer: `test` outlives the loader.
+  DataLoader loader(std::shared_ptr<const Dataset>(&test, [](const Dataset*) {}), sampler,
+                    {.batch_size = batch_size, .device = device});
+  torch::NoGradGuard no_grad;
+  model.eval();
+  EvalStats local;
+  for (auto& batch : loader) {
+    auto logits = model.forward(batch.data).to(torch::kFloat);
+    local.add(logits, batch.target,
+              torch::cross_entropy_loss(logits, batch.target, {}, at::Reduction::None));
+  }
+  model.train();
+  return all_reduce(local, pg);
+}
+
+// The final model for other tools: model.pt (LibTorch archive) and model_state.pt, a plain
+// {name: tensor} dict that Python's torch.load() reads.
+void save_final_model(ModelImpl& model, const fs::path& dir) {
+  torch::save(std::static_pointer_cast<torch::nn::Module>(model.shared_from_this()),
+              (dir / "model.pt").string());
+  c10::Dict<std::string, at::Tensor> state;
+  for (const auto& item : model.named_parameters()) state.insert(item.key(), item.value().cpu());
+  for (const auto& item : model.named_buffers()) state.insert(item.key(), item.value().cpu());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(state));
+  std::ofstream out(dir / "model_state.pt", std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw Error(fmt::format("cannot write {}", (dir / "model_state.pt").string()));
+}
+
+namespace {
+
+// Exposed communication above this share of the step gets a line of advice at the epoch's end.
+constexpr double kCommShareAdvice = 0.25;
+
+// The launcher's LOCAL_WORLD_SIZE (1 alone).
+int local_ranks() {
+  try {
+    return parse_dist_env(current_environment()).local_world_size;
+  } catch (const Error&) {
+    return 1;
+  }
+}
+
+// Rank 0's run folder, agreed by broadcast.
+fs::path run_dir(const TrainConfig& c, ProcessGroup& pg) {
+  if (!c.output_dir.empty()) return c.output_dir;
+  return broadcast_text(pg, pg.rank() == 0 ? pick_run_dir(c).string() : "");
 }
 
 // The four Fashion-MNIST files (gzipped or not), else an error that speaks in ddp-train's flags.
@@ -86,16 +140,6 @@ void require_fashion_mnist(const TrainConfig& c) {
                           "defaults to {})",
                           c.data_dir, kFashionMnistDefaultDir)));
   }
-}
-
-// Rank 0's text on every rank (a length, then the bytes).
-std::string broadcast_text(ProcessGroup& pg, std::string text) {
-  at::Tensor n = at::full({1}, static_cast<int64_t>(text.size()), at::kLong);
-  pg.broadcast(n, 0).wait();
-  at::Tensor bytes = at::zeros({n.item<int64_t>()}, at::kByte);
-  if (pg.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  pg.broadcast(bytes, 0).wait();
-  return {static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())};
 }
 
 std::shared_ptr<Dataset> load_split(Split split, const TrainConfig& c, int64_t subset) {
@@ -168,151 +212,19 @@ class Autocast {
   bool on_, cuda_;
 };
 
-EvalStats evaluate(ModelImpl& model, const Dataset& test, ProcessGroup& pg, c10::Device device,
-                   int64_t batch_size) {
-  // Each test sample exactly once across ranks: no padding, no shuffling.
-  DistributedSampler sampler(test.size(), {.num_replicas = pg.size(),
-                                           .rank = pg.rank(),
-                                           .shuffle = false,
-                                           .pad = false});
-  // A non-owning pointer: `test` outlives the loader.
-  DataLoader loader(std::shared_ptr<const Dataset>(&test, [](const Dataset*) {}), sampler,
-                    {.batch_size = batch_size, .device = device});
-  torch::NoGradGuard no_grad;
-  model.eval();
-  EvalStats local;
-  for (auto& batch : loader) {
-    auto logits = model.forward(batch.data).to(torch::kFloat);
-    local.add(logits, batch.target,
-              torch::cross_entropy_loss(logits, batch.target, {}, at::Reduction::None));
-  }
-  model.train();
-  return all_reduce(local, pg);
+}  // namespace
+
+SampleLog::SampleLog(const fs::path& dir, const std::string& name) {
+  fs::create_directories(dir);
+  out_.open(dir / name, std::ios::app);
+  if (!out_) throw Error(fmt::format("--sample-log: cannot write {}", (dir / name).string()));
 }
 
-// The final model for other tools: model.pt (LibTorch archive) and model_state.pt, a plain
-// {name: tensor} dict that Python's torch.load() reads.
-void save_final_model(ModelImpl& model, const fs::path& dir) {
-  torch::save(std::static_pointer_cast<torch::nn::Module>(model.shared_from_this()),
-              (dir / "model.pt").string());
-  c10::Dict<std::string, at::Tensor> state;
-  for (const auto& item : model.named_parameters()) state.insert(item.key(), item.value().cpu());
-  for (const auto& item : model.named_buffers()) state.insert(item.key(), item.value().cpu());
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(state));
-  std::ofstream out(dir / "model_state.pt", std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw Error(fmt::format("cannot write {}", (dir / "model_state.pt").string()));
+void SampleLog::write(int64_t epoch, int64_t step, int world, const std::vector<int64_t>& indices) {
+  out_ << epoch << ' ' << step << ' ' << world;
+  for (int64_t i : indices) out_ << ' ' << i;
+  out_ << '\n' << std::flush;
 }
-
-// How train_epoch() ended.
-enum class EpochEnd { kDone, kMaxSteps, kPreempted };
-
-// Note [Sample log]
-// --sample-log DIR: each rank of each attempt appends, after every optimizer step, one line
-// "<epoch> <step> <world size> <index>..." (the dataset indices of the step's micro-batches on
-// this rank, in the sampler's order) to DIR/attempt<A>.rank<R>.pid<P>.txt, A being the
-// launcher's TORCHELASTIC_RESTART_COUNT, flushed per line. The samples the final model was
-// trained on are then the lines of the last attempt that ran each step: an attempt resumed
-// from a checkpoint redoes every step after it, so its first step replaces that step and all
-// later ones of earlier attempts (tests/multinode checks each epoch's union that way).
-class SampleLog {
- public:
-  SampleLog(const fs::path& dir, const DistEnv& env) {
-    fs::create_directories(dir);
-    const fs::path file = dir / fmt::format("attempt{}.rank{}.pid{}.txt", env.restart_count,
-                                            env.rank, static_cast<int>(::getpid()));
-    out_.open(file, std::ios::app);
-    if (!out_) throw Error(fmt::format("--sample-log: cannot write {}", file.string()));
-  }
-  void write(int64_t epoch, int64_t step, int world, const std::vector<int64_t>& indices) {
-    out_ << epoch << ' ' << step << ' ' << world;
-    for (int64_t i : indices) out_ << ' ' << i;
-    out_ << '\n' << std::flush;
-  }
-
- private:
-  std::ofstream out_;
-};
-
-// One training run's state, by lifetime: constant after setup, then what the loop advances.
-class Run {
- public:
-  explicit Run(const TrainConfig& config);
-  int execute();
-  // The header's "what each rank computes on": "1 threads on the CPU" or "1 GPU (cuda:0 on rank
-  // 0)"; --device auto says which it chose and why.
-  std::string device_text() const;
-
- private:
-  void resume();
-  // Optimizer steps left in the current epoch at this world size: what the sampler has left
-  // of the epoch, in batches of batch_size, in steps of grad_accum.
-  int64_t steps_left_in_epoch() const;
-  // Resumed from a checkpoint at or past the end (--epochs, --max-steps): nothing to train.
-  bool finished() const;
-  int report_finished();
-  // One micro-batch's forward and backward; returns its (scaled) loss. A synchronising one
-  // adds its exposed communication to comm_s_.
-  double micro_step(const Batch& batch, bool sync, int64_t micro_batches);
-  // `schedule_step`: the step's position on this world size's schedule (Note [Progress]).
-  void optimizer_step(int64_t schedule_step);
-  // Collective, after every optimizer step: did any rank get SIGTERM (Note [Preemption])?
-  bool stop_requested();
-  EpochEnd train_epoch(int64_t epoch);
-  void log_interval(int64_t epoch);
-  void end_epoch(int64_t epoch, bool stopped, double samples_per_s,
-                 std::chrono::steady_clock::time_point started);
-  void save_checkpoint(int64_t epoch);
-  // The trainer's own state in a checkpoint ("trainer"), and format 1's blob.
-  std::string trainer_json() const;
-  void load_trainer_json(const std::string& text);
-  void resume_format_1(const std::string& blob);
-  int preempted(int64_t epoch);
-  void finish();
-
-  // Constant after construction.
-  const TrainConfig c_;
-  const Clock::time_point wall_start_ = Clock::now();
-  std::shared_ptr<ProcessGroup> pg_;
-  bool cuda_ = false;
-  c10::Device device_{c10::kCPU};
-  std::shared_ptr<Dataset> train_set_, test_set_;
-  DistributedSampler sampler_{1, {.num_replicas = 1, .rank = 0}};  // replaced in the ctor
-  std::unique_ptr<DataLoader> loader_;
-  std::shared_ptr<ModelImpl> net_;
-  std::unique_ptr<DistributedDataParallel<ModelImpl>> model_;
-  std::unique_ptr<torch::optim::Optimizer> opt_;        // or, with --zero:
-  std::unique_ptr<ZeroRedundancyOptimizer> zero_opt_;
-  std::optional<GradScaler> scaler_;
-  int64_t steps_per_epoch_ = 0;
-  WarmupCosine schedule_;
-  fs::path dir_;
-  std::shared_ptr<RunLease> lease_;      // rank 0 only: the run folder (Note [Run folder lease])
-  std::optional<RunLog> log_;            // rank 0 only
-  std::optional<SampleLog> sample_log_;  // --sample-log
-  std::unique_ptr<Progress> progress_;
-  std::unique_ptr<Checkpointer> checkpoints_;
-  std::shared_ptr<comm_hooks::PowerSGDState> powersgd_;  // --comm-hook powersgd
-  std::string hook_text() const;
-  void claim_run_folder();
-  TrainingState state_;  // what a checkpoint saves: model, optimizer, sampler, rng, hook, trainer
-
-  // Advanced by the loop.
-  int64_t step_ = 0;  // optimizer steps done (by every attempt: Note [Progress])
-  int64_t start_epoch_ = 0;
-  double lr_ = 0;            // the rate of the last optimizer step
-  int64_t saved_step_ = -1;  // the step of the last checkpoint this process wrote, and its file
-  fs::path saved_path_;
-  std::optional<PreemptionWatch> preemption_;  // while the training loop runs
-  double interval_loss_ = 0;                   // sum of step losses since the last log line
-  int64_t interval_steps_ = 0;
-  // This epoch, on this rank: seconds of communication left after backward's compute (DDP's
-  // finalize wait, IterationStats) and seconds of whole optimizer steps, data included.
-  double comm_s_ = 0;
-  double step_s_ = 0;
-  EvalStats last_eval_;
-  int64_t eval_step_ = -1;  // the step last_eval_ measured
-};
 
 Run::Run(const TrainConfig& c) : c_(c) {
   // The device first, before the group forms (no rendezvous wait for a job that cannot run) and
@@ -325,6 +237,11 @@ Run::Run(const TrainConfig& c) : c_(c) {
         "GPU, or CUDA_VISIBLE_DEVICES hides them); use --device cpu or --device auto");
   }
   cuda_ = c_.device == Device::kCuda || (c_.device == Device::kAuto && cuda_available);
+  if (c_.ft && cuda_) {
+    throw ConfigError(
+        "--ft trains on the CPU for now (a CUDA group would need NCCL's abort and a new "
+        "communicator per quorum, which is designed but not built); use --device cpu");
+  }
   InitOptions init;
   if (cuda_) {
     const int local_rank = parse_dist_env(current_environment()).local_rank;
@@ -337,9 +254,28 @@ Run::Run(const TrainConfig& c) : c_(c) {
     }
     init.device_id = local_rank;
   }
-  pg_ = init_process_group(init);
-  // init_process_group set threads_per_rank() for LibTorch and the BLAS; --threads overrides.
-  if (c_.threads > 0) ddp::set_num_threads(c_.threads);
+  if (c_.ft) {
+    const EnvMap env = current_environment();
+    const auto agent = env.find("DDP_AGENT_STORE");
+    if (agent == env.end() || agent->second != "ddp") {
+      throw ConfigError(
+          "--ft needs a coordination store that outlives every replica, which ddprun --ft "
+          "hosts: start the job with ddprun --ft ... ddp-train --ft (DDP_AGENT_STORE is not "
+          "'ddp' here)");
+    }
+    // No job-wide group: one per quorum, the manager's (the first a group of this replica alone
+    // until start_quorum()); the threads init_process_group() would have set.
+    ft::ManagerOptions mo;
+    mo.replica_id = fmt::format("{}-pid{}", c_.name, static_cast<int>(::getpid()));
+    mo.min_replicas = c_.ft_min_replicas;
+    ft_ = std::make_unique<ft::Manager>(state_, mo);
+    pg_ = ft_->process_group();
+    ddp::set_num_threads(c_.threads > 0 ? c_.threads : threads_per_rank(local_ranks()));
+  } else {
+    pg_ = init_process_group(init);
+    // init_process_group set threads_per_rank() for LibTorch and the BLAS; --threads overrides.
+    if (c_.threads > 0) ddp::set_num_threads(c_.threads);
+  }
   device_ = cuda_ ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(*pg_->bound_device_id()))
                   : c10::Device(c10::kCPU);
   if (c_.precision == Precision::kFp16 && !cuda_) {
@@ -380,8 +316,10 @@ Run::Run(const TrainConfig& c) : c_(c) {
   net_->to(device_);
   // Gradients as views into the buckets, as the README's example: no copy into the buckets
   // after backward, none back out (the MLP: 82% -> 88% of the communication-free ceiling).
+  // With --ft, on the manager's group, which it follows to every quorum; the first quorum gives
+  // every replica rank 0's weights (init_sync's part).
   model_ = std::make_unique<DistributedDataParallel<ModelImpl>>(
-      net_, DDPOptions{.gradient_as_bucket_view = true});
+      net_, DDPOptions{.process_group = pg_, .gradient_as_bucket_view = true, .init_sync = !c_.ft});
   if (c_.comm_hook == CommHook::kFp16) model_->register_comm_hook(comm_hooks::fp16_compress());
   if (c_.comm_hook == CommHook::kBf16) model_->register_comm_hook(comm_hooks::bf16_compress());
   if (c_.comm_hook == CommHook::kPowerSGD) {
@@ -396,30 +334,26 @@ Run::Run(const TrainConfig& c) : c_(c) {
   }
   if (c_.precision == Precision::kFp16) scaler_.emplace();
 
-  const int64_t batches_per_epoch = (sampler_.num_samples() + c_.batch_size - 1) / c_.batch_size;
-  steps_per_epoch_ = (batches_per_epoch + c_.grad_accum - 1) / c_.grad_accum;
-  schedule_ = {.peak = c_.lr * (c_.scale_lr ? pg_->size() : 1),
-               .warmup_steps = static_cast<int64_t>(c_.warmup_epochs * steps_per_epoch_),
-               .total_steps = c_.epochs * steps_per_epoch_};
-
-  dir_ = run_dir(c_, *pg_);
-  claim_run_folder();
-  if (!c_.sample_log.empty()) sample_log_.emplace(c_.sample_log, pg_->env());
-  progress_ = std::make_unique<Progress>(pg_->rank() == 0, c_.log_every);
-  if (pg_->rank() == 0) {
-    log_.emplace(dir_, lease_);
-    nlohmann::json hp = c_.to_json();
-    hp["world_size"] = pg_->size();
-    hp["threads_per_rank"] = torch::get_num_threads();
-    hp["ddp_version"] = DDP_VERSION;
-    hp["blas"] = inspect_blas().summary();
-    log_->write_hparams(hp);
+  set_schedule(pg_->size());
+  if (!c_.ft) {  // --ft: at each quorum (on_quorum())
+    dir_ = run_dir(c_, *pg_);
+    claim_run_folder(RunIdentity{.run_id = pg_->env().run_id,
+                                 .lineage = pg_->env().run_lineage,
+                                 .round = pg_->env().restart_count});
+    if (!c_.sample_log.empty()) {
+      const DistEnv& env = pg_->env();
+      sample_log_.emplace(c_.sample_log,
+                          fmt::format("attempt{}.rank{}.pid{}.txt", env.restart_count, env.rank,
+                                      static_cast<int>(::getpid())));
+    }
+    progress_ = std::make_unique<Progress>(pg_->rank() == 0, c_.log_every);
+    open_run_log();
+    checkpoints_ =
+        std::make_unique<Checkpointer>(dir_ / "checkpoints",
+                                       CheckpointerOptions{.keep = c_.keep,
+                                                           .model_label = "--model " + c_.model,
+                                                           .lease = lease_});
   }
-  checkpoints_ =
-      std::make_unique<Checkpointer>(dir_ / "checkpoints",
-                                     CheckpointerOptions{.keep = c_.keep,
-                                                         .model_label = "--model " + c_.model,
-                                                         .lease = lease_});
   state_.add("model", *model_);  // the module and DDP's rebuilt bucket order
   if (zero_opt_) {
     state_.add("optimizer", *zero_opt_);
@@ -437,17 +371,41 @@ Run::Run(const TrainConfig& c) : c_(c) {
              {.optional = true});
 }
 
+// Steps per epoch and the schedule at this world size (Note [Progress]).
+void Run::set_schedule(int world_size) {
+  // Each rank's share of an epoch at this size (pad: every rank the same).
+  const int64_t per_rank =
+      DistributedSampler(train_set_->size(), {.num_replicas = world_size, .rank = 0}).num_samples();
+  const int64_t batches_per_epoch = (per_rank + c_.batch_size - 1) / c_.batch_size;
+  steps_per_epoch_ = (batches_per_epoch + c_.grad_accum - 1) / c_.grad_accum;
+  schedule_ = {.peak = c_.lr * (c_.scale_lr ? world_size : 1),
+               .warmup_steps = static_cast<int64_t>(c_.warmup_epochs * steps_per_epoch_),
+               .total_steps = c_.epochs * steps_per_epoch_};
+}
+
+// Rank 0's metrics.csv and hparams.json.
+void Run::open_run_log() {
+  if (pg_->rank() != 0) {
+    log_.reset();
+    return;
+  }
+  log_.emplace(dir_, lease_);
+  nlohmann::json hp = c_.to_json();
+  hp["world_size"] = pg_->size();
+  hp["threads_per_rank"] = torch::get_num_threads();
+  hp["ddp_version"] = DDP_VERSION;
+  hp["blas"] = inspect_blas().summary();
+  log_->write_hparams(hp);
+}
+
 // Note [Run folder lease] (ddp/run_lease.h): rank 0 holds the run folder before anything is
 // written into it, and every rank learns whether it could.
-void Run::claim_run_folder() {
+void Run::claim_run_folder(const RunIdentity& me) {
   std::exception_ptr failed;
   std::string why;
-  if (pg_->rank() == 0) {
+  if (pg_->rank() == 0 && !(lease_ && lease_->held())) {
     try {
-      const DistEnv& env = pg_->env();
-      lease_ = RunLease::acquire(dir_, {.run_id = env.run_id,
-                                        .lineage = env.run_lineage,
-                                        .round = env.restart_count});
+      lease_ = RunLease::acquire(dir_, me);
     } catch (const Error& e) {
       failed = std::current_exception();
       why = e.what();
@@ -836,8 +794,9 @@ int Run::execute() {
   return 0;
 }
 
-}  // namespace
-
-int run(const TrainConfig& config) { return Run(config).execute(); }
+int run(const TrainConfig& config) {
+  Run run(config);
+  return config.ft ? run.execute_ft() : run.execute();
+}
 
 }  // namespace ddp::train
