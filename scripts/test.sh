@@ -8,13 +8,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Each phase's wall time, printed as it ends and again at the end.
+# Each phase's wall time, printed as it ends and again at the end, with how busy the CPUs were
+# (all of them, from /proc/stat) and how much of that was niced work: what runs in the
+# background (the trixie and sanitizer builds) beside the phase. On a machine that is busy all
+# along, only less work makes the run shorter; idle time is where background work can go.
 phases=()
 phase_start=$SECONDS
+cpu_now() {  # "busy niced all" jiffies so far
+  local _ user nice system idle iowait irq softirq steal
+  read -r _ user nice system idle iowait irq softirq steal _ </proc/stat
+  echo "$((user + nice + system + irq + softirq + steal)) $nice $((user + nice + system + idle + iowait + irq + softirq + steal))"
+}
+phase_cpu=$(cpu_now)
 phase_done() {
-  phases+=("$(printf '%-44s %5d s' "$1" $((SECONDS - phase_start)))")
-  echo "test.sh: $1: $((SECONDS - phase_start)) s" >&2
+  local now busy niced all b0 n0 a0
+  now=$(cpu_now)
+  read -r busy niced all <<<"$now"
+  read -r b0 n0 a0 <<<"$phase_cpu"
+  local usage=""
+  if ((all > a0)); then
+    usage=$(printf 'CPU busy %3d%%, niced %3d%%' $((100 * (busy - b0) / (all - a0))) \
+      $((100 * (niced - n0) / (all - a0))))
+  fi
+  phases+=("$(printf '%-44s %5d s  %s' "$1" $((SECONDS - phase_start)) "$usage")")
+  echo "test.sh: $1: $((SECONDS - phase_start)) s${usage:+ ($usage)}" >&2
   phase_start=$SECONDS
+  phase_cpu=$now
 }
 
 # Host packages first: apt must not run twice at once.
