@@ -166,9 +166,7 @@ bool Run::ft_step() {
                        std::vector<int64_t>(rest.begin(), rest.begin() + take));
   }
   if (!ft_->should_commit()) {
-    zero_opt_ ? zero_opt_->zero_grad() : opt_->zero_grad();
-    progress_->line(
-        fmt::format("step {} not committed: {}", step_ + 1, ft_->errored().substr(0, 400)));
+    zero_opt_ ? zero_opt_->zero_grad() : opt_->zero_grad();  // the manager said why, on each
     count_dropped();
     return false;
   }
