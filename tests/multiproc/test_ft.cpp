@@ -459,6 +459,27 @@ TEST_F(FtJob, DdpTrainFtRefusesWhatItCannotDo) {
   EXPECT_NE(z.err.find("--ft with --zero: its state does not follow a re-formed group yet"),
             std::string::npos)
       << z.err;
+
+  // A checkpoint written without --ft lacks the manager's step: the first quorum says so and the
+  // job ends (no quorum after quorum trying it again).
+  const std::vector<std::string> common =
+      {"--model",   "mlp", "--train-subset", "500",          "--test-subset",        "100",
+       "--workers", "0",   "--no-plots",     "--output-dir", (dir_ / "run").string()};
+  std::vector<std::string> plain = {kDdpTrain, "--max-steps", "3"};
+  plain.insert(plain.end(), common.begin(), common.end());
+  Subprocess first = Subprocess::start({.argv = plain, .timeout_s = 120});
+  ASSERT_TRUE(first.wait().exited(0)) << first.wait().describe();
+  std::vector<std::string> ft_job = {kDdprun, "--ft", "--standalone", "--nproc-per-node", "2"};
+  ft_job.insert(ft_job.end(), {kDdpTrain, "--ft", "--resume", "auto"});
+  ft_job.insert(ft_job.end(), common.begin(), common.end());
+  Subprocess resumed = Subprocess::start({.argv = ft_job, .timeout_s = 120});
+  const Result& r = resumed.wait();
+  const std::string said = r.out + r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(said.find("this checkpoint does not fit this run: it holds no 'ft.step' state"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("not committed (quorum 1"), std::string::npos) << said;
 }
 
 // --max-restarts 0: nothing to start again with; the first death ends the job, named.

@@ -54,7 +54,11 @@ bool Run::outside(const char* what, F&& f) {
   } catch (const FencedError&) {
     throw;  // another group holds the run folder: no new quorum changes that
   } catch (const ConfigError&) {
-    throw;  // nor a bad setting (a checkpoint of another model, --resume of a missing file)
+    throw;  // nor a bad setting (--resume of a missing file)
+  } catch (const IncompatibleCheckpointError&) {
+    throw;  // nor a checkpoint of another model, or one written without --ft
+  } catch (const CorruptCheckpointError&) {
+    throw;  // nor a damaged --resume PATH
   } catch (const Error& e) {
     outside_error_ = fmt::format("{} failed: {}", what, e.what());
     return false;
