@@ -233,16 +233,7 @@ void Run::ft_epoch_end() {
         "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), step {}, {} replica{}",
         epoch + 1, c_.epochs, last_eval_.mean_loss(), 100 * last_eval_.accuracy(),
         last_eval_.correct, last_eval_.count, step_, pg_->size(), pg_->size() == 1 ? "" : "s"));
-    if (log_) {
-      log_->append({.step = step_,
-                    .epoch = epoch,
-                    .split = "test",
-                    .loss = last_eval_.mean_loss(),
-                    .accuracy = last_eval_.accuracy(),
-                    .lr = lr_,
-                    .samples_per_s = 0,
-                    .wall_s = seconds_since(wall_start_)});
-    }
+    log_test_row(epoch, 0);
   }
   sampler_.set_epoch(epoch + 1);  // a dropped step takes the sampler back to this epoch's end
   if (checkpoint_step_ != step_) {

@@ -97,6 +97,7 @@ class Run {
   bool stop_requested();
   EpochEnd train_epoch(int64_t epoch);
   void log_interval(int64_t epoch);
+  void log_test_row(int64_t epoch, double samples_per_s);
   void end_epoch(int64_t epoch, bool stopped, double samples_per_s,
                  std::chrono::steady_clock::time_point started);
   void save_checkpoint(int64_t epoch);

@@ -693,20 +693,24 @@ void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::ti
         "larger --batch-size or --grad-accum K{}",
         100 * comm_share, hook_advice));
   }
-  if (log_) {
-    log_->append({.step = step_,
-                  .epoch = epoch,
-                  .split = "test",
-                  .loss = last_eval_.mean_loss(),
-                  .accuracy = last_eval_.accuracy(),
-                  .lr = lr_,
-                  .samples_per_s = samples_per_s,
-                  .wall_s = seconds_since(wall_start_)});
-  }
+  log_test_row(epoch, samples_per_s);
   if (!stopped) {
     sampler_.set_epoch(epoch + 1);  // the checkpoint resumes at the next epoch's start
     save_checkpoint(epoch + 1);
   }
+}
+
+// Rank 0's metrics.csv row of last_eval_, the evaluation of this step.
+void Run::log_test_row(int64_t epoch, double samples_per_s) {
+  if (!log_) return;
+  log_->append({.step = step_,
+                .epoch = epoch,
+                .split = "test",
+                .loss = last_eval_.mean_loss(),
+                .accuracy = last_eval_.accuracy(),
+                .lr = lr_,
+                .samples_per_s = samples_per_s,
+                .wall_s = seconds_since(wall_start_)});
 }
 
 // Every rank agreed to stop after this step: a checkpoint of it (unless one was just
