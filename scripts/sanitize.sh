@@ -48,8 +48,8 @@ esac
 #   rank is how the tests run ranks as threads anyway.
 # - -O1 -g1 (RelWithDebInfo's flags replaced; CMAKE_BUILD_TYPE set by hand keeps its own): the
 #   level ASan's manual suggests, and line tables only, which is all a report's stack needs.
-#   Their compile takes ~40% less CPU than -O2 -g (tools/ddprun/args.cpp under ASan: 27 s
-#   against 48 s of CPU); the torch-free builds took 288 s (ASan+UBSan) and 81 s (TSan) from an
+#   Their compile takes about half the CPU of -O2 -g (tools/ddprun/args.cpp under ASan+UBSan,
+#   quiet, 3 alternated pairs: 24.3 against 48.4 CPU-s, median ratio 0.54); the torch-free builds took 288 s (ASan+UBSan) and 81 s (TSan) from an
 #   empty cache here, against ~10 min of both cores for the two at -O2 -g.
 asan_env=(
   "ASAN_OPTIONS=detect_leaks=1:check_initialization_order=1:strict_init_order=1:abort_on_error=0:halt_on_error=1"
