@@ -164,7 +164,9 @@ double live_heap_mib() {
 struct BigMlpImpl : torch::nn::Module {
   BigMlpImpl() {
     for (int i = 0; i < 6; ++i) {
-      layers.push_back(register_module("l" + std::to_string(i), torch::nn::Linear(2048, 2048)));
+      std::string name = "l";  // not "l" + ...: GCC 12 warns falsely on that insert at -O3
+      name += std::to_string(i);
+      layers.push_back(register_module(name, torch::nn::Linear(2048, 2048)));
     }
   }
   torch::Tensor forward(torch::Tensor x) {

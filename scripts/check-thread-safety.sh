@@ -82,17 +82,19 @@ def check_file(f):
             args = args[1:]
     while args and os.path.basename(args[0]) in ("ccache", "c++", "g++", "gcc", "cc"):
         args = args[1:]
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
+    # The build's flags less its outputs, and less GCC's precompiled LibTorch header (Note
+    # [Precompiled LibTorch] in cmake/DdpHelpers.cmake): clang cannot read it, and each file
+    # includes what it uses.
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-o", "-MT", "-MF") or (a == "-include" and i + 1 < len(args)
+                                          and args[i + 1].endswith("cmake_pch.hxx")):
+            i += 2
             continue
-        if a in ("-o", "-MT", "-MF"):
-            skip = True
-            continue
-        if a == "-MD":
-            continue
-        out.append(a)
+        if a not in ("-MD", "-Winvalid-pch"):
+            out.append(a)
+        i += 1
     def check(flags):
         cmd = ["clang++", "-fsyntax-only", "-Wthread-safety", "-Werror=thread-safety",
                "-Wno-c++20-designator", "-Wno-c++20-extensions"] + flags

@@ -54,8 +54,10 @@ DistEnv resolve_env(const InitOptions& o) {
   if (o.master_addr) env["MASTER_ADDR"] = *o.master_addr;
   if (o.master_port) env["MASTER_PORT"] = std::to_string(*o.master_port);
   if (o.agent_store_run_id) {
-    env["TORCHELASTIC_USE_AGENT_STORE"] = "1";
-    env["DDP_AGENT_STORE"] = "ddp";
+    // Strings moved in, not literals assigned: GCC 12 warns falsely (-Wstringop-overflow) on
+    // std::string's assign(const char*) here once inlined at -O3.
+    env["TORCHELASTIC_USE_AGENT_STORE"] = std::string("1");
+    env["DDP_AGENT_STORE"] = std::string("ddp");
     env["TORCHELASTIC_RUN_ID"] = *o.agent_store_run_id;
   }
   if (o.store_secret) env["DDP_STORE_SECRET"] = *o.store_secret;
