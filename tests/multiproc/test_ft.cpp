@@ -2,16 +2,23 @@
 // ddp/fault_tolerance.h): ddprun --ft with examples/ft_train, and with ddp-train --ft (Note
 // [Training under ft::Manager] in tools/ddp_train/ft_loop.cpp). Two workers SIGKILLed in one step
 // cost the others the step in flight: they stay up, ddprun starts each killed one again alone,
-// and they are healed live from the others' state; one SIGSTOPped is dropped, and healed when it wakes. Every replica that finishes ends bitwise equal to the
-// others and, to float tolerance, to one process trained on the same global batches; every step
-// is committed once. Every replica lost at once, the restarted ones refuse to train from step 0.
-// With its restarts spent, the job fails and says so.
+// and they are healed live from the others' state; one SIGSTOPped is dropped, and healed when it
+// wakes. Every replica that finishes ends bitwise equal to the others and, to float tolerance, to
+// one process trained on the same global batches; every step is committed once. Every replica
+// lost at once, the restarted ones refuse to train from step 0. With its restarts spent, the job
+// fails and says so. ddp-train --ft loses a step, not the run, when a replica is killed, also
+// when it is rank 0 caught writing a checkpoint: every checkpoint left is whole.
+#include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -26,6 +33,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "ddp/checkpoint.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 
@@ -362,39 +370,30 @@ std::vector<LoggedStep> committed_lines(
   return out;
 }
 
-// ddp-train --ft, the main job under per-step fault tolerance: 3 replicas train an MLP on 12,000
-// Fashion-MNIST images for 4 epochs; one is SIGKILLed mid-training. The other two drop the step
-// in flight and go on at 2 (the rest of the epoch resplit between them); ddprun starts the
-// killed one again, it is healed live (its first step is the job's next, not step 1) and the
-// job ends at 3 replicas with a model of normal accuracy. No checkpoint was read. Every step is
-// committed at one size, and every image of every epoch is trained once (a resplit pads at most
-// replicas - 1 images).
-TEST_F(FtJob, DdpTrainLosesAStepNotTheRunWhenAReplicaIsKilled) {
-  const fs::path out = dir_ / "run", samples = dir_ / "samples";
-  constexpr int64_t kImages = 12000, kEpochs = 4;
+// ddprun --ft with 3 replicas of ddp-train --ft: an MLP on `images` Fashion-MNIST images for
+// `epochs` epochs, a checkpoint every `checkpoint_every` steps, sample logs in `samples`.
+std::vector<std::string> ddp_train_ft(const fs::path& out, const fs::path& samples, int64_t images,
+                                      int64_t epochs, int checkpoint_every) {
   std::vector<std::string> argv = {kDdprun};
   argv.insert(argv.end(), {"--ft", "--standalone", "--nproc-per-node", "3", "--max-restarts", "2",
                            "--collective-timeout", "20", kDdpTrain, "--ft", "--model", "mlp"});
-  argv.insert(argv.end(), {"--workers", "0", "--threads", "1", "--batch-size", "16",
-                           "--test-subset", "1000", "--log-every", "100", "--checkpoint-every",
-                           "100", "--no-plots", "--epochs", std::to_string(kEpochs)});
-  argv.insert(argv.end(), {"--train-subset", std::to_string(kImages), "--output-dir", out.string(),
+  argv.insert(argv.end(),
+              {"--workers", "0", "--threads", "1", "--batch-size", "16", "--test-subset", "1000",
+               "--log-every", "100", "--checkpoint-every", std::to_string(checkpoint_every),
+               "--no-plots", "--epochs", std::to_string(epochs)});
+  argv.insert(argv.end(), {"--train-subset", std::to_string(images), "--output-dir", out.string(),
                            "--sample-log", samples.string()});
-  Subprocess p = Subprocess::start({.argv = argv, .timeout_s = 300});
-  std::vector<pid_t> workers;
-  testing::wait_until(
-      [&] {
-        workers = children_of(p.pid());
-        for (const auto& [file, steps] : sample_logs(samples)) {
-          if (!steps.empty() && steps.rbegin()->first >= 60) return workers.size() == 3;
-        }
-        return false;
-      },
-      120);
-  ASSERT_EQ(workers.size(), 3u) << p.err_so_far();
-  ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
-  const Result& r = p.wait();
-  ASSERT_TRUE(r.exited(0)) << r.describe();
+  return argv;
+}
+
+// What a ddp-train --ft run that lost one replica and healed it must show: it went on at 2
+// replicas, said the step it dropped was not committed, read no checkpoint and ended with a model
+// of normal accuracy; every step from 1 to the last committed at one size, the last at 3; one
+// replica's first step the job's next one (healed, not trained from step 1); every image of every
+// epoch trained once (a resplit pads at most replicas - 1 images).
+void expect_a_run_that_lost_a_step_not_the_run(const Result& r, const fs::path& out,
+                                               const fs::path& samples, int64_t images,
+                                               int64_t epochs) {
   const std::string all = r.out + r.err;
   EXPECT_NE(all.find("starting it again alone, the others go on (--ft: restart 1 of 2)"),
             std::string::npos)
@@ -407,8 +406,6 @@ TEST_F(FtJob, DdpTrainLosesAStepNotTheRunWhenAReplicaIsKilled) {
   ASSERT_NE(done, std::string::npos) << all;
   EXPECT_GT(std::stod(all.substr(done + 20)), 70.0) << all.substr(done, 200);
 
-  // Steps: 1..last, each committed at one size; the replacement healed (its first step is the
-  // job's next one) and trained to the end.
   const auto logs = sample_logs(samples);
   EXPECT_EQ(logs.size(), 4u) << "three replicas and the one started again";
   std::map<int64_t, int> size_of;
@@ -426,9 +423,8 @@ TEST_F(FtJob, DdpTrainLosesAStepNotTheRunWhenAReplicaIsKilled) {
   }
   EXPECT_TRUE(healed) << "a replica whose first step is the job's next one";
 
-  // Samples: each image of each epoch trained once, the resplits' padding the only repeats.
-  for (int64_t e = 0; e < kEpochs; ++e) {
-    std::vector<int> seen(kImages, 0);
+  for (int64_t e = 0; e < epochs; ++e) {
+    std::vector<int> seen(images, 0);
     for (const LoggedStep& s : lines) {
       if (s.epoch != e) continue;
       for (int64_t i : s.indices) ++seen[i];
@@ -441,6 +437,110 @@ TEST_F(FtJob, DdpTrainLosesAStepNotTheRunWhenAReplicaIsKilled) {
     EXPECT_EQ(missing, 0) << "epoch " << e;
     EXPECT_LE(repeats, 2 * 4) << "epoch " << e << ": more repeats than the resplits' padding";
   }
+}
+
+// ddp-train --ft, the main job under per-step fault tolerance: 3 replicas train an MLP on 12,000
+// Fashion-MNIST images for 4 epochs; one is SIGKILLed mid-training. The other two drop the step
+// in flight and go on at 2 (the rest of the epoch resplit between them); ddprun starts the
+// killed one again, it is healed live (its first step is the job's next, not step 1) and the
+// job ends at 3 replicas with a model of normal accuracy. No checkpoint was read. Every step is
+// committed at one size, and every image of every epoch is trained once.
+TEST_F(FtJob, DdpTrainLosesAStepNotTheRunWhenAReplicaIsKilled) {
+  const fs::path out = dir_ / "run", samples = dir_ / "samples";
+  constexpr int64_t kImages = 12000, kEpochs = 4;
+  Subprocess p = Subprocess::start(
+      {.argv = ddp_train_ft(out, samples, kImages, kEpochs, 100), .timeout_s = 300});
+  std::vector<pid_t> workers;
+  testing::wait_until(
+      [&] {
+        workers = children_of(p.pid());
+        for (const auto& [file, steps] : sample_logs(samples)) {
+          if (!steps.empty() && steps.rbegin()->first >= 60) return workers.size() == 3;
+        }
+        return false;
+      },
+      120);
+  ASSERT_EQ(workers.size(), 3u) << p.err_so_far();
+  ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
+  const Result& r = p.wait();
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  expect_a_run_that_lost_a_step_not_the_run(r, out, samples, kImages, kEpochs);
+}
+
+// The replica writing a checkpoint (rank 0: the only writer) caught with its temporary in the
+// checkpoint folder, before its rename, found by inotify as the file is created and frozen there
+// (SIGSTOP; a writer that renamed already is let go and the next one tried), then SIGKILLed. Its
+// unfinished file never becomes a checkpoint: the others drop the step, re-form at 2 (a new rank 0
+// takes the run folder's lease) and go on; the replacement is healed; later checkpoints are
+// written by the new rank 0, which removes the dead writer's temporary. Every checkpoint left
+// verifies (checksums, format), one is newer than the kill, and the run is whole as above.
+TEST_F(FtJob, DdpTrainRankZeroKilledMidCheckpointWriteLeavesEveryCheckpointWhole) {
+  const fs::path out = dir_ / "run", samples = dir_ / "samples", ckpts = out / "checkpoints";
+  constexpr int64_t kImages = 6000, kEpochs = 3;
+  Subprocess p = Subprocess::start(
+      {.argv = ddp_train_ft(out, samples, kImages, kEpochs, 10), .timeout_s = 300});
+  testing::wait_until([&] { return fs::exists(ckpts) && children_of(p.pid()).size() == 3; }, 120);
+  ASSERT_TRUE(fs::exists(ckpts)) << p.err_so_far();
+
+  const int watch = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  ASSERT_GE(watch, 0) << std::strerror(errno);
+  ASSERT_GE(::inotify_add_watch(watch, ckpts.c_str(), IN_CREATE), 0) << std::strerror(errno);
+  pid_t killed = 0;
+  std::string temp;
+  int late = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!killed && std::chrono::steady_clock::now() < deadline) {
+    pollfd pfd{.fd = watch, .events = POLLIN, .revents = 0};
+    if (::poll(&pfd, 1, 100) <= 0) continue;
+    alignas(inotify_event) char buf[4096];
+    const ssize_t n = ::read(watch, buf, sizeof(buf));
+    for (ssize_t at = 0; n > 0 && at < n && !killed;) {
+      const auto* ev = reinterpret_cast<const inotify_event*>(buf + at);
+      at += static_cast<ssize_t>(sizeof(inotify_event) + ev->len);
+      const std::string name = ev->len ? ev->name : "";
+      // ".<final name>.tmp.<pid>.<n>", of a checkpoint (last.ckpt's link has one too)
+      const size_t mark = name.find(".tmp.");
+      if (name.rfind(".epoch=", 0) != 0 || mark == std::string::npos) continue;
+      const pid_t writer = static_cast<pid_t>(std::stol(name.substr(mark + 5)));
+      if (::kill(writer, SIGSTOP) != 0) continue;
+      const std::vector<pid_t> workers = children_of(p.pid());
+      if (fs::exists(ckpts / name) &&
+          std::find(workers.begin(), workers.end(), writer) != workers.end()) {
+        ASSERT_EQ(::kill(writer, SIGKILL), 0);
+        killed = writer, temp = name;
+      } else {
+        ::kill(writer, SIGCONT);  // renamed already: the next one
+        ++late;
+      }
+    }
+  }
+  ::close(watch);
+  ASSERT_NE(killed, 0) << "no writer caught before its rename (" << late << " late)\n"
+                       << p.err_so_far();
+  std::printf("[ measured ] writer pid %d SIGKILLed with %s unrenamed (%d writer(s) caught late)\n",
+              static_cast<int>(killed), temp.c_str(), late);
+  const Result& r = p.wait();
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  expect_a_run_that_lost_a_step_not_the_run(r, out, samples, kImages, kEpochs);
+
+  // The dead writer's temporary: never a checkpoint, removed by a later save.
+  EXPECT_FALSE(fs::exists(ckpts / temp));
+  const std::string unfinished = temp.substr(1, temp.find(".tmp.") - 1);  // its final name
+  int64_t newest = -1;
+  int count = 0;
+  for (const auto& e : fs::directory_iterator(ckpts)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(name.find(".tmp."), std::string::npos) << name << " left behind";
+    if (e.path().extension() != ".ckpt") continue;
+    ++count;
+    EXPECT_NO_THROW(verify_checkpoint(e.path())) << name;
+    newest = std::max(newest, read_checkpoint_meta(e.path()).step);
+  }
+  EXPECT_GT(count, 0);
+  const size_t step_at = unfinished.find("step=");
+  ASSERT_NE(step_at, std::string::npos) << unfinished;
+  EXPECT_GT(newest, std::stol(unfinished.substr(step_at + 5)))
+      << "the job checkpointed again after the kill";
 }
 
 // ddp-train --ft where it cannot work: not under ddprun --ft, and with state that does not
