@@ -72,8 +72,9 @@ fi
 # completion tests; a few minutes (docs/testing.md: Sanitizers). The whole sanitizer suite
 # rebuilds libddp twice and does not fit CI's hour: run scripts/sanitize.sh by hand. Only in a
 # full run (no ctest arguments); DDP_SKIP_SANITIZE=1 skips it. Where the LibTorch 2.6 suite runs,
-# its two builds (~10 min of both cores) follow the trixie build in the background, niced, in
-# the CPU the suites leave idle, and only the tests run at the end.
+# its two builds (~5 min of both cores) follow the trixie build in the background, niced, in
+# the CPU the suites leave idle, and its tests run beside the 2.6 suite (they wait on deadlines
+# and peers, ~10 % of the CPUs, and none of them is in that suite: they are version-neutral).
 sanitize=1
 if [[ ${DDP_SKIP_SANITIZE:-0} == 1 || $# -gt 0 ]]; then
   echo "test.sh: sanitizer step skipped (DDP_SKIP_SANITIZE=1 or ctest arguments given)"
@@ -85,10 +86,14 @@ alive() {
   state=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) && [[ $state != Z ]]
 }
 sanitize_pid= sanitize_log=
+bookworm_done=$(mktemp -u /tmp/ddp-bookworm-suite-done.XXXXXX)  # made when that suite ends
 if ((sanitize && libtorch2)); then
-  sanitize_log=$(mktemp /tmp/ddp-sanitize-build.XXXXXX)
+  sanitize_log=$(mktemp /tmp/ddp-sanitize.XXXXXX)
+  # A failed build shows in the tests' run, which builds what is left and says what failed.
   (while alive "$prepare_pid"; do sleep 5; done
-   exec nice -n 19 scripts/sanitize.sh all --torch-free --build) >"$sanitize_log" 2>&1 &
+   nice -n 19 scripts/sanitize.sh all --torch-free --build
+   while [[ ! -e $bookworm_done ]]; do sleep 2; done
+   exec scripts/sanitize.sh all --torch-free) >"$sanitize_log" 2>&1 &
   sanitize_pid=$!
 fi
 # The same for the Debian packages' clean bookworm root (debootstrap and downloads, ~1 min here).
@@ -104,7 +109,7 @@ trap '[[ -n $prepare_pid ]] && kill "$prepare_pid" 2>/dev/null
       [[ -n $deb_pid ]] && kill "$deb_pid" 2>/dev/null
       [[ -n $sanitize_pid ]] && kill "$sanitize_pid" 2>/dev/null
       [[ -n $deb_run_pid ]] && kill "$deb_run_pid" 2>/dev/null
-      rm -f "$prepare_log" "$deb_log" $sanitize_log $deb_run_log' EXIT
+      rm -f "$prepare_log" "$deb_log" $sanitize_log $deb_run_log "$bookworm_done"' EXIT
 
 # Paths relative to the tree in ccache's keys: build-deb/ (scripts/test-deb.sh) reuses build/'s
 # objects instead of compiling LibTorch code again (~7 min on 2 cores).
@@ -116,6 +121,7 @@ BUILD_DIR=${DDP_BUILD_DIR:-build}
 rc=0
 (cd "$BUILD_DIR" && ctest --output-on-failure "$@") || rc=$?
 phase_done "bookworm suite (ctest)"
+touch "$bookworm_done"
 
 run_sanitizers() {
   if ((sanitize)); then
@@ -177,12 +183,15 @@ if ((libtorch2)); then
     phase_done "Debian packages (beside the trixie suite)"
   fi
   if [[ -n ${sanitize_pid:-} ]]; then
-    # A failed build shows here; sanitize.sh below builds what is left and says what failed.
-    wait "$sanitize_pid" || tail -n 40 "$sanitize_log"
+    sanitize_status=0
+    wait "$sanitize_pid" || sanitize_status=$?
+    cat "$sanitize_log"
+    if ((sanitize_status)); then rc=1; fi
     sanitize_pid=
-    phase_done "waiting for the sanitizer builds"
+    phase_done "sanitizer tests (beside the trixie suite)"
+  else
+    run_sanitizers
   fi
-  run_sanitizers
 fi
 echo "test.sh: exit $rc; the phases' wall times:" >&2
 printf 'test.sh:   %s\n' "${phases[@]}" >&2
