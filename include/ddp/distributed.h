@@ -48,6 +48,19 @@ void monitored_barrier(std::optional<std::chrono::milliseconds> timeout = std::n
 void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 void broadcast(at::Tensor& tensor, int root = 0);
 void all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input);
+// ProcessGroup's collectives of the same names (ddp/process_group.h says what each does).
+void reduce(at::Tensor& tensor, int root = 0, ReduceOp op = ReduceOp::kSum);
+void gather(std::vector<at::Tensor>& outputs, const at::Tensor& input, int root = 0);
+void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int root = 0);
+void reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                    ReduceOp op = ReduceOp::kSum);
+void all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                       const std::vector<int64_t>& output_split_sizes = {},
+                       const std::vector<int64_t>& input_split_sizes = {});
+void all_to_all(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs);
+void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
+void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
+                           ReduceOp op = ReduceOp::kSum);
 
 // The training step this process is at, recorded with each collective it issues from now on
 // (every group's flight recorder), so that a hang report says "its last completed collective

@@ -137,6 +137,43 @@ class ProcessGroup {
                                     ReduceOp op = ReduceOp::kSum);
   // Completes once every rank has called barrier().
   [[nodiscard]] Work barrier();
+
+  // The rest of torch.distributed's collectives, with PyTorch's semantics. Every rank calls
+  // each one; every one is numbered, bounded by timeout() and named in errors like those above.
+  // Over shm and shm+gloo, which have no native reduce, gather, scatter or all-to-all, they are
+  // composed from the collectives above (Note [Composed collectives]).
+  //
+  // root's `tensor` receives the reduction over ranks (kAvg divides by size()); the others'
+  // `tensor` is unspecified afterwards (it may hold a partial or the full result), as in PyTorch.
+  [[nodiscard]] Work reduce(at::Tensor& tensor, int root = 0, ReduceOp op = ReduceOp::kSum);
+  // root's outputs[r] receives rank r's `input`. On root `outputs` holds size() tensors shaped
+  // like input; on every other rank it must be empty (PyTorch's gather_list).
+  [[nodiscard]] Work gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                            int root = 0);
+  // `output` receives root's inputs[rank()]. On root `inputs` holds size() tensors shaped like
+  // output; on every other rank it must be empty (PyTorch's scatter_list).
+  [[nodiscard]] Work scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                             int root = 0);
+  // PyTorch's all_to_all_single: `input` is split along dim 0 into size() chunks, chunk j going
+  // to rank j; `output`'s chunk i comes from rank i. Split sizes are rows along dim 0, one per
+  // rank, and must agree across ranks (my input_split_sizes[j] == rank j's
+  // output_split_sizes[me]); empty: size() equal chunks (dim 0 divisible by size()). Both
+  // tensors have the same dtype and the same sizes past dim 0. Over shm and shm+gloo, uneven
+  // splits take one extra all_reduce first (Note [Composed collectives]).
+  [[nodiscard]] Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                                       const std::vector<int64_t>& output_split_sizes = {},
+                                       const std::vector<int64_t>& input_split_sizes = {});
+  // PyTorch's all_to_all: inputs[j] goes to rank j, outputs[i] comes from rank i (size() each;
+  // any shapes, one dtype; outputs[i] has as many elements as rank i's inputs[me]).
+  [[nodiscard]] Work all_to_all(std::vector<at::Tensor>& outputs,
+                                const std::vector<at::Tensor>& inputs);
+  // `output` (size() x input.numel() elements: [size() * d0, ...] or [size(), ...]) receives
+  // every rank's `input`, in rank order.
+  [[nodiscard]] Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
+  // `input` (size() x output.numel() elements) is size() equal chunks; `output` receives the
+  // reduction over ranks of their chunk rank().
+  [[nodiscard]] Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
+                                           ReduceOp op = ReduceOp::kSum);
   // A blocking barrier through the rendezvous store, like torch.distributed.monitored_barrier:
   // every rank reports its arrival; rank 0 waits up to `timeout` (unset: timeout()) for all
   // and throws ddp::TimeoutError naming every rank that did not arrive; the others wait as

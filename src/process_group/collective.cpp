@@ -11,7 +11,9 @@ constexpr DType kDTypes[] = {DType::kU8,  DType::kI8,   DType::kI16,  DType::kI3
                              DType::kF64, DType::kBool, DType::kOther};
 constexpr Collective kCollectives[] = {Collective::kAllReduce, Collective::kBroadcast,
                                        Collective::kAllGather, Collective::kReduceScatter,
-                                       Collective::kBarrier};
+                                       Collective::kBarrier,   Collective::kReduce,
+                                       Collective::kGather,    Collective::kScatter,
+                                       Collective::kAllToAll};
 constexpr ReduceOp kReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
 
 }  // namespace
@@ -67,6 +69,10 @@ const char* name(Collective c) {
     case Collective::kAllGather: return "all_gather";
     case Collective::kReduceScatter: return "reduce_scatter";
     case Collective::kBarrier: return "barrier";
+    case Collective::kReduce: return "reduce";
+    case Collective::kGather: return "gather";
+    case Collective::kScatter: return "scatter";
+    case Collective::kAllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -105,6 +111,14 @@ std::string CollectiveDesc::detail() const {
     case Collective::kBroadcast:
       return fmt::format("from rank {}, {} x {}", root, count, name(dtype));
     case Collective::kAllGather: return fmt::format("{} x {}", count, name(dtype));
+    case Collective::kReduce:
+      return fmt::format("{} to rank {}, {} x {}", to_string(reduce), root, count, name(dtype));
+    case Collective::kGather: return fmt::format("to rank {}, {} x {}", root, count, name(dtype));
+    case Collective::kScatter:
+      return fmt::format("from rank {}, {} x {}", root, count, name(dtype));
+    case Collective::kAllToAll:
+      return count == 0 ? fmt::format("uneven splits, {}", name(dtype))
+                        : fmt::format("{} x {} per peer", count, name(dtype));
     case Collective::kBarrier: break;
   }
   return "";

@@ -15,7 +15,17 @@
 
 namespace ddp {
 
-enum class Collective : uint8_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kBarrier };
+enum class Collective : uint8_t {
+  kAllReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kBarrier,
+  kReduce,
+  kGather,
+  kScatter,
+  kAllToAll,
+};
 
 // Element types the transports move. kOther: a type no kernel of ours reduces (complex, for
 // instance); such data is described and moved as bytes.
@@ -32,10 +42,11 @@ std::optional<ReduceOp> reduce_op_named(std::string_view name);
 struct CollectiveDesc {
   Collective op = Collective::kBarrier;
   DType dtype = DType::kU8;
-  ReduceOp reduce = ReduceOp::kSum;  // all_reduce, reduce_scatter
-  int32_t root = 0;                  // broadcast
-  uint64_t count = 0;  // elements per rank: all_reduce's and broadcast's tensor, all_gather's
-                       // input, reduce_scatter's output
+  ReduceOp reduce = ReduceOp::kSum;  // all_reduce, reduce_scatter, reduce
+  int32_t root = 0;                  // broadcast, reduce, gather, scatter
+  uint64_t count = 0;  // elements per rank: all_reduce's, broadcast's and reduce's tensor,
+                       // all_gather's and gather's input, reduce_scatter's and scatter's output,
+                       // all_to_all's chunk for each peer (0: uneven splits)
   uint64_t seq = 0;    // the group's sequence number, from 1; 0: not numbered
 
   // The call without its number: two ranks whose collectives #seq differ here are out of step.
@@ -43,7 +54,10 @@ struct CollectiveDesc {
   bool operator==(const CollectiveDesc&) const = default;
 
   // "all_reduce #12 (sum, 1024 x Float)", "broadcast #3 (from rank 0, 1 x Long)",
-  // "all_gather #4 (8 x Int)", "barrier #5": the form every collective error uses.
+  // "all_gather #4 (8 x Int)", "reduce #6 (sum to rank 1, 8 x Float)", "gather #7 (to rank 0,
+  // 8 x Int)", "scatter #8 (from rank 2, 8 x Int)", "all_to_all #9 (4 x Float per peer)",
+  // "all_to_all #10 (uneven splits, Float)", "barrier #5": the form every collective error
+  // uses.
   std::string describe() const;
   // The parenthesised part alone: "sum, 1024 x Float"; "" for a barrier.
   std::string detail() const;

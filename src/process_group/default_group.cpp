@@ -107,5 +107,31 @@ void broadcast(at::Tensor& tensor, int root) { default_group()->broadcast(tensor
 void all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
   default_group()->all_gather(outputs, input).wait();
 }
+void reduce(at::Tensor& tensor, int root, ReduceOp op) {
+  default_group()->reduce(tensor, root, op).wait();
+}
+void gather(std::vector<at::Tensor>& outputs, const at::Tensor& input, int root) {
+  default_group()->gather(outputs, input, root).wait();
+}
+void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int root) {
+  default_group()->scatter(output, inputs, root).wait();
+}
+void reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, ReduceOp op) {
+  default_group()->reduce_scatter(output, inputs, op).wait();
+}
+void all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                       const std::vector<int64_t>& output_split_sizes,
+                       const std::vector<int64_t>& input_split_sizes) {
+  default_group()->all_to_all_single(output, input, output_split_sizes, input_split_sizes).wait();
+}
+void all_to_all(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs) {
+  default_group()->all_to_all(outputs, inputs).wait();
+}
+void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
+  default_group()->all_gather_into_tensor(output, input).wait();
+}
+void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  default_group()->reduce_scatter_tensor(output, input, op).wait();
+}
 
 }  // namespace ddp

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "base/check.h"
+#include "process_group/composed.h"
 #include "process_group/desync.h"
 #include "process_group/internal.h"
 #include "process_group/shm_setup.h"
@@ -46,7 +47,8 @@ void check_supported(const detail::ProcessGroupImpl& pg, const CollectiveDesc& c
             "'{}' (or 'auto') for {} tensors",
             pg.env.rank, name(call.op), pg.seq + 1, caps.name, caps.cpu_tensors ? "CPU" : "CUDA",
             t.device().str(), cuda ? "nccl" : "gloo", cuda ? "CUDA" : "CPU");
-  const bool reducing = call.op == Collective::kAllReduce || call.op == Collective::kReduceScatter;
+  const bool reducing = call.op == Collective::kAllReduce ||
+                        call.op == Collective::kReduceScatter || call.op == Collective::kReduce;
   DDP_CHECK(!reducing || caps.can_reduce(call.dtype), Error,
             "[rank {}] {} #{}: the {} backend cannot reduce {} tensors; convert them before "
             "the call (to float32, say)",
@@ -80,13 +82,16 @@ class Staging {
         rank_(pg.env.rank),
         timeout_(pg.timeout) {}
   // `t` itself, or its staged copy (`copy_in`: with its values; else uninitialised) whose result
-  // goes back to `t` (`copy_back`) when the collective completes.
-  at::Tensor stage(const at::Tensor& t, bool copy_in, bool copy_back) {
+  // goes back to `t` (`copy_back`) when the collective completes. `contiguous`: a tensor that
+  // is not is staged too, on its own device.
+  at::Tensor stage(const at::Tensor& t, bool copy_in, bool copy_back, bool contiguous = false) {
     at::Tensor s;
     if (to_host_ && t.device().is_cuda()) {
       s = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
     } else if (to_device_ && t.device().is_cpu()) {
       s = at::empty(t.sizes(), t.options().device(device_));
+    } else if (contiguous && !t.is_contiguous()) {
+      s = at::empty(t.sizes(), t.options());
     } else {
       return t;
     }
@@ -213,6 +218,151 @@ std::shared_ptr<detail::WorkState> issue(detail::ProcessGroupImpl& pg, Collectiv
         fmt::format("[rank {}] {} could not start: {}", pg.env.rank, call.describe(), e.what()));
   }
   return state;
+}
+
+void check_root(const detail::ProcessGroupImpl& pg, Collective op, int root) {
+  DDP_CHECK(root >= 0 && root < pg.env.world_size, Error,
+            "[rank {}] {} #{}: root rank {} is not in this group of {} ranks", pg.env.rank,
+            name(op), pg.seq + 1, root, pg.env.world_size);
+}
+
+// Checks the per-rank list of a rooted collective: size() tensors like `like` on root (what
+// PyTorch calls gather_list / scatter_list), none elsewhere.
+void check_rooted_list(const detail::ProcessGroupImpl& pg, Collective op, int root,
+                       const std::vector<at::Tensor>& list, const char* what,
+                       const at::Tensor& like) {
+  const int n = pg.env.world_size;
+  if (pg.env.rank != root) {
+    DDP_CHECK(list.empty(), Error,
+              "[rank {}] {} #{}: {} must be empty on every rank but the root ({}); this rank "
+              "passed {} tensors",
+              pg.env.rank, name(op), pg.seq + 1, what, root, list.size());
+    return;
+  }
+  DDP_CHECK(static_cast<int>(list.size()) == n, Error,
+            "[rank {}] {} #{}: the root needs {} {} (one per rank), got {}", pg.env.rank, name(op),
+            pg.seq + 1, n, what, list.size());
+  for (size_t r = 0; r < list.size(); ++r) {
+    DDP_CHECK(list[r].defined() && list[r].sizes() == like.sizes() &&
+                  list[r].scalar_type() == like.scalar_type(),
+              Error, "[rank {}] {} #{}: {}[{}] must match {} {}", pg.env.rank, name(op), pg.seq + 1,
+              what, r, dims(like), c10::toString(like.scalar_type()));
+  }
+}
+
+// Elements per row along dim 0 (1 for a 0-dim tensor).
+int64_t row_numel(const at::Tensor& t) {
+  int64_t row = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) row *= t.size(d);
+  return row;
+}
+
+// all_to_all_single's split sizes, checked, in elements (empty when both were empty, or equal).
+std::vector<int64_t> element_splits(const detail::ProcessGroupImpl& pg,
+                                    const std::vector<int64_t>& splits, const at::Tensor& t,
+                                    const char* what) {
+  const int n = pg.env.world_size;
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  if (splits.empty()) {
+    DDP_CHECK(rows % n == 0, Error,
+              "[rank {}] all_to_all #{}: the {} has {} rows along dim 0, not divisible by the "
+              "{} ranks; pass its split sizes",
+              pg.env.rank, pg.seq + 1, what, rows, n);
+    return {};
+  }
+  DDP_CHECK(static_cast<int>(splits.size()) == n, Error,
+            "[rank {}] all_to_all #{}: {} split sizes given, one per rank ({}) is needed",
+            pg.env.rank, pg.seq + 1, splits.size(), n);
+  int64_t sum = 0;
+  for (int64_t v : splits) {
+    DDP_CHECK(v >= 0, Error, "[rank {}] all_to_all #{}: split size {} is negative", pg.env.rank,
+              pg.seq + 1, v);
+    sum += v;
+  }
+  DDP_CHECK(sum == rows, Error,
+            "[rank {}] all_to_all #{}: the {} split sizes [{}] add up to {}, but it has {} rows "
+            "along dim 0",
+            pg.env.rank, pg.seq + 1, what, fmt::join(splits, ", "), sum, rows);
+  std::vector<int64_t> out;
+  for (int64_t v : splits) out.push_back(v * row_numel(t));
+  return out;
+}
+
+// Equal chunks written out as splits.
+std::vector<int64_t> equal_splits(int64_t total, int n) {
+  return std::vector<int64_t>(static_cast<size_t>(n), total / n);
+}
+
+bool all_equal(const std::vector<int64_t>& v) {
+  return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end();
+}
+
+// all_to_all on flat contiguous tensors (staged by the caller, whose `staging` copies `out`
+// back), splits in elements (empty: equal chunks). `after` runs once the result is back in the
+// caller's tensor.
+std::shared_ptr<detail::WorkState> all_to_all_flat(ProcessGroup& self, Staging& staging,
+                                                   at::Tensor out, at::Tensor in,
+                                                   std::vector<int64_t> out_splits,
+                                                   std::vector<int64_t> in_splits,
+                                                   std::function<void()> after = {}) {
+  detail::ProcessGroupImpl& pg = detail::impl_of(self);
+  const int n = pg.env.world_size;
+  const int rank = pg.env.rank;
+  if (!out_splits.empty() && !in_splits.empty() && all_equal(out_splits) && all_equal(in_splits) &&
+      out_splits[0] == in_splits[0]) {
+    out_splits.clear();
+    in_splits.clear();
+  }
+  // Only one side given: the other is equal chunks (PyTorch's rule).
+  if (out_splits.empty() != in_splits.empty()) {
+    if (out_splits.empty()) out_splits = equal_splits(out.numel(), n);
+    if (in_splits.empty()) in_splits = equal_splits(in.numel(), n);
+  }
+  const bool even = in_splits.empty();
+  CollectiveDesc call = describe(Collective::kAllToAll, in);
+  const uint64_t unit = call.dtype == DType::kOther ? in.element_size() : 1;  // count's unit
+  call.count = even ? call.count / n : 0;
+  check_supported(pg, call, in);
+  check_supported(pg, call, out);
+  auto finish = [&](const CollectiveDesc& c, Started started) {
+    started = staging.finish(c, std::move(started));
+    return after ? composed::followed_by(std::move(started), std::move(after)) : started;
+  };
+  if (pg.caps().rooted_collectives) {
+    return issue(pg, call, [&](const CollectiveDesc& c) {
+      return finish(c, pg.transport->all_to_all(c, out, in, out_splits, in_splits));
+    });
+  }
+  if (even) {
+    return issue(pg, call, [&](const CollectiveDesc& c) {
+      return finish(c, composed::all_to_all(*pg.transport, c, rank, n, out, in));
+    });
+  }
+  // Uneven over a transport without all-to-all: every chunk padded to the largest split of any
+  // rank (Note [Composed collectives]).
+  int64_t largest = 0;
+  for (int64_t v : out_splits) largest = std::max(largest, v);
+  for (int64_t v : in_splits) largest = std::max(largest, v);
+  at::Tensor global = at::full({1}, largest, at::kLong);
+  self.all_reduce(global, ReduceOp::kMax).wait();
+  const int64_t chunk = global.item<int64_t>();
+  at::Tensor send = at::zeros({n * chunk}, in.options());
+  for (int j = 0, from = 0; j < n; from += in_splits[j], ++j) {
+    send.narrow(0, j * chunk, in_splits[j]).copy_(in.narrow(0, from, in_splits[j]));
+  }
+  at::Tensor recv = at::empty({n * chunk}, out.options());
+  call.count = static_cast<uint64_t>(chunk) * unit;
+  return issue(pg, call, [&](const CollectiveDesc& c) {
+    Started started = composed::all_to_all(*pg.transport, c, rank, n, recv, send);
+    started = composed::followed_by(std::move(started), [out, recv, out_splits, chunk]() mutable {
+      int64_t to = 0;
+      for (size_t j = 0; j < out_splits.size(); to += out_splits[j], ++j) {
+        out.narrow(0, to, out_splits[j])
+            .copy_(recv.narrow(0, static_cast<int64_t>(j) * chunk, out_splits[j]));
+      }
+    });
+    return finish(c, std::move(started));
+  });
 }
 
 }  // namespace
@@ -344,6 +494,175 @@ Work ProcessGroup::barrier() {
   detail::ProcessGroupImpl& pg = detail::impl_of(*this);
   return Work(issue(pg, CollectiveDesc{},
                     [&](const CollectiveDesc& c) { return pg.transport->barrier(c); }));
+}
+
+Work ProcessGroup::reduce(at::Tensor& tensor, int root, ReduceOp op) {
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
+  DDP_CHECK(tensor.defined(), Error, "[rank {}] reduce #{}: the tensor is undefined", pg.env.rank,
+            pg.seq + 1);
+  check_root(pg, Collective::kReduce, root);
+  DDP_CHECK(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()), Error,
+            "[rank {}] reduce #{} (avg): averaging needs a floating-point tensor, got {}",
+            pg.env.rank, pg.seq + 1, c10::toString(tensor.scalar_type()));
+  CollectiveDesc call = describe(Collective::kReduce, tensor);
+  call.reduce = op;
+  call.root = root;
+  check_supported(pg, call, tensor);
+  Staging staging(pg);
+  at::Tensor t = staging.stage(tensor, true, true, /*contiguous=*/true);
+  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
+    return staging.finish(c, pg.caps().rooted_collectives ? pg.transport->reduce(c, t)
+                                                          : composed::reduce(*pg.transport, c, t));
+  }));
+}
+
+Work ProcessGroup::gather(std::vector<at::Tensor>& outputs, const at::Tensor& input, int root) {
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
+  DDP_CHECK(input.defined(), Error, "[rank {}] gather #{}: the input is undefined", pg.env.rank,
+            pg.seq + 1);
+  check_root(pg, Collective::kGather, root);
+  check_rooted_list(pg, Collective::kGather, root, outputs, "outputs", input);
+  CollectiveDesc call = describe(Collective::kGather, input);
+  call.root = root;
+  check_supported(pg, call, input);
+  for (const at::Tensor& o : outputs) check_supported(pg, call, o);
+  Staging staging(pg);
+  const at::Tensor in = staging.stage(input, true, false, true);
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& o : outputs) out.push_back(staging.stage(o, false, true, true));
+  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
+    return staging.finish(c, pg.caps().rooted_collectives
+                                 ? pg.transport->gather(c, out, in)
+                                 : composed::gather(*pg.transport, c, pg.env.rank,
+                                                    pg.env.world_size, out, in));
+  }));
+}
+
+Work ProcessGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int root) {
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
+  DDP_CHECK(output.defined(), Error, "[rank {}] scatter #{}: the output is undefined", pg.env.rank,
+            pg.seq + 1);
+  check_root(pg, Collective::kScatter, root);
+  check_rooted_list(pg, Collective::kScatter, root, inputs, "inputs", output);
+  CollectiveDesc call = describe(Collective::kScatter, output);
+  call.root = root;
+  check_supported(pg, call, output);
+  for (const at::Tensor& t : inputs) check_supported(pg, call, t);
+  Staging staging(pg);
+  at::Tensor out = staging.stage(output, false, true, true);
+  std::vector<at::Tensor> in;
+  for (const at::Tensor& t : inputs) in.push_back(staging.stage(t, true, false, true));
+  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
+    return staging.finish(c, pg.caps().rooted_collectives
+                                 ? pg.transport->scatter(c, out, in)
+                                 : composed::scatter(*pg.transport, c, pg.env.rank,
+                                                     pg.env.world_size, out, in));
+  }));
+}
+
+Work ProcessGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                                     const std::vector<int64_t>& output_split_sizes,
+                                     const std::vector<int64_t>& input_split_sizes) {
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
+  DDP_CHECK(input.defined() && output.defined(), Error,
+            "[rank {}] all_to_all #{}: the {} is undefined", pg.env.rank, pg.seq + 1,
+            input.defined() ? "output" : "input");
+  DDP_CHECK(input.dim() >= 1 && output.dim() >= 1, Error,
+            "[rank {}] all_to_all #{}: the input and the output need at least one dimension "
+            "(split along dim 0); got {} and {}",
+            pg.env.rank, pg.seq + 1, dims(input), dims(output));
+  DDP_CHECK(input.scalar_type() == output.scalar_type() && row_numel(input) == row_numel(output),
+            Error,
+            "[rank {}] all_to_all #{}: the input ({} {}) and the output ({} {}) need the same "
+            "dtype and the same sizes past dim 0",
+            pg.env.rank, pg.seq + 1, dims(input), c10::toString(input.scalar_type()), dims(output),
+            c10::toString(output.scalar_type()));
+  std::vector<int64_t> out_splits = element_splits(pg, output_split_sizes, output, "output");
+  std::vector<int64_t> in_splits = element_splits(pg, input_split_sizes, input, "input");
+  Staging staging(pg);
+  at::Tensor in = staging.stage(input, true, false, true).view({-1});
+  at::Tensor out = staging.stage(output, false, true, true).view({-1});
+  return Work(all_to_all_flat(*this, staging, out, in, out_splits, in_splits));
+}
+
+Work ProcessGroup::all_to_all(std::vector<at::Tensor>& outputs,
+                              const std::vector<at::Tensor>& inputs) {
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
+  const int n = pg.env.world_size;
+  DDP_CHECK(static_cast<int>(outputs.size()) == n && static_cast<int>(inputs.size()) == n, Error,
+            "[rank {}] all_to_all #{}: expected {} outputs and {} inputs (one per rank), got {} "
+            "and {}",
+            pg.env.rank, pg.seq + 1, n, n, outputs.size(), inputs.size());
+  std::vector<at::Tensor> flat_in;
+  std::vector<int64_t> out_splits, in_splits;
+  for (int r = 0; r < n; ++r) {
+    DDP_CHECK(inputs[r].defined() && outputs[r].defined() &&
+                  inputs[r].scalar_type() == inputs[0].scalar_type() &&
+                  outputs[r].scalar_type() == inputs[0].scalar_type() &&
+                  inputs[r].device() == inputs[0].device() &&
+                  outputs[r].device() == inputs[0].device(),
+              Error,
+              "[rank {}] all_to_all #{}: every input and output must be defined, of one dtype "
+              "and on one device ({} on {}, as inputs[0]); inputs[{}] or outputs[{}] is not",
+              pg.env.rank, pg.seq + 1, c10::toString(inputs[0].scalar_type()),
+              inputs[0].device().str(), r, r);
+    flat_in.push_back(inputs[r].reshape({-1}));
+    in_splits.push_back(inputs[r].numel());
+    out_splits.push_back(outputs[r].numel());
+  }
+  int64_t received = 0;
+  for (int64_t v : out_splits) received += v;
+  at::Tensor out_flat = at::empty({received}, outputs[0].options());
+  Staging staging(pg);
+  at::Tensor in = staging.stage(at::cat(flat_in), true, false);
+  at::Tensor out = staging.stage(out_flat, false, true);
+  return Work(
+      all_to_all_flat(*this, staging, out, in, out_splits, in_splits,
+                      [outputs, out_flat, out_splits]() mutable {
+                        int64_t from = 0;
+                        for (size_t i = 0; i < outputs.size(); from += out_splits[i], ++i) {
+                          outputs[i].copy_(
+                              out_flat.narrow(0, from, out_splits[i]).view(outputs[i].sizes()));
+                        }
+                      }));
+}
+
+Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
+  const int n = pg.env.world_size;
+  DDP_CHECK(input.defined() && output.defined(), Error,
+            "[rank {}] all_gather #{}: the {} is undefined", pg.env.rank, pg.seq + 1,
+            input.defined() ? "output" : "input");
+  DDP_CHECK(output.numel() == n * input.numel() && output.scalar_type() == input.scalar_type() &&
+                output.is_contiguous(),
+            Error,
+            "[rank {}] all_gather #{} (into a tensor): the output must be a contiguous {} tensor "
+            "of {} x {} elements (size() times the input's {}); got {} {}{}",
+            pg.env.rank, pg.seq + 1, c10::toString(input.scalar_type()), n, input.numel(),
+            dims(input), dims(output), c10::toString(output.scalar_type()),
+            output.is_contiguous() ? "" : ", not contiguous");
+  at::Tensor rows = output.view({n, -1});
+  std::vector<at::Tensor> outputs;
+  for (int r = 0; r < n; ++r) outputs.push_back(rows[r].view(input.sizes()));
+  return all_gather(outputs, input);
+}
+
+Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  detail::ProcessGroupImpl& pg = detail::impl_of(*this);
+  const int n = pg.env.world_size;
+  DDP_CHECK(input.defined() && output.defined(), Error,
+            "[rank {}] reduce_scatter #{}: the {} is undefined", pg.env.rank, pg.seq + 1,
+            input.defined() ? "output" : "input");
+  DDP_CHECK(input.numel() == n * output.numel() && output.scalar_type() == input.scalar_type(),
+            Error,
+            "[rank {}] reduce_scatter #{} (of a tensor): the input must be a {} tensor of {} x {} "
+            "elements (size() times the output's {}); got {} {}",
+            pg.env.rank, pg.seq + 1, c10::toString(output.scalar_type()), n, output.numel(),
+            dims(output), dims(input), c10::toString(input.scalar_type()));
+  at::Tensor rows = input.contiguous().view({n, -1});
+  std::vector<at::Tensor> inputs;
+  for (int r = 0; r < n; ++r) inputs.push_back(rows[r].view(output.sizes()));
+  return reduce_scatter(output, inputs, op);
 }
 
 at::Tensor ProcessGroup::comm_buffer(int64_t numel, const at::TensorOptions& options) {

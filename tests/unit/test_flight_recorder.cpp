@@ -66,7 +66,25 @@ TEST(CollectiveDesc, DescribesComparesAndRoundTripsEveryField) {
   }
   EXPECT_EQ(reduce_op_named("min"), ReduceOp::kMin);
   EXPECT_EQ(collective_named("reduce_scatter"), Collective::kReduceScatter);
-  EXPECT_FALSE(collective_named("all_to_all"));
+  EXPECT_FALSE(collective_named("all_to_all_single"));
+  // The rooted ones and the all-to-all, as their errors and records name them.
+  CollectiveDesc r = call(6, "reduce", "Float", 8, ReduceOp::kMax);
+  r.root = 1;
+  EXPECT_EQ(r.describe(), "reduce #6 (max to rank 1, 8 x Float)");
+  CollectiveDesc g = call(7, "gather", "Int", 8);
+  EXPECT_EQ(g.describe(), "gather #7 (to rank 0, 8 x Int)");
+  g.op = Collective::kScatter;
+  g.root = 2;
+  EXPECT_EQ(g.describe(), "scatter #7 (from rank 2, 8 x Int)");
+  EXPECT_EQ(call(9, "all_to_all", "Float", 4).describe(), "all_to_all #9 (4 x Float per peer)");
+  EXPECT_EQ(call(10, "all_to_all", "Float", 0).describe(), "all_to_all #10 (uneven splits, Float)");
+  for (Collective c :
+       {Collective::kReduce, Collective::kGather, Collective::kScatter, Collective::kAllToAll}) {
+    EXPECT_EQ(collective_named(name(c)), c);
+    CollectiveDesc d = a;
+    d.op = c;
+    EXPECT_EQ(CollectiveDesc::from_words(d.to_words().data()), d) << d.describe();
+  }
 }
 
 TEST(FlightRecorder, RecordsIssueCompletionStepAndBucketNotes) {

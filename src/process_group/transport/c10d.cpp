@@ -68,6 +68,7 @@ class C10dTransport final : public Transport {
   C10dTransport(std::string name, c10::intrusive_ptr<c10d_compat::Backend> backend, int size)
       : backend_(std::move(backend)), size_(size) {
     caps_.name = std::move(name);
+    caps_.rooted_collectives = true;
     if (caps_.name == "nccl") {
       caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kOther});
       caps_.reducible_dtypes = Capabilities::all_dtypes_but({});  // NCCL says what it refuses
@@ -136,6 +137,45 @@ class C10dTransport final : public Transport {
 
   Started barrier(const CollectiveDesc&) override {
     return {pending(c10d_ops::barrier(*backend_)), {}};
+  }
+
+  Started reduce(const CollectiveDesc& call, at::Tensor& tensor) override {
+    const bool avg_here = call.reduce == ReduceOp::kAvg && !caps_.native_avg;
+    Started out;
+    out.pending = pending(
+        c10d_ops::reduce(*backend_, tensor, call.root, avg_here ? ReduceOp::kSum : call.reduce));
+    if (avg_here) out.then = [tensor, n = size_]() mutable { tensor.div_(n); };
+    return out;
+  }
+
+  Started gather(const CollectiveDesc& call, std::vector<at::Tensor>& outputs,
+                 const at::Tensor& input) override {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& o : outputs) out.push_back(as_gloo_moves(o));
+    return {pending(c10d_ops::gather(*backend_, out, as_gloo_moves(input), call.root)), {}};
+  }
+
+  Started scatter(const CollectiveDesc& call, at::Tensor& output,
+                  const std::vector<at::Tensor>& inputs) override {
+    std::vector<at::Tensor> in;
+    for (const at::Tensor& t : inputs) in.push_back(as_gloo_moves(t));
+    return {pending(c10d_ops::scatter(*backend_, as_gloo_moves(output), in, call.root)), {}};
+  }
+
+  Started all_to_all(const CollectiveDesc&, at::Tensor& output, const at::Tensor& input,
+                     const std::vector<int64_t>& output_splits,
+                     const std::vector<int64_t>& input_splits) override {
+    at::Tensor recv = as_gloo_moves(output);
+    at::Tensor send = as_gloo_moves(input);
+    // Moved as bytes (bfloat16 on LibTorch 1.13's Gloo): splits in bytes.
+    const int64_t scale = send.element_size() == input.element_size() ? 1 : input.element_size();
+    auto scaled = [scale](std::vector<int64_t> splits) {
+      for (int64_t& s : splits) s *= scale;
+      return splits;
+    };
+    return {pending(c10d_ops::all_to_all(*backend_, recv, send, scaled(output_splits),
+                                         scaled(input_splits))),
+            {}};
   }
 
   std::optional<std::vector<CollectiveDesc>> gather_calls(

@@ -40,10 +40,41 @@ c10::intrusive_ptr<::c10d::Work> all_gather(c10d_compat::Backend& b,
 }
 
 c10::intrusive_ptr<::c10d::Work> all_to_all(c10d_compat::Backend& b, at::Tensor& recv,
-                                            at::Tensor& send) {
-  std::vector<int64_t> equal_splits;  // empty: equal split along dim 0
-  ::c10d::AllToAllOptions opts;
-  return b.alltoall_base(recv, send, equal_splits, equal_splits, opts);
+                                            at::Tensor& send, std::vector<int64_t> recv_splits,
+                                            std::vector<int64_t> send_splits) {
+  ::c10d::AllToAllOptions opts;  // empty splits: equal split along dim 0
+  return b.alltoall_base(recv, send, recv_splits, send_splits, opts);
+}
+
+c10::intrusive_ptr<::c10d::Work> reduce(c10d_compat::Backend& b, const at::Tensor& t, int root,
+                                        ReduceOp op) {
+  std::vector<at::Tensor> tensors{t};
+  ::c10d::ReduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  opts.rootRank = root;
+  opts.rootTensor = 0;
+  return b.reduce(tensors, opts);
+}
+
+c10::intrusive_ptr<::c10d::Work> gather(c10d_compat::Backend& b,
+                                        const std::vector<at::Tensor>& outputs,
+                                        const at::Tensor& input, int root) {
+  std::vector<std::vector<at::Tensor>> out;
+  if (!outputs.empty()) out.push_back(outputs);
+  std::vector<at::Tensor> in{input};
+  ::c10d::GatherOptions opts;
+  opts.rootRank = root;
+  return b.gather(out, in, opts);
+}
+
+c10::intrusive_ptr<::c10d::Work> scatter(c10d_compat::Backend& b, const at::Tensor& output,
+                                         const std::vector<at::Tensor>& inputs, int root) {
+  std::vector<at::Tensor> out{output};
+  std::vector<std::vector<at::Tensor>> in;
+  if (!inputs.empty()) in.push_back(inputs);
+  ::c10d::ScatterOptions opts;
+  opts.rootRank = root;
+  return b.scatter(out, in, opts);
 }
 
 c10::intrusive_ptr<::c10d::Work> barrier(c10d_compat::Backend& b) {

@@ -47,6 +47,10 @@ struct Capabilities {
   bool can_abort = false;              // a failure ends every later collective of the group at once
   bool checks_calls = false;  // compares every collective's CollectiveDesc across ranks itself
   bool announces_departure = false;  // peers learn of a destroyed group without the store
+  // reduce, gather, scatter and all_to_all (uneven splits too) natively; else ProcessGroup
+  // composes them from the transport's all_reduce, all_gather and broadcast (Note [Composed
+  // collectives] in process_group/composed.h).
+  bool rooted_collectives = false;
   bool cpu_tensors = true;
   bool cuda_tensors = false;
 
@@ -105,6 +109,21 @@ class Transport {
   virtual Started reduce_scatter(const CollectiveDesc& call, at::Tensor& output,
                                  const std::vector<at::Tensor>& inputs) = 0;
   virtual Started barrier(const CollectiveDesc& call) = 0;
+
+  // Only where capabilities().rooted_collectives (ProcessGroup composes them elsewhere):
+  //   reduce: the reduction lands in root's `tensor`; the others' `tensor` is left unspecified.
+  //   gather: root's outputs[r] receives rank r's input; `outputs` is empty on the other ranks.
+  //   scatter: `output` receives root's inputs[rank]; `inputs` is empty on the other ranks.
+  //   all_to_all: flat tensors; input's chunk j goes to rank j, output's chunk j comes from rank
+  //     j, chunks split by the sizes in elements (both empty: size() equal chunks).
+  virtual Started reduce(const CollectiveDesc& call, at::Tensor& tensor);
+  virtual Started gather(const CollectiveDesc& call, std::vector<at::Tensor>& outputs,
+                         const at::Tensor& input);
+  virtual Started scatter(const CollectiveDesc& call, at::Tensor& output,
+                          const std::vector<at::Tensor>& inputs);
+  virtual Started all_to_all(const CollectiveDesc& call, at::Tensor& output,
+                             const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                             const std::vector<int64_t>& input_splits);
 
   // Every rank's `mine`, outside the numbering, within `timeout` (DDP_DEBUG=detail compares
   // them before each collective). nullopt where the transport cannot (or checks_calls: need not).
