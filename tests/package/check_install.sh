@@ -4,7 +4,9 @@
 #      libddp.so through their install RPATH ($ORIGIN/../lib), from a prefix the loader does
 #      not search by default;
 #   2. builds and runs a consumer project that uses find_package(ddp) +
-#      target_link_libraries(app ddp::ddp).
+#      target_link_libraries(app ddp::ddp);
+#   3. builds and runs a C program against the installed C ABI (include/ddp/c_api.h and
+#      libddp, no LibTorch flags).
 # Usage: check_install.sh <build dir> <source dir of the consumer>
 set -euo pipefail
 build=$1
@@ -30,3 +32,20 @@ cmake -S "$consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" >/dev/null
 cmake --build "$work/build" >/dev/null
 env -u LD_LIBRARY_PATH "$work/build/consumer"
+
+# 3. A C program against the installed C ABI: the header and libddp, no LibTorch flags.
+lib=$(dirname "$(find "$prefix" -name libddp.so -print -quit)")
+cat >"$work/c_consumer.c" <<'EOF'
+#include <stdio.h>
+
+#include "ddp/c_api.h"
+
+int main(void) {
+  printf("check_install: a C program against the installed C ABI: ddp-cpp %s, C ABI %d\n",
+         ddp_version(), ddp_abi_version());
+  return ddp_abi_version() == DDP_C_API_VERSION ? 0 : 1;
+}
+EOF
+cc -std=c11 -Wall -Werror -I"$prefix/include" "$work/c_consumer.c" -L"$lib" -lddp \
+   -Wl,-rpath,"$lib" -o "$work/c_consumer"
+env -u LD_LIBRARY_PATH "$work/c_consumer"
