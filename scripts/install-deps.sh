@@ -23,6 +23,9 @@ PACKAGES=(
   slurm-wlm munge
   # real etcd clusters in the tests of ddprun's etcd backend (tests/support/etcd.h)
   etcd-server
+  # a Rust program that trains data-parallel through the C ABI (examples/rust), built with
+  # Debian's rustc alone (no crates)
+  rustc
   # the trainer's data and plots
   dataset-fashion-mnist gnuplot-nox
   # the tools' man pages, from their --help (cmake/ManPages.cmake); the Debian packages

@@ -78,7 +78,8 @@ trixie_name() {
     cuda:libgloo-dev) echo libgloo-cuda-dev ;;
     # The real Slurm cluster (tests/slurm) and the etcd clusters (ddprun's etcd backend) serve
     # version-neutral tests, which run in the bookworm suite only.
-    *:slurm-wlm | *:munge | *:etcd-server) echo "" ;;
+    # So does the Rust program through the C ABI (examples/rust).
+    *:slurm-wlm | *:munge | *:etcd-server | *:rustc) echo "" ;;
     *) echo "$1" ;;
   esac
 }
