@@ -61,6 +61,11 @@ void all_to_all(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>&
 void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
 void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
                            ReduceOp op = ReduceOp::kSum);
+// ProcessGroup::new_group and split_group of the default group: every rank calls them.
+std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks = {},
+                                        const NewGroupOptions& options = {});
+std::shared_ptr<ProcessGroup> split_group(const std::vector<std::vector<int>>& split_ranks,
+                                          const NewGroupOptions& options = {});
 
 // The training step this process is at, recorded with each collective it issues from now on
 // (every group's flight recorder), so that a hang report says "its last completed collective

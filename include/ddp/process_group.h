@@ -78,6 +78,15 @@ struct InitOptions {
   std::optional<std::string> store_secret;
 };
 
+// A subgroup's own settings (ProcessGroup::new_group, split_group).
+struct NewGroupOptions {
+  // Unset: what the parent asked for, "shm+gloo" and "tuned" as "auto" (the subgroup's own
+  // locality decides: members on one host get shm).
+  std::optional<std::string> backend;
+  // Unset: the parent's collective timeout.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
 namespace detail {
 struct WorkState;  // a Work's state, shared by its copies
 }
@@ -180,6 +189,19 @@ class ProcessGroup {
   // long (plus 2 s for rank 0's answer) for rank 0's release and then fail with the same list. For debugging hangs: it costs
   // store round trips, not a collective, and does not take a sequence number.
   void monitored_barrier(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // Subgroups, as torch.distributed.new_group and split_group (Note [Subgroups]). Every rank of
+  // this group calls them, in the same order; the members form a group among themselves, over
+  // the transport their own locality allows, through this group's store, and get it; the other
+  // ranks get nullptr. `ranks`: ranks of this group, no repeats, sorted as PyTorch sorts them
+  // (a member's rank in the subgroup is its place among them); empty: every rank. Blocks until
+  // every member has called, bounded by the rendezvous timeout.
+  std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks = {},
+                                          const NewGroupOptions& options = {});
+  // Each list of `split_ranks` becomes a group (the lists must not overlap; a rank in none gets
+  // nullptr). Each rank forms only its own group: cheaper than a new_group per list.
+  std::shared_ptr<ProcessGroup> split_group(const std::vector<std::vector<int>>& split_ranks,
+                                            const NewGroupOptions& options = {});
 
   // A zeroed 1-D tensor of `numel` elements (CPU) that this group's collectives move without
   // copying: with the shm backend every rank of the host maps every rank's buffer, and an

@@ -133,5 +133,12 @@ void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
 void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   default_group()->reduce_scatter_tensor(output, input, op).wait();
 }
+std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, const NewGroupOptions& options) {
+  return default_group()->new_group(std::move(ranks), options);
+}
+std::shared_ptr<ProcessGroup> split_group(const std::vector<std::vector<int>>& split_ranks,
+                                          const NewGroupOptions& options) {
+  return default_group()->split_group(split_ranks, options);
+}
 
 }  // namespace ddp

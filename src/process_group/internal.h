@@ -37,6 +37,14 @@ struct ProcessGroupImpl final : ProcessGroup {
   // What moves the data (Note [Transports]); its capabilities name the backend.
   std::unique_ptr<Transport> transport;
   std::optional<int> cuda_device;  // Note [Device binding]; nullopt: none bound
+  // What subgroups inherit (Note [Subgroups] in make.cpp): `store`'s key prefix over the
+  // rendezvous store, the backend asked for, detail::TestingOptions::host_id, the Gloo
+  // interface and the group's name.
+  std::string store_prefix;
+  std::string requested_backend;
+  std::optional<std::string> host_id;
+  std::optional<std::string> gloo_interface;
+  std::string group_name;
 
   // Diagnostics (Notes [Flight recorder], [Hang reports]): null when DDP_FLIGHT_RECORDER=0;
   // no reporter for a group of one.
@@ -58,6 +66,7 @@ struct ProcessGroupImpl final : ProcessGroup {
   // Sequence number of the last collective issued (first is 1).
   std::atomic<uint64_t> seq{0};
   std::atomic<uint64_t> comm_buffers{0};        // comm_buffer() calls so far (shm buffer ids)
+  std::atomic<uint64_t> subgroups{0};  // new_group() and split_group() calls so far (their keys)
   std::atomic<uint64_t> monitored_barriers{0};  // monitored_barrier() calls so far (store keys)
   // Collectives enqueued on a GPU stream whose CUDA event has not fired yet (Note [GPU
   // completion]); shared with their WorkStates, which add to it.

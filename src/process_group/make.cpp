@@ -5,6 +5,7 @@
 #include <sys/socket.h>  // socket, connect, getsockname
 #include <unistd.h>      // close
 
+#include <algorithm>
 #include <numeric>  // std::iota
 #include <string_view>
 #include <thread>
@@ -424,15 +425,38 @@ void choose_route(ProcessGroup& pg, RouteTuning& routes, const DistEnv& env) {
   if (env.rank == 0 && debug_info(env)) log::note(env.rank, "{}", describe_routes(samples, from));
 }
 
+// The steps after the ranks met on `impl.store`: one transport agreed by all (Gloo and NCCL
+// connect their pairs through the same store), the diagnostics (their keys under `prefix`),
+// backend tuned's route.
+void form_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
+                    const std::string& requested, Backend choice, const std::string& prefix) {
+  const DistEnv& env = impl.env;
+  agree_on_backend(*impl.store, env, requested);
+  impl.transport = choice == Backend::kGloo || choice == Backend::kNccl
+                       ? c10d_transport(impl, o, choice)
+                       : cpu_transport(impl, o, choice, impl.host_id);
+  if (env.rank == 0 && debug_info(env)) {
+    log::note(env.rank, "process group '{}' of {} ranks over {}", o.group_name, env.world_size,
+              impl.caps().name);
+  }
+  add_diagnostics(impl, o, prefix);
+  if (RouteTuning* routes = impl.transport->route_tuning(); routes && choice == Backend::kTuned) {
+    choose_route(impl, *routes, env);
+  }
+}
+
 // Forming a group, step by step: where this rank stands, the timeouts, the rendezvous, one
 // transport agreed by all, the diagnostics. `host_id`: detail::TestingOptions'.
 std::shared_ptr<ProcessGroup> make_group(const InitOptions& o,
                                          const std::optional<std::string>& host_id) {
   auto impl = std::make_shared<detail::ProcessGroupImpl>();
   impl->env = resolve_env(o);
+  impl->host_id = host_id;
+  impl->gloo_interface = o.gloo_interface;
+  impl->group_name = o.group_name;
   const DistEnv& env = impl->env;
-  const std::string requested = requested_backend(o);
-  const Backend choice = choose_backend(requested);
+  impl->requested_backend = requested_backend(o);
+  const Backend choice = choose_backend(impl->requested_backend);
   const Timeouts timeouts = resolve_timeouts(o, env);
   impl->timeout = timeouts.collective;
   // Note [Device binding]: before the backend (NCCL) or anything else touches CUDA.
@@ -445,24 +469,125 @@ std::shared_ptr<ProcessGroup> make_group(const InitOptions& o,
 
   const rendezvous::Config rc = rendezvous_config(o, env, timeouts.rendezvous);
   impl->store = rendezvous::join(rc);
-  agree_on_backend(*impl->store, env, requested);
-  // All ranks are present: the transport forms (Gloo and NCCL connect their pairs through the
-  // same store).
-  impl->transport = choice == Backend::kGloo || choice == Backend::kNccl
-                        ? c10d_transport(*impl, o, choice)
-                        : cpu_transport(*impl, o, choice, host_id);
-  if (env.rank == 0 && debug_info(env)) {
-    log::note(env.rank, "process group '{}' of {} ranks over {}", o.group_name, env.world_size,
-              impl->caps().name);
-  }
-  add_diagnostics(*impl, o, rc.key_prefix);
-  if (RouteTuning* routes = impl->transport->route_tuning(); routes && choice == Backend::kTuned) {
-    choose_route(*impl, *routes, env);
-  }
+  impl->store_prefix = rc.key_prefix;
+  form_transport(*impl, o, impl->requested_backend, choice, rc.key_prefix);
   return impl;
 }
 
+// Note [Subgroups]
+// new_group and split_group form a group among some ranks of a formed one (the parent), as
+// torch.distributed's do, without a rendezvous of their own: the parent's ranks met already.
+// Every parent rank calls them in the same order, and each call takes the parent's next
+// subgroup number, which names the subgroup's keys in the parent's store ("subgroup<k>/", and
+// "/<list>" for split_group's lists), so that two calls never share a key. Members use the
+// parent's store connection (our client serialises calls; forming is its main use), agree
+// on the backend there like any group (a member missing from the call fails that exchange
+// within the store's timeout, the rendezvous timeout), and form the transport their own
+// locality allows: members on one host get shm even under a parent that spans hosts. The backend asked for is the parent's
+// ("shm+gloo" and "tuned" become "auto": the hierarchy may not fit the subgroup, and a route
+// measured for the parent says nothing about it), or NewGroupOptions::backend. The subgroup
+// lives on its own (its own numbering, flight recorder and timeout); destroying the parent
+// first is allowed while the store's host (rank 0 or the launcher's agent) lives.
+std::string subgroup_backend(const std::string& parent) {
+  return parent == "shm+gloo" || parent == "tuned" ? "auto" : parent;
+}
+
+// The subgroup `members` (sorted parent ranks, this rank among them) under `label`.
+std::shared_ptr<ProcessGroup> form_subgroup(detail::ProcessGroupImpl& parent,
+                                            const std::vector<int>& members,
+                                            const std::string& label,
+                                            const NewGroupOptions& options) {
+  auto impl = std::make_shared<detail::ProcessGroupImpl>();
+  impl->env = parent.env;
+  DistEnv& env = impl->env;
+  env.rank = static_cast<int>(std::find(members.begin(), members.end(), parent.env.rank) -
+                              members.begin());
+  env.world_size = static_cast<int>(members.size());
+  // Members on one host when the parent is on one; else unknown (gloo_device routes to
+  // MASTER_ADDR instead of assuming 127.0.0.1).
+  env.local_world_size = parent.env.local_world_size == parent.env.world_size ? env.world_size : 0;
+  impl->host_id = parent.host_id;
+  impl->gloo_interface = parent.gloo_interface;
+  impl->group_name = parent.group_name + "/" + label;
+  impl->requested_backend = options.backend.value_or(subgroup_backend(parent.requested_backend));
+  const Backend choice = choose_backend(impl->requested_backend);
+  impl->timeout = options.timeout.value_or(parent.timeout);
+  DDP_CHECK(impl->timeout.count() > 0, ConfigError,
+            "[rank {}] new_group: the timeout must be "
+            "positive",
+            parent.env.rank);
+  impl->cuda_device = parent.cuda_device;
+  // The parent's prefix and the label over the parent's store connection: one PrefixStore, so
+  // that the diagnostics get their own bounded connection as for any group.
+  impl->store_prefix = parent.store_prefix + "/" + label;
+  if (auto* prefixed = dynamic_cast<::c10d::PrefixStore*>(parent.store.get())) {
+    impl->store = c10::make_intrusive<::c10d::PrefixStore>(impl->store_prefix,
+                                                           prefixed->getUnderlyingStore());
+  } else {  // a group of one's in-process store
+    impl->store = c10::make_intrusive<::c10d::PrefixStore>(label, parent.store);
+  }
+  InitOptions o;
+  o.gloo_interface = impl->gloo_interface;
+  o.group_name = impl->group_name;
+  form_transport(*impl, o, impl->requested_backend, choice, impl->store_prefix);
+  return impl;
+}
+
+// `ranks` checked against the parent and sorted (empty: every rank).
+std::vector<int> members_of(const detail::ProcessGroupImpl& parent, std::vector<int> ranks,
+                            const char* call) {
+  const int n = parent.env.world_size;
+  if (ranks.empty()) {
+    ranks.resize(n);
+    std::iota(ranks.begin(), ranks.end(), 0);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    DDP_CHECK(ranks[i] >= 0 && ranks[i] < n, ConfigError,
+              "[rank {}] {}: rank {} is not in this group of {} ranks", parent.env.rank, call,
+              ranks[i], n);
+    DDP_CHECK(i == 0 || ranks[i] != ranks[i - 1], ConfigError,
+              "[rank {}] {}: rank {} is listed twice", parent.env.rank, call, ranks[i]);
+  }
+  return ranks;
+}
+
 }  // namespace
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks,
+                                                      const NewGroupOptions& options) {
+  detail::ProcessGroupImpl& parent = detail::impl_of(*this);
+  const std::vector<int> members = members_of(parent, std::move(ranks), "new_group");
+  const std::string label = fmt::format("subgroup{}", ++parent.subgroups);
+  if (!std::binary_search(members.begin(), members.end(), parent.env.rank)) return nullptr;
+  return form_subgroup(parent, members, label, options);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split_group(
+    const std::vector<std::vector<int>>& split_ranks, const NewGroupOptions& options) {
+  detail::ProcessGroupImpl& parent = detail::impl_of(*this);
+  std::vector<int> seen(static_cast<size_t>(parent.env.world_size), -1);
+  std::shared_ptr<ProcessGroup> mine;
+  std::optional<std::pair<size_t, std::vector<int>>> own;
+  for (size_t g = 0; g < split_ranks.size(); ++g) {
+    DDP_CHECK(!split_ranks[g].empty(), ConfigError, "[rank {}] split_group: list {} is empty",
+              parent.env.rank, g);
+    const std::vector<int> members = members_of(parent, split_ranks[g], "split_group");
+    for (int r : members) {
+      DDP_CHECK(seen[r] < 0, ConfigError,
+                "[rank {}] split_group: rank {} is in list {} and in list {}; the lists must "
+                "not overlap",
+                parent.env.rank, r, seen[r], g);
+      seen[r] = static_cast<int>(g);
+    }
+    if (std::binary_search(members.begin(), members.end(), parent.env.rank)) {
+      own.emplace(g, members);
+    }
+  }
+  const uint64_t k = ++parent.subgroups;  // a refused call (above) takes no number
+  if (!own) return nullptr;
+  return form_subgroup(parent, own->second, fmt::format("subgroup{}/{}", k, own->first), options);
+}
 
 std::shared_ptr<ProcessGroup> make_process_group(const InitOptions& options) {
   return make_group(options, std::nullopt);

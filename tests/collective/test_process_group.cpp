@@ -645,6 +645,89 @@ TEST(CollectivesVsPython, SameResultsAsTorchDistributed) {
   std::printf("[ python ] compared with PyTorch %zu collectives on 3 ranks\n", compared.size());
 }
 
+// Subgroups (Note [Subgroups]): collectives among their members only, numbered on their own,
+// over the transport the members' locality allows; the parent goes on beside them.
+TEST(Subgroups, NewGroupAndSplitGroupReduceAmongTheirMembersOnly) {
+  run_ranks(4, [](ProcessGroup& pg) {
+    const int me = pg.rank();
+    auto odd = pg.new_group({3, 1});
+    ASSERT_EQ(odd != nullptr, me % 2 == 1) << "rank " << me;
+    if (odd) {
+      EXPECT_EQ(odd->size(), 2);
+      EXPECT_EQ(odd->rank(), me / 2);  // 1 -> 0, 3 -> 1: sorted, as PyTorch's
+      auto t = torch::full({3}, static_cast<float>(me));
+      odd->all_reduce(t).wait();
+      EXPECT_TRUE(torch::equal(t, torch::full({3}, 4.0f))) << t;
+      EXPECT_EQ(odd->last_sequence_number(), 1u);
+    }
+    auto pair = pg.split_group({{0, 1}, {2, 3}});
+    ASSERT_NE(pair, nullptr);
+    EXPECT_EQ(pair->size(), 2);
+    EXPECT_EQ(pair->rank(), me % 2);
+    auto t = torch::full({2}, static_cast<float>(me));
+    pair->all_reduce(t).wait();
+    EXPECT_TRUE(torch::equal(t, torch::full({2}, me < 2 ? 1.0f : 5.0f))) << t;
+    std::vector<at::Tensor> got{torch::empty({1}, torch::kInt), torch::empty({1}, torch::kInt)};
+    pair->all_gather(got, torch::full({1}, me, torch::kInt)).wait();
+    EXPECT_EQ(got[0].item<int>(), me - me % 2);
+    EXPECT_EQ(got[1].item<int>(), me - me % 2 + 1);
+    if (testing::test_hosts() == 2) {
+      // Hosts laid out 2 + 2: each pair is one host's (shared memory); the odd ranks are one
+      // on each host (Gloo).
+      EXPECT_EQ(pair->backend(), "shm");
+      if (odd) EXPECT_EQ(odd->backend(), "gloo");
+    } else {
+      EXPECT_EQ(pair->backend(), testing::test_backend());
+    }
+    auto all = pg.new_group();
+    ASSERT_NE(all, nullptr);
+    EXPECT_EQ(all->size(), 4);
+    EXPECT_EQ(all->rank(), me);
+    auto ones = torch::ones({1});
+    all->all_reduce(ones).wait();
+    EXPECT_EQ(ones.item<float>(), 4.0f);
+    // The parent's numbering is its own.
+    const uint64_t before = pg.last_sequence_number();
+    auto p = torch::ones({1});
+    pg.all_reduce(p).wait();
+    EXPECT_EQ(p.item<float>(), 4.0f);
+    EXPECT_EQ(pg.last_sequence_number(), before + 1);
+    pair->barrier().wait();
+    if (odd) odd->barrier().wait();
+    all->barrier().wait();
+  });
+}
+
+TEST(Subgroups, BadRanksAreNamedAndTakeNoNumber) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto expect_error = [](const std::function<void()>& call, const std::string& text) {
+      try {
+        call();
+        ADD_FAILURE() << "no error; expected: " << text;
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+      }
+    };
+    expect_error(
+        [&] {
+          pg.new_group({0, 2});
+        },
+        "new_group: rank 2 is not in this group of 2 ranks");
+    expect_error([&] { pg.new_group({1, 1}); }, "new_group: rank 1 is listed twice");
+    expect_error(
+        [&] {
+          pg.split_group({{0, 1}, {1}});
+        },
+        "split_group: rank 1 is in list 0 and in list 1; the lists must not overlap");
+    auto g = pg.new_group({0, 1});
+    ASSERT_NE(g, nullptr);
+    auto t = torch::ones({1});
+    g->all_reduce(t).wait();
+    EXPECT_EQ(t.item<float>(), 2.0f);
+    g->barrier().wait();
+  });
+}
+
 // Note [Device binding]: a device that does not exist is named with what is visible; the CPU
 // backends bind none unless asked; nccl without NCCL compiled in says so.
 TEST(DeviceBinding, ChoosesLocalRankOrTheRequestedDeviceAndNamesAMissingOne) {
