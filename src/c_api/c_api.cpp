@@ -71,41 +71,36 @@ struct InvalidArgument : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The status code of a ddp::Error: its most specific class (TimeoutError is a CollectiveError).
+int status_of(const ddp::Error& e) {
+  if (dynamic_cast<const ddp::ConfigError*>(&e) != nullptr) return DDP_E_CONFIG;
+  if (dynamic_cast<const ddp::RendezvousError*>(&e) != nullptr) return DDP_E_RENDEZVOUS;
+  if (dynamic_cast<const ddp::TimeoutError*>(&e) != nullptr) return DDP_E_TIMEOUT;
+  if (dynamic_cast<const ddp::CollectiveError*>(&e) != nullptr) return DDP_E_COLLECTIVE;
+  if (dynamic_cast<const ddp::InternalError*>(&e) != nullptr) return DDP_E_INTERNAL;
+  return DDP_E_ERROR;
+}
+
+int failed(int status, std::string message) {
+  t_last_error = std::move(message);
+  return status;
+}
+
 template <typename Body>
 int guarded(const char* call, Body&& body) {
   try {
     body();
     return DDP_OK;
   } catch (const InvalidArgument& e) {
-    t_last_error = fmt::format("{}: {}", call, e.what());
-    return DDP_E_INVALID;
-  } catch (const ddp::ConfigError& e) {
-    t_last_error = e.what();
-    return DDP_E_CONFIG;
-  } catch (const ddp::RendezvousError& e) {
-    t_last_error = e.what();
-    return DDP_E_RENDEZVOUS;
-  } catch (const ddp::TimeoutError& e) {
-    t_last_error = e.what();
-    return DDP_E_TIMEOUT;
-  } catch (const ddp::CollectiveError& e) {
-    t_last_error = e.what();
-    return DDP_E_COLLECTIVE;
-  } catch (const ddp::InternalError& e) {
-    t_last_error = e.what();
-    return DDP_E_INTERNAL;
+    return failed(DDP_E_INVALID, fmt::format("{}: {}", call, e.what()));
   } catch (const ddp::Error& e) {
-    t_last_error = e.what();
-    return DDP_E_ERROR;
+    return failed(status_of(e), e.what());  // names rank, call and remedy already
   } catch (const c10::Error& e) {
-    t_last_error = fmt::format("{}: {}", call, e.what_without_backtrace());
-    return DDP_E_INTERNAL;
+    return failed(DDP_E_INTERNAL, fmt::format("{}: {}", call, e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    t_last_error = fmt::format("{}: {}", call, e.what());
-    return DDP_E_INTERNAL;
+    return failed(DDP_E_INTERNAL, fmt::format("{}: {}", call, e.what()));
   } catch (...) {
-    t_last_error = fmt::format("{}: an unknown exception", call);
-    return DDP_E_INTERNAL;
+    return failed(DDP_E_INTERNAL, fmt::format("{}: an unknown exception", call));
   }
 }
 

@@ -257,7 +257,7 @@ int64_t row_numel(const at::Tensor& t) {
   return row;
 }
 
-// all_to_all_single's split sizes, checked, in elements (empty when both were empty, or equal).
+// all_to_all_single's split sizes along dim 0, checked, in elements (empty: none were given).
 std::vector<int64_t> element_splits(const detail::ProcessGroupImpl& pg,
                                     const std::vector<int64_t>& splits, const at::Tensor& t,
                                     const char* what) {
