@@ -40,7 +40,8 @@
 extern "C" {
 #endif
 
-#define DDP_C_API_VERSION 1
+/* 1: the first surface; 2: ddp_send, ddp_recv, ddp_tensor_send, ddp_tensor_recv. */
+#define DDP_C_API_VERSION 2
 
 /* Status codes. */
 #define DDP_OK 0
@@ -117,11 +118,18 @@ int ddp_reduce_scatter(ddp_group* group, void* output, const void* input, size_t
 int ddp_reduce(ddp_group* group, void* data, size_t count, ddp_dtype dtype, ddp_reduce_op op,
                int root);
 int ddp_barrier(ddp_group* group);
+/* Point to point: `count` elements to rank `dst`, or from rank `src`, matched by `tag` (>= 0) and
+ * by the order of the calls between the two ranks with that tag. A send may return before its
+ * recv is posted, or only once it is. */
+int ddp_send(ddp_group* group, const void* data, size_t count, ddp_dtype dtype, int dst, int tag);
+int ddp_recv(ddp_group* group, void* data, size_t count, ddp_dtype dtype, int src, int tag);
 
 /* --- collectives on tensors (blocking) --------------------------------------------------- */
 
 int ddp_tensor_all_reduce(ddp_group* group, ddp_tensor tensor, ddp_reduce_op op);
 int ddp_tensor_broadcast(ddp_group* group, ddp_tensor tensor, int root);
+int ddp_tensor_send(ddp_group* group, ddp_tensor tensor, int dst, int tag);
+int ddp_tensor_recv(ddp_group* group, ddp_tensor tensor, int src, int tag);
 
 /* --- the distributed sampler (PyTorch's DistributedSampler) ----------------------------- */
 

@@ -61,6 +61,12 @@ void all_to_all(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>&
 void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input);
 void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
                            ReduceOp op = ReduceOp::kSum);
+// Point to point over the default group (ProcessGroup::isend says how they match); recv
+// returns `src`.
+void send(const at::Tensor& tensor, int dst, int tag = 0);
+int recv(at::Tensor& tensor, int src, int tag = 0);
+Work isend(const at::Tensor& tensor, int dst, int tag = 0);
+Work irecv(at::Tensor& tensor, int src, int tag = 0);
 // ProcessGroup::new_group and split_group of the default group: every rank calls them.
 std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks = {},
                                         const NewGroupOptions& options = {});

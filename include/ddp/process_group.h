@@ -183,6 +183,22 @@ class ProcessGroup {
   // reduction over ranks of their chunk rank().
   [[nodiscard]] Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
                                            ReduceOp op = ReduceOp::kSum);
+  // Point to point, as torch.distributed's isend and irecv: `tensor` to rank `dst`, or from rank
+  // `src`, matched by `tag` (0 to 16383) and by the order of the calls between the two ranks
+  // with that tag. Only those two ranks take part, so the call takes no number in the group's
+  // sequence; its description numbers it among the messages of its channel, the same on both
+  // sides ("recv #3 (from rank 0, tag 7, 8 x Float)"). Bounded by timeout(). A send's and its
+  // recv's tensors have the same dtype and number of elements (else the recv fails, naming both;
+  // NCCL ignores tags and matches in call order, as in PyTorch). A send may complete before its
+  // recv is posted (over shm always, over Gloo when small), or only once it is: two ranks that
+  // exchange tensors use isend and irecv, then wait. Over shm they go through a shared-memory
+  // mailbox (two copies; Note [Point to point]).
+  [[nodiscard]] Work isend(const at::Tensor& tensor, int dst, int tag = 0);
+  [[nodiscard]] Work irecv(at::Tensor& tensor, int src, int tag = 0);
+  // Blocking: isend(...).wait(); recv returns `src`, as PyTorch's returns the sender's rank.
+  void send(const at::Tensor& tensor, int dst, int tag = 0);
+  int recv(at::Tensor& tensor, int src, int tag = 0);
+
   // A blocking barrier through the rendezvous store, like torch.distributed.monitored_barrier:
   // every rank reports its arrival; rank 0 waits up to `timeout` (unset: timeout()) for all
   // and throws ddp::TimeoutError naming every rank that did not arrive; the others wait as

@@ -219,6 +219,18 @@ int ddp_broadcast(ddp_group* group, void* data, size_t count, ddp_dtype dtype, i
   });
 }
 
+int ddp_send(ddp_group* group, const void* data, size_t count, ddp_dtype dtype, int dst, int tag) {
+  return guarded("ddp_send",
+                 [&] { need(group, "group").pg->send(host_tensor(data, count, dtype), dst, tag); });
+}
+
+int ddp_recv(ddp_group* group, void* data, size_t count, ddp_dtype dtype, int src, int tag) {
+  return guarded("ddp_recv", [&] {
+    at::Tensor t = host_tensor(data, count, dtype);
+    need(group, "group").pg->recv(t, src, tag);
+  });
+}
+
 int ddp_all_gather(ddp_group* group, void* output, const void* input, size_t count,
                    ddp_dtype dtype) {
   return guarded("ddp_all_gather", [&] {
@@ -260,6 +272,16 @@ int ddp_tensor_all_reduce(ddp_group* group, ddp_tensor tensor, ddp_reduce_op op)
 int ddp_tensor_broadcast(ddp_group* group, ddp_tensor tensor, int root) {
   return guarded("ddp_tensor_broadcast",
                  [&] { need(group, "group").pg->broadcast(tensor_of(tensor), root).wait(); });
+}
+
+int ddp_tensor_send(ddp_group* group, ddp_tensor tensor, int dst, int tag) {
+  return guarded("ddp_tensor_send",
+                 [&] { need(group, "group").pg->send(tensor_of(tensor), dst, tag); });
+}
+
+int ddp_tensor_recv(ddp_group* group, ddp_tensor tensor, int src, int tag) {
+  return guarded("ddp_tensor_recv",
+                 [&] { need(group, "group").pg->recv(tensor_of(tensor), src, tag); });
 }
 
 int ddp_sampler_create(const ddp_group* group, int64_t dataset_size, int shuffle, uint64_t seed,

@@ -13,7 +13,8 @@ constexpr Collective kCollectives[] = {Collective::kAllReduce, Collective::kBroa
                                        Collective::kAllGather, Collective::kReduceScatter,
                                        Collective::kBarrier,   Collective::kReduce,
                                        Collective::kGather,    Collective::kScatter,
-                                       Collective::kAllToAll};
+                                       Collective::kAllToAll,  Collective::kSend,
+                                       Collective::kRecv};
 constexpr ReduceOp kReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
 
 }  // namespace
@@ -73,6 +74,8 @@ const char* name(Collective c) {
     case Collective::kGather: return "gather";
     case Collective::kScatter: return "scatter";
     case Collective::kAllToAll: return "all_to_all";
+    case Collective::kSend: return "send";
+    case Collective::kRecv: return "recv";
   }
   return "?";
 }
@@ -119,6 +122,10 @@ std::string CollectiveDesc::detail() const {
     case Collective::kAllToAll:
       return count == 0 ? fmt::format("uneven splits, {}", name(dtype))
                         : fmt::format("{} x {} per peer", count, name(dtype));
+    case Collective::kSend:
+      return fmt::format("to rank {}, tag {}, {} x {}", root, tag, count, name(dtype));
+    case Collective::kRecv:
+      return fmt::format("from rank {}, tag {}, {} x {}", root, tag, count, name(dtype));
     case Collective::kBarrier: break;
   }
   return "";

@@ -133,6 +133,14 @@ void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input) {
 void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   default_group()->reduce_scatter_tensor(output, input, op).wait();
 }
+void send(const at::Tensor& tensor, int dst, int tag) { default_group()->send(tensor, dst, tag); }
+int recv(at::Tensor& tensor, int src, int tag) { return default_group()->recv(tensor, src, tag); }
+Work isend(const at::Tensor& tensor, int dst, int tag) {
+  return default_group()->isend(tensor, dst, tag);
+}
+Work irecv(at::Tensor& tensor, int src, int tag) {
+  return default_group()->irecv(tensor, src, tag);
+}
 std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, const NewGroupOptions& options) {
   return default_group()->new_group(std::move(ranks), options);
 }

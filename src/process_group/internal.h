@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -17,6 +18,7 @@
 #include "process_group/collective.h"
 #include "process_group/flight_recorder.h"
 #include "process_group/hang_report.h"
+#include "process_group/mailbox.h"
 #include "process_group/shm_setup.h"
 #include "process_group/transport/transport.h"
 
@@ -71,6 +73,12 @@ struct ProcessGroupImpl final : ProcessGroup {
   // Collectives enqueued on a GPU stream whose CUDA event has not fired yet (Note [GPU
   // completion]); shared with their WorkStates, which add to it.
   std::shared_ptr<flight::InFlight> inflight = std::make_shared<flight::InFlight>();
+  // send and recv (Note [Point to point] in mailbox.h): the messages of each channel so far, by
+  // (peer, tag), and the mailbox of a transport without them (made at the first send or recv).
+  Mutex p2p_mu;
+  std::map<std::pair<int, int>, uint64_t> p2p_sent GUARDED_BY(p2p_mu);
+  std::map<std::pair<int, int>, uint64_t> p2p_received GUARDED_BY(p2p_mu);
+  std::unique_ptr<Mailbox> mailbox GUARDED_BY(p2p_mu);
   // Set when a collective ran past the timeout on the GPU and the transport was aborted: every
   // later collective fails at once with this text.
   std::string aborted GUARDED_BY(issue_mu);

@@ -365,6 +365,72 @@ std::shared_ptr<detail::WorkState> all_to_all_flat(ProcessGroup& self, Staging& 
   });
 }
 
+// The checks of isend and irecv, before the call takes its number on its channel.
+void check_p2p(const detail::ProcessGroupImpl& pg, Collective op, const at::Tensor& t, int peer,
+               int tag) {
+  const int me = pg.env.rank;
+  DDP_CHECK(t.defined(), Error, "[rank {}] {}: the tensor is undefined", me, name(op));
+  DDP_CHECK(peer >= 0 && peer < pg.env.world_size && peer != me, Error,
+            "[rank {}] {}: {} rank {} is not another rank of this group of {} ranks", me, name(op),
+            op == Collective::kSend ? "destination" : "source", peer, pg.env.world_size);
+  DDP_CHECK(tag >= 0 && tag < kTagLimit, Error,
+            "[rank {}] {} {} rank {}: tag {} is outside 0 to {}", me, name(op),
+            op == Collective::kSend ? "to" : "from", peer, tag, kTagLimit - 1);
+  const Capabilities& caps = pg.caps();
+  const bool cuda = t.device().is_cuda();
+  DDP_CHECK(cuda ? caps.cuda_tensors || caps.cpu_tensors
+                 : caps.cpu_tensors || pg.cuda_device.has_value(),
+            Error, "[rank {}] {}: the {} backend moves {} tensors, this one is on {}", me, name(op),
+            caps.name, caps.cpu_tensors ? "CPU" : "CUDA", t.device().str());
+}
+
+// isend and irecv (Note [Point to point] in mailbox.h): numbered on their channel, started by
+// the transport, or by the mailbox where it has none.
+std::shared_ptr<detail::WorkState> point_to_point(detail::ProcessGroupImpl& pg, Collective op,
+                                                  const at::Tensor& tensor, int peer, int tag) {
+  check_p2p(pg, op, tensor, peer, tag);
+  const bool sending = op == Collective::kSend;
+  CollectiveDesc call = describe(op, tensor);
+  call.root = peer;
+  call.tag = tag;
+  Staging staging(pg);
+  at::Tensor t = staging.stage(tensor, sending, !sending, /*contiguous=*/true);
+  auto state = std::make_shared<detail::WorkState>();
+  state->rank = pg.env.rank;
+  state->timeout = pg.timeout;
+  // Not the group's: its in-flight works complete records of the collectives' ring by number.
+  state->inflight = std::make_shared<flight::InFlight>();
+  // Numbering and starting are one step, so that the calls of a channel start in their order.
+  MutexLock lock(&pg.p2p_mu);
+  uint64_t& count = (sending ? pg.p2p_sent : pg.p2p_received)[{peer, tag}];
+  call.seq = count + 1;
+  state->call = call;
+  state->issued = std::chrono::steady_clock::now();
+  Started started;
+  try {
+    if (pg.caps().point_to_point) {
+      started = sending ? pg.transport->send(call, t) : pg.transport->recv(call, t);
+    } else {
+      if (!pg.mailbox) pg.mailbox = std::make_unique<Mailbox>(pg.store, pg.env.rank, pg.timeout);
+      if (sending) {
+        pg.mailbox->send(call, t);
+      } else {
+        started.pending = pg.mailbox->recv(call, t);
+      }
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CollectiveError(
+        fmt::format("[rank {}] {} could not start: {}", pg.env.rank, call.describe(), e.what()));
+  }
+  count = call.seq;  // only a call that started takes its number
+  started = staging.finish(call, std::move(started));
+  state->pending = std::move(started.pending);
+  state->then = std::move(started.then);
+  return state;
+}
+
 }  // namespace
 
 const Capabilities& capabilities_of(ProcessGroup& pg) { return detail::impl_of(pg).caps(); }
@@ -375,6 +441,11 @@ ProcessGroup::~ProcessGroup() = default;
 // returned early) says so first, before the transport's connections close: over Gloo the peers
 // otherwise see only "Connection closed by peer" (shm's control block tells them anyway).
 detail::ProcessGroupImpl::~ProcessGroupImpl() {
+  {
+    // Its messages not yet taken are waited for first (Note [Point to point]).
+    MutexLock lock(&p2p_mu);
+    mailbox.reset();
+  }
   if (reporter && transport && !caps().announces_departure) {
     try {
       // Calls go to the store under the prefix, whose own timeout bounds them.
@@ -663,6 +734,23 @@ Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& i
   std::vector<at::Tensor> inputs;
   for (int r = 0; r < n; ++r) inputs.push_back(rows[r].view(output.sizes()));
   return reduce_scatter(output, inputs, op);
+}
+
+Work ProcessGroup::isend(const at::Tensor& tensor, int dst, int tag) {
+  return Work(point_to_point(detail::impl_of(*this), Collective::kSend, tensor, dst, tag));
+}
+
+Work ProcessGroup::irecv(at::Tensor& tensor, int src, int tag) {
+  return Work(point_to_point(detail::impl_of(*this), Collective::kRecv, tensor, src, tag));
+}
+
+void ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) {
+  isend(tensor, dst, tag).wait();
+}
+
+int ProcessGroup::recv(at::Tensor& tensor, int src, int tag) {
+  irecv(tensor, src, tag).wait();
+  return src;
 }
 
 at::Tensor ProcessGroup::comm_buffer(int64_t numel, const at::TensorOptions& options) {

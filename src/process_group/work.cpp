@@ -42,13 +42,21 @@ std::exception_ptr classify(const detail::WorkState& s, const std::string& cause
   const auto elapsed_ms = duration_cast<milliseconds>(steady_clock::now() - s.issued);
   const double elapsed = duration<double>(elapsed_ms).count();
   const double limit = duration<double>(s.timeout).count();
+  const bool p2p = s.call.op == Collective::kSend || s.call.op == Collective::kRecv;
   if (elapsed_ms >= s.timeout) {
+    const std::string who =
+        p2p ? fmt::format(
+                  "Rank {} has not posted the matching {} (the same tag): it may be "
+                  "stuck, dead, or {} with another tag or rank",
+                  s.call.root, s.call.op == Collective::kSend ? "recv" : "send",
+                  s.call.op == Collective::kSend ? "receive" : "send")
+            : std::string(
+                  "A peer rank has not reached this collective: it may be stuck, dead, "
+                  "or issuing collectives in a different order");
     return std::make_exception_ptr(TimeoutError(fmt::format(
-        "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s): {}. A peer rank has not "
-        "reached this collective: it may be stuck, dead, or issuing collectives in a different "
-        "order. If the work is legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or "
-        "InitOptions::timeout.",
-        s.rank, s.call.describe(), elapsed, limit, cause)));
+        "[rank {}] {} timed out after {:.1f} s (limit {:.1f} s): {}. {}. If the work is "
+        "legitimately slow, raise DDP_COLLECTIVE_TIMEOUT or InitOptions::timeout.",
+        s.rank, s.call.describe(), elapsed, limit, cause, who)));
   }
   return std::make_exception_ptr(CollectiveError(fmt::format(
       "[rank {}] {} failed: {}. A peer rank has probably exited or crashed: look for its own "

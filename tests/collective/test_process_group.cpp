@@ -7,6 +7,7 @@
 #include <latch>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -350,6 +351,67 @@ TEST_P(Collectives, BFloat16MovesThroughGatherScatterAndAllToAll) {
   });
 }
 
+// send and recv (Note [Point to point]): a ring of isend/irecv pairs (two ranks exchanging
+// both ways, with non-contiguous tensors), messages of one channel in order whatever order
+// they are waited in, tags received out of the order they were sent in, a large message, and
+// descriptions numbered per channel, the same on both sides.
+TEST_P(Collectives, SendAndRecvMatchByPeerTagAndOrder) {
+  const int n = GetParam();
+  if (n < 2) GTEST_SKIP() << "point to point needs two ranks";
+  run_ranks(n, [n](ProcessGroup& pg) {
+    const int me = pg.rank();
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    auto out = torch::arange(6, torch::kDouble).reshape({2, 3}).t() + 100 * me;  // [3, 2], strided
+    auto in = torch::zeros({2, 3}, torch::kDouble).t();
+    Work sent = pg.isend(out, next, 0);
+    Work got = pg.irecv(in, prev, 0);
+    EXPECT_EQ(sent.description(), fmt::format("send #1 (to rank {}, tag 0, 6 x Double)", next));
+    EXPECT_EQ(got.description(), fmt::format("recv #1 (from rank {}, tag 0, 6 x Double)", prev));
+    got.wait();
+    sent.wait();
+    EXPECT_TRUE(torch::equal(in, torch::arange(6, torch::kDouble).reshape({2, 3}).t() + 100 * prev))
+        << in;
+
+    if (me == 0) {
+      std::vector<Work> works;
+      for (int i = 0; i < 3; ++i) works.push_back(pg.isend(torch::full({2}, 10.0f + i), 1, 4));
+      works.push_back(pg.isend(torch::full({2}, 1.0f), 1, 1));
+      works.push_back(pg.isend(torch::full({2}, 2.0f), 1, 2));
+      auto big = torch::arange(1 << 20, torch::kFloat);
+      works.push_back(pg.isend(big, 1, 9));
+      works.push_back(pg.isend(torch::full({3}, 1.5, torch::kBFloat16), 1, 3));
+      for (Work& w : works) w.wait();
+      EXPECT_EQ(works[2].description(), "send #3 (to rank 1, tag 4, 2 x Float)");
+    } else if (me == 1) {
+      std::vector<at::Tensor> ordered(3, torch::zeros({2}));
+      std::vector<Work> works;
+      for (int i = 0; i < 3; ++i) {
+        ordered[i] = torch::zeros({2});
+        works.push_back(pg.irecv(ordered[i], 0, 4));
+      }
+      for (int i = 2; i >= 0; --i) works[i].wait();  // waited in reverse: matched by order
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(ordered[i][0].item<float>(), 10 + i) << i;
+      EXPECT_EQ(works[2].description(), "recv #3 (from rank 0, tag 4, 2 x Float)");
+      auto two = torch::zeros({2}), one = torch::zeros({2});
+      EXPECT_EQ(pg.recv(two, 0, 2), 0);  // tag 2 first, though sent second
+      pg.recv(one, 0, 1);
+      EXPECT_EQ(two[1].item<float>(), 2);
+      EXPECT_EQ(one[1].item<float>(), 1);
+      auto big = torch::empty({1 << 20});
+      pg.recv(big, 0, 9);
+      EXPECT_TRUE(torch::equal(big, torch::arange(1 << 20, torch::kFloat)));
+      auto half = torch::zeros({3}, torch::kBFloat16);
+      pg.recv(half, 0, 3);
+      EXPECT_TRUE(torch::equal(half, torch::full({3}, 1.5, torch::kBFloat16)));
+    }
+    // The collectives' numbering is untouched by point to point.
+    auto ones = torch::ones({1});
+    pg.all_reduce(ones).wait();
+    EXPECT_EQ(ones[0].item<float>(), n);
+    EXPECT_EQ(pg.last_sequence_number(), 1u);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
@@ -512,6 +574,109 @@ TEST(CollectiveErrors, BadArgumentsOfTheRootedCollectivesAreNamed) {
     expect_error([&] { auto w = pg.reduce(ints, 0, ReduceOp::kAvg); },
                  "averaging needs a floating-point tensor");
     EXPECT_EQ(pg.last_sequence_number(), before) << "a refused call took a sequence number";
+  });
+}
+
+TEST(CollectiveErrors, BadArgumentsOfSendAndRecvAreNamedAndTakeNoNumber) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto expect_error = [&](const std::function<void()>& call, const std::string& text) {
+      try {
+        call();
+        ADD_FAILURE() << "no error; expected: " << text;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+      }
+    };
+    const int me = pg.rank(), peer = 1 - pg.rank();
+    auto t = torch::ones({3});
+    expect_error([&] { auto w = pg.isend(t, me); },
+                 fmt::format("[rank {}] send: destination rank {} is not another rank of this "
+                             "group of 2 ranks",
+                             me, me));
+    expect_error([&] { auto w = pg.irecv(t, 2); },
+                 "recv: source rank 2 is not another rank of this group of 2 ranks");
+    expect_error([&] { auto w = pg.isend(t, peer, -1); },
+                 fmt::format("send to rank {}: tag -1 is outside 0 to 16383", peer));
+    expect_error([&] { auto w = pg.irecv(t, peer, 1 << 14); }, "tag 16384 is outside 0 to 16383");
+    at::Tensor undefined;
+    expect_error([&] { auto w = pg.irecv(undefined, peer); }, "recv: the tensor is undefined");
+    // The refused calls took no number on their channel: the first message is #1.
+    Work w = me == 0 ? pg.isend(t, 1) : pg.irecv(t, 0);
+    EXPECT_NE(w.description().find("#1 ("), std::string::npos) << w.description();
+    w.wait();
+  });
+}
+
+// A recv that no send meets fails at the timeout, naming its channel and number; a sender whose
+// group is destroyed right after its send still delivers (its group waits until the message is
+// taken); a message of another size or dtype fails its recv naming both (over Gloo, which would
+// abort the process, through a header first: Note [Gloo point to point]).
+TEST(CollectiveErrors, ARecvWithoutItsSendTimesOutNamingTheChannel) {
+  const int port = testing::free_port();
+  std::latch rank1_done(1);
+  double waited_s = 0;
+  std::string message;
+  auto errors = testing::run_threads(2, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 2, port, /*timeout=*/1s));
+    if (r == 1) {
+      auto t = torch::zeros({4});
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        pg->recv(t, 0, 3);
+      } catch (const TimeoutError& e) {
+        message = e.what();
+      }
+      waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      rank1_done.count_down();
+    } else {
+      rank1_done.wait();  // rank 0 never sends
+    }
+  });
+  EXPECT_FALSE(errors[0]) << testing::message_of(errors[0]);
+  EXPECT_FALSE(errors[1]) << testing::message_of(errors[1]);
+  EXPECT_GE(waited_s, 0.9);
+  EXPECT_LT(waited_s, 5.0);
+  for (const char* needle : {"[rank 1]", "recv #1 (from rank 0, tag 3, 4 x Float)", "timed out",
+                             "DDP_COLLECTIVE_TIMEOUT"}) {
+    EXPECT_NE(message.find(needle), std::string::npos) << needle << " not in: " << message;
+  }
+}
+
+TEST(CollectiveErrors, ASenderThatLeavesAtOnceStillDelivers) {
+  const int port = testing::free_port();
+  at::Tensor got = torch::zeros({5}, torch::kLong);
+  auto errors = testing::run_threads(2, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 2, port));
+    if (r == 0) {
+      pg->send(torch::arange(5, torch::kLong), 1, 6);
+      return;  // its group (and the store it hosts) is destroyed at once
+    }
+    std::this_thread::sleep_for(300ms);
+    pg->recv(got, 0, 6);
+  });
+  EXPECT_FALSE(errors[0]) << testing::message_of(errors[0]);
+  EXPECT_FALSE(errors[1]) << testing::message_of(errors[1]);
+  EXPECT_TRUE(torch::equal(got, torch::arange(5, torch::kLong))) << got;
+  // A message of another size or dtype fails its recv, naming both, and the group goes on.
+  run_ranks(2, [](ProcessGroup& pg) {
+    if (pg.rank() == 0) {
+      pg.send(torch::ones({8}), 1);
+      pg.send(torch::ones({2}, torch::kLong), 1);
+      return;
+    }
+    auto t = torch::zeros({4});
+    try {
+      pg.recv(t, 0);
+      ADD_FAILURE() << "no error";
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("recv #1 (from rank 0, tag 0, 4 x Float) failed: rank "
+                                           "0 sent 8 x Float"),
+                std::string::npos)
+          << e.what();
+    }
+    auto next = torch::zeros({2}, torch::kLong);
+    pg.recv(next, 0);
+    EXPECT_EQ(next[1].item<int64_t>(), 1);
   });
 }
 

@@ -1,5 +1,5 @@
 /* The C ABI's surface, pinned: every exported function assigned to a pointer of the exact type
- * it had when DDP_C_API_VERSION 1 was published, and every constant's value. A changed
+ * it had in the version that added it, and every constant's value. A changed
  * signature or value stops this file from compiling (-Werror=incompatible-pointer-types), and
  * the build with it. check_c_abi.sh then checks that libddp exports exactly these functions.
  * Running it checks the library's ABI version against the header's. */
@@ -8,7 +8,7 @@
 
 #include "ddp/c_api.h"
 
-_Static_assert(DDP_C_API_VERSION == 1, "a new ABI version: pin its additions here");
+_Static_assert(DDP_C_API_VERSION == 2, "a new ABI version: pin its additions here");
 _Static_assert(DDP_OK == 0 && DDP_E_ERROR == 1 && DDP_E_CONFIG == 2 && DDP_E_RENDEZVOUS == 3 &&
                    DDP_E_COLLECTIVE == 4 && DDP_E_TIMEOUT == 5 && DDP_E_INVALID == 6 &&
                    DDP_E_ABI == 7 && DDP_E_INTERNAL == 8,
@@ -20,6 +20,7 @@ _Static_assert(DDP_SUM == 0 && DDP_AVG == 1 && DDP_MAX == 2 && DDP_MIN == 3, "re
 _Static_assert(sizeof(ddp_dtype) == sizeof(int) && sizeof(ddp_reduce_op) == sizeof(int),
                "enums are passed as int");
 
+/* Version 1. */
 const char* (*const p_version)(void) = ddp_version;
 int (*const p_abi_version)(void) = ddp_abi_version;
 const char* (*const p_last_error)(void) = ddp_last_error;
@@ -50,6 +51,11 @@ int (*const p_model_create)(ddp_group*, const ddp_tensor*, size_t, double, int, 
 void (*const p_model_destroy)(ddp_model*) = ddp_model_destroy;
 int (*const p_model_prepare_forward)(ddp_model*) = ddp_model_prepare_forward;
 int (*const p_model_set_no_sync)(ddp_model*, int) = ddp_model_set_no_sync;
+/* Version 2. */
+int (*const p_send)(ddp_group*, const void*, size_t, ddp_dtype, int, int) = ddp_send;
+int (*const p_recv)(ddp_group*, void*, size_t, ddp_dtype, int, int) = ddp_recv;
+int (*const p_tensor_send)(ddp_group*, ddp_tensor, int, int) = ddp_tensor_send;
+int (*const p_tensor_recv)(ddp_group*, ddp_tensor, int, int) = ddp_tensor_recv;
 
 int main(void) {
   if (ddp_abi_version() != DDP_C_API_VERSION) {
@@ -57,6 +63,6 @@ int main(void) {
     return 1;
   }
   if (strcmp(ddp_last_error(), "") != 0) return 1;
-  printf("ddp-cpp %s, C ABI %d: 26 functions pinned\n", ddp_version(), ddp_abi_version());
+  printf("ddp-cpp %s, C ABI %d: 30 functions pinned\n", ddp_version(), ddp_abi_version());
   return 0;
 }

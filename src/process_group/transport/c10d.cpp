@@ -63,12 +63,83 @@ class C10dPending final : public Pending {
   const bool on_stream_;
 };
 
+// Note [Gloo point to point]
+// Gloo aborts the process (an enforce on its own thread) when a message is larger than the
+// buffer its recv posted, so a send and a recv of different sizes, a user's mistake, would end
+// the job without a word. Over Gloo each message therefore goes as a header (its element count
+// and dtype) and then its data, each on a slot of its own: bit 30 header or data, the tag in
+// bits 16-29 (tags below kTagLimit), and the message's number on its channel (mod 2^16) below,
+// so that no message can be taken for another, whatever order the recvs are waited in. A recv
+// takes the header, then the data: into its tensor when they match, else into scratch, and
+// fails naming both sizes; both ranks go on. NCCL matches messages between two ranks in call
+// order and ignores tags, as in PyTorch; its messages go as they are.
+int gloo_slot(bool header, int tag, uint64_t number) {
+  return (header ? 1 << 30 : 0) | tag << 16 | static_cast<int>(number & 0xffff);
+}
+
+// Pendings waited for in order.
+class InOrder final : public Pending {
+ public:
+  explicit InOrder(std::vector<std::shared_ptr<Pending>> parts) : parts_(std::move(parts)) {}
+  void wait(const detail::WorkState& s) override {
+    for (const auto& p : parts_) p->wait(s);
+  }
+  bool is_completed() const override {
+    for (const auto& p : parts_) {
+      if (!p->is_completed()) return false;
+    }
+    return true;
+  }
+
+ private:
+  const std::vector<std::shared_ptr<Pending>> parts_;
+};
+
+// A recv over Gloo (Note [Gloo point to point]).
+class GlooRecv final : public Pending {
+ public:
+  GlooRecv(c10::intrusive_ptr<c10d_compat::Backend> backend, const CollectiveDesc& call,
+           at::Tensor into)
+      : backend_(std::move(backend)), call_(call), into_(std::move(into)),
+        header_(at::empty({2}, at::kLong)),
+        header_work_(
+            c10d_ops::recv(*backend_, header_, call.root, gloo_slot(true, call.tag, call.seq))) {}
+
+  void wait(const detail::WorkState& s) override {
+    C10dPending(header_work_, false).wait(s);
+    const int64_t count = header_[0].item<int64_t>();
+    const int64_t dtype = header_[1].item<int64_t>();
+    const bool fits =
+        count == static_cast<int64_t>(call_.count) && dtype == static_cast<int64_t>(call_.dtype);
+    const DType sent = static_cast<DType>(dtype);
+    at::Tensor data =
+        fits ? into_ : at::empty({count * static_cast<int64_t>(element_size(sent))}, at::kByte);
+    data_work_ =
+        c10d_ops::recv(*backend_, data, call_.root, gloo_slot(false, call_.tag, call_.seq));
+    C10dPending(data_work_, false).wait(s);
+    DDP_CHECK(fits, CollectiveError,
+              "[rank {}] {} failed: rank {} sent {} x {}; a send and its recv must have the same "
+              "dtype and number of elements",
+              s.rank, call_.describe(), call_.root, count, name(sent));
+  }
+  bool is_completed() const override { return data_work_ && data_work_->isCompleted(); }
+
+ private:
+  const c10::intrusive_ptr<c10d_compat::Backend> backend_;
+  const CollectiveDesc call_;
+  const at::Tensor into_;
+  const at::Tensor header_;
+  const c10::intrusive_ptr<::c10d::Work> header_work_;
+  c10::intrusive_ptr<::c10d::Work> data_work_;  // set by wait(), on the thread that waits
+};
+
 class C10dTransport final : public Transport {
  public:
   C10dTransport(std::string name, c10::intrusive_ptr<c10d_compat::Backend> backend, int size)
       : backend_(std::move(backend)), size_(size) {
     caps_.name = std::move(name);
     caps_.rooted_collectives = true;
+    caps_.point_to_point = true;
     if (caps_.name == "nccl") {
       caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kOther});
       caps_.reducible_dtypes = Capabilities::all_dtypes_but({});  // NCCL says what it refuses
@@ -178,6 +249,27 @@ class C10dTransport final : public Transport {
             {}};
   }
 
+  Started send(const CollectiveDesc& call, const at::Tensor& tensor) override {
+    if (caps_.name == "nccl") {
+      return {pending(c10d_ops::send(*backend_, tensor, call.root, call.tag)), {}};
+    }
+    at::Tensor header = at::empty({2}, at::kLong);
+    header[0] = static_cast<int64_t>(call.count);
+    header[1] = static_cast<int64_t>(call.dtype);
+    auto h =
+        pending(c10d_ops::send(*backend_, header, call.root, gloo_slot(true, call.tag, call.seq)));
+    auto d = pending(c10d_ops::send(*backend_, as_gloo_moves(tensor), call.root,
+                                    gloo_slot(false, call.tag, call.seq)));
+    return {std::make_shared<InOrder>(std::vector<std::shared_ptr<Pending>>{h, d}), {}};
+  }
+
+  Started recv(const CollectiveDesc& call, at::Tensor& tensor) override {
+    if (caps_.name == "nccl") {
+      return {pending(c10d_ops::recv(*backend_, tensor, call.root, call.tag)), {}};
+    }
+    return {std::make_shared<GlooRecv>(backend_, call, as_gloo_moves(tensor)), {}};
+  }
+
   std::optional<std::vector<CollectiveDesc>> gather_calls(
       const CollectiveDesc& mine, std::chrono::milliseconds timeout) override {
     if (!caps_.cpu_tensors) return std::nullopt;  // NCCL would need CUDA tensors
@@ -196,7 +288,7 @@ class C10dTransport final : public Transport {
   }
 
   std::shared_ptr<Pending> pending(c10::intrusive_ptr<::c10d::Work> work) const {
-    return std::make_shared<C10dPending>(std::move(work), caps_.cuda_tensors && !caps_.cpu_tensors);
+    return c10d_pending(std::move(work), caps_.cuda_tensors && !caps_.cpu_tensors);
   }
 
   const c10::intrusive_ptr<c10d_compat::Backend> backend_;
@@ -205,6 +297,10 @@ class C10dTransport final : public Transport {
 };
 
 }  // namespace
+
+std::shared_ptr<Pending> c10d_pending(c10::intrusive_ptr<::c10d::Work> work, bool on_stream) {
+  return std::make_shared<C10dPending>(std::move(work), on_stream);
+}
 
 std::unique_ptr<Transport> make_c10d_transport(std::string name,
                                                c10::intrusive_ptr<c10d_compat::Backend> backend,

@@ -82,6 +82,18 @@ c10::intrusive_ptr<::c10d::Work> barrier(c10d_compat::Backend& b) {
   return b.barrier(opts);
 }
 
+c10::intrusive_ptr<::c10d::Work> send(c10d_compat::Backend& b, const at::Tensor& t, int peer,
+                                      int tag) {
+  std::vector<at::Tensor> tensors{t};
+  return b.send(tensors, peer, tag);
+}
+
+c10::intrusive_ptr<::c10d::Work> recv(c10d_compat::Backend& b, const at::Tensor& t, int peer,
+                                      int tag) {
+  std::vector<at::Tensor> tensors{t};
+  return b.recv(tensors, peer, tag);
+}
+
 at::Tensor reduce_rows(const at::Tensor& chunks, ReduceOp op) {
   switch (op) {
     case ReduceOp::kMax: return std::get<0>(chunks.max(0));

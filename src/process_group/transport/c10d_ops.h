@@ -35,6 +35,11 @@ c10::intrusive_ptr<::c10d::Work> gather(c10d_compat::Backend& b,
 c10::intrusive_ptr<::c10d::Work> scatter(c10d_compat::Backend& b, const at::Tensor& output,
                                          const std::vector<at::Tensor>& inputs, int root);
 c10::intrusive_ptr<::c10d::Work> barrier(c10d_compat::Backend& b);
+// `t` (contiguous) to or from rank `peer`, matched by `tag`.
+c10::intrusive_ptr<::c10d::Work> send(c10d_compat::Backend& b, const at::Tensor& t, int peer,
+                                      int tag);
+c10::intrusive_ptr<::c10d::Work> recv(c10d_compat::Backend& b, const at::Tensor& t, int peer,
+                                      int tag);
 
 // Reduces the rows of `chunks` ([n, ...]) into one, as `op` asks (kAvg is a sum here).
 at::Tensor reduce_rows(const at::Tensor& chunks, ReduceOp op);

@@ -23,8 +23,8 @@
 // reduce_scatter (H-1) n: what flat Gloo moves per rank, or 1/L of it. Types the shm kernels do
 // not know (complex...) are moved as bytes and not reduced (Gloo cannot reduce them either).
 // DDP_DEBUG=detail's call comparison goes over flat Gloo on the whole group (the rails would see
-// only one rank per host), and so do float32/float64 all_reduces from the size set by
-// set_flat_route_from (Note [Choosing the all_reduce route]: backend tuned measures it; they then
+// only one rank per host), and so do send and recv (between any two ranks), and float32/float64
+// all_reduces from the size set by set_flat_route_from (Note [Choosing the all_reduce route]: backend tuned measures it; they then
 // run on Gloo's thread, beside the host group's queue, in issue order on each).
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
@@ -118,6 +118,7 @@ class HierarchyTransport final : public Transport, public RouteTuning {
     caps_.reducible_dtypes = caps_.reduced_dtypes;  // Gloo reduces no type the kernels do not
     caps_.native_avg = true;                        // one division at the end of the op
     caps_.in_place_comm_buffers = true;
+    caps_.point_to_point = true;  // over flat Gloo
     for (int h = 0; h < l_.hosts(); ++h) {
       if (h != l_.host) rails_->rail_peers.push_back(l_.rank_at[h][l_.local]);
     }
@@ -278,6 +279,14 @@ class HierarchyTransport final : public Transport, public RouteTuning {
   std::optional<std::vector<CollectiveDesc>> gather_calls(
       const CollectiveDesc& mine, std::chrono::milliseconds timeout) override {
     return flat_->gather_calls(mine, timeout);
+  }
+
+  // Between two ranks, over flat Gloo (Gloo's pairs connect every two ranks of the group).
+  Started send(const CollectiveDesc& call, const at::Tensor& tensor) override {
+    return flat_->send(call, tensor);
+  }
+  Started recv(const CollectiveDesc& call, at::Tensor& tensor) override {
+    return flat_->recv(call, tensor);
   }
 
  private:

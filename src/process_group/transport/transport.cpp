@@ -19,9 +19,11 @@ std::optional<std::vector<CollectiveDesc>> Transport::gather_calls(const Collect
 namespace {
 [[noreturn]] void not_native(const Transport& t, const CollectiveDesc& call) {
   throw InternalError(
-      fmt::format("{}: the {} transport has no native rooted collectives "
-                  "(ProcessGroup composes them)",
-                  call.describe(), t.capabilities().name));
+      fmt::format("{}: the {} transport has no native {} (ProcessGroup makes them otherwise)",
+                  call.describe(), t.capabilities().name,
+                  call.op == Collective::kSend || call.op == Collective::kRecv
+                      ? "send and recv"
+                      : "rooted collectives"));
 }
 }  // namespace
 
@@ -37,5 +39,7 @@ Started Transport::all_to_all(const CollectiveDesc& call, at::Tensor&, const at:
                               const std::vector<int64_t>&, const std::vector<int64_t>&) {
   not_native(*this, call);
 }
+Started Transport::send(const CollectiveDesc& call, const at::Tensor&) { not_native(*this, call); }
+Started Transport::recv(const CollectiveDesc& call, at::Tensor&) { not_native(*this, call); }
 
 }  // namespace ddp

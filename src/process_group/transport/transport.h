@@ -37,6 +37,9 @@ namespace detail {
 struct WorkState;
 }
 
+// send's and recv's tags are below this (Note [Gloo point to point] in transport/c10d.cpp).
+inline constexpr int kTagLimit = 1 << 14;
+
 // What a transport does itself, typed.
 struct Capabilities {
   std::string name;               // "shm", "gloo", "nccl", "shm+gloo": ProcessGroup::backend()
@@ -51,6 +54,10 @@ struct Capabilities {
   // composes them from the transport's all_reduce, all_gather and broadcast (Note [Composed
   // collectives] in process_group/composed.h).
   bool rooted_collectives = false;
+  // send and recv natively; else ProcessGroup moves them through its mailbox (shared memory and
+  // the store: Note [Point to point] in process_group/mailbox.h), which needs every rank on
+  // this host.
+  bool point_to_point = false;
   bool cpu_tensors = true;
   bool cuda_tensors = false;
 
@@ -124,6 +131,12 @@ class Transport {
   virtual Started all_to_all(const CollectiveDesc& call, at::Tensor& output,
                              const at::Tensor& input, const std::vector<int64_t>& output_splits,
                              const std::vector<int64_t>& input_splits);
+
+  // Only where capabilities().point_to_point: `tensor` (contiguous) to or from rank call.root,
+  // matched by call.tag (below kTagLimit) and call.seq, its number on that channel. A send may complete
+  // before the peer received it (its data is then copied).
+  virtual Started send(const CollectiveDesc& call, const at::Tensor& tensor);
+  virtual Started recv(const CollectiveDesc& call, at::Tensor& tensor);
 
   // Every rank's `mine`, outside the numbering, within `timeout` (DDP_DEBUG=detail compares
   // them before each collective). nullopt where the transport cannot (or checks_calls: need not).

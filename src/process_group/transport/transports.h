@@ -21,6 +21,10 @@ std::unique_ptr<Transport> make_c10d_transport(std::string name,
                                                c10::intrusive_ptr<c10d_compat::Backend> backend,
                                                int size);
 
+// A c10d work as a transport's Pending: bounded by the collective's timeout, looking at this
+// host's peers while it waits (Gloo); `on_stream`: NCCL's (Note [GPU completion]).
+std::shared_ptr<Pending> c10d_pending(c10::intrusive_ptr<::c10d::Work> work, bool on_stream);
+
 // Where the ranks of a hierarchical group run: rank_at[h][l] is the rank with local index l on
 // host h (every host runs the same number, more than one).
 struct HierarchyLayout {
