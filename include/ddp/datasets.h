@@ -22,10 +22,13 @@ namespace ddp {
 // header or payload shorter than declared ("the file is truncated"), bytes after the payload,
 // or a damaged gzip stream.
 
-// uint8 [count, rows, cols].
-at::Tensor read_idx_images(const std::string& path);
-// uint8 [count].
-at::Tensor read_idx_labels(const std::string& path);
+// uint8 [count, rows, cols]; `limit` > 0: the first min(limit, count) images only, read and
+// decompressed no further (then the file's end and its gzip CRC are not checked).
+at::Tensor read_idx_images(const std::string& path, int64_t limit = 0);
+// uint8 [count]; `limit` as above.
+at::Tensor read_idx_labels(const std::string& path, int64_t limit = 0);
+// The item count in the header of an IDX images or labels file.
+int64_t read_idx_count(const std::string& path);
 
 // --- Fashion-MNIST (Zalando): 28x28 grey images of 10 kinds of clothing; 60000 train and
 // 10000 test samples, 6000 / 1000 per class.
@@ -44,6 +47,9 @@ struct FashionMnistOptions {
   std::string dir;
   // false: pixels / 255 in [0, 1]. true: then (x - kFashionMnistMean) / kFashionMnistStd.
   bool normalize = false;
+  // > 0: the first `limit` samples only (all when the split has fewer), read no further: a run
+  // on a subset starts in a fraction of the time and memory of the whole split.
+  int64_t limit = 0;
 };
 
 // data: float [N, 1, 28, 28]; targets: int64 [N] in [0, 9]. Loads the split eagerly (about 0.3 s

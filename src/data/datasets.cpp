@@ -68,15 +68,18 @@ TensorDataset load_fashion_mnist(Split split, const FashionMnistOptions& options
   const std::string images_path = find_file(dir, prefix + "-images-idx3-ubyte");
   const std::string labels_path = find_file(dir, prefix + "-labels-idx1-ubyte");
 
-  at::Tensor images = read_idx_images(images_path);  // uint8 [N, 28, 28]
-  at::Tensor labels = read_idx_labels(labels_path);  // uint8 [N]
+  at::Tensor images = read_idx_images(images_path, options.limit);  // uint8 [N, 28, 28]
+  at::Tensor labels = read_idx_labels(labels_path, options.limit);  // uint8 [N]
   DDP_CHECK(images.size(1) == 28 && images.size(2) == 28, DataError,
             "{}: images are {}x{}, Fashion-MNIST's are 28x28", images_path, images.size(1),
             images.size(2));
-  DDP_CHECK(images.size(0) == labels.size(0), DataError,
+  // The headers' counts (a limited read holds fewer than a file declares).
+  const int64_t n_images = options.limit > 0 ? read_idx_count(images_path) : images.size(0);
+  const int64_t n_labels = options.limit > 0 ? read_idx_count(labels_path) : labels.size(0);
+  DDP_CHECK(n_images == n_labels, DataError,
             "Fashion-MNIST: {} holds {} images but {} holds {} labels; the files do not belong "
             "together",
-            images_path, images.size(0), labels_path, labels.size(0));
+            images_path, n_images, labels_path, n_labels);
   const int64_t max_label = labels.numel() ? labels.max().item<int64_t>() : 0;
   DDP_CHECK(max_label < FashionMnist::kNumClasses, DataError,
             "{}: label {} is outside [0, {}): the file is corrupt", labels_path, max_label,

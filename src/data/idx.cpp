@@ -81,12 +81,14 @@ class IdxFile {
     return out;
   }
 
-  // Reads exactly `len` payload bytes, then checks that the file ends there.
-  void payload(void* dst, int64_t len, const std::string& what) {
+  // Reads exactly `len` payload bytes; `whole`: the payload the header declares, and then checks
+  // that the file ends there (a limited read stops before the end: no CRC to check).
+  void payload(void* dst, int64_t len, const std::string& what, bool whole) {
     const int64_t got = read(dst, len);
     DDP_CHECK(got == len, DataError,
               "{}: expected {} bytes of {} after the header, got {}: the file is truncated{}",
               path_, len, what, got, stream_cut_ ? " (the gzip stream ends early)" : "");
+    if (!whole) return;
     unsigned char extra[64];
     const int64_t more = read(extra, sizeof(extra));  // also makes zlib verify the CRC
     DDP_CHECK(more == 0, DataError,
@@ -123,30 +125,36 @@ void check_magic(const IdxFile& f, uint32_t magic, uint32_t expected, const char
 
 }  // namespace
 
-at::Tensor read_idx_images(const std::string& path) {
+at::Tensor read_idx_images(const std::string& path, int64_t limit) {
   IdxFile f(path);
   const auto h = f.header<4>("images");  // magic, count, rows, cols
   check_magic(f, h[0], kImagesMagic, "images");
-  const int64_t count = h[1], rows = h[2], cols = h[3];
+  const int64_t declared = h[1], rows = h[2], cols = h[3];
   DDP_CHECK(rows > 0 && cols > 0, DataError,
             "{}: the header declares {}x{} images: the file is corrupt", path, rows, cols);
-  const int64_t bytes = count * rows * cols;
-  DDP_CHECK(bytes <= kMaxPayloadBytes, DataError,
+  DDP_CHECK(declared * rows * cols <= kMaxPayloadBytes, DataError,
             "{}: the header declares {} images of {}x{} ({} bytes): the count is corrupt", path,
-            count, rows, cols, bytes);
+            declared, rows, cols, declared * rows * cols);
+  const int64_t count = limit > 0 ? std::min(limit, declared) : declared;
   at::Tensor images = at::empty({count, rows, cols}, at::TensorOptions().dtype(at::kByte));
-  f.payload(images.data_ptr<uint8_t>(), bytes, "pixels");
+  f.payload(images.data_ptr<uint8_t>(), count * rows * cols, "pixels", count == declared);
   return images;
 }
 
-at::Tensor read_idx_labels(const std::string& path) {
+at::Tensor read_idx_labels(const std::string& path, int64_t limit) {
   IdxFile f(path);
   const auto h = f.header<2>("labels");  // magic, count
   check_magic(f, h[0], kLabelsMagic, "labels");
-  const int64_t count = h[1];
+  const int64_t declared = h[1];
+  const int64_t count = limit > 0 ? std::min(limit, declared) : declared;
   at::Tensor labels = at::empty({count}, at::TensorOptions().dtype(at::kByte));
-  f.payload(labels.data_ptr<uint8_t>(), count, "labels");
+  f.payload(labels.data_ptr<uint8_t>(), count, "labels", count == declared);
   return labels;
+}
+
+int64_t read_idx_count(const std::string& path) {
+  IdxFile f(path);
+  return f.header<2>("header")[1];  // magic, count: the same two fields for images and labels
 }
 
 }  // namespace ddp

@@ -61,6 +61,18 @@ TEST(FashionMnist, NormalizeUsesTheTrainingStatistics) {
   EXPECT_NEAR(norm.data().std().item<double>(), 1.0, 2e-3);
 }
 
+// A limit reads the first samples only, the same values as the whole split's first ones.
+TEST(FashionMnist, ALimitReadsTheFirstSamplesOnly) {
+  REQUIRE_FASHION_MNIST();
+  FashionMnist all(Split::kTest, {.normalize = true});
+  FashionMnist first(Split::kTest, {.normalize = true, .limit = 300});
+  ASSERT_EQ(first.size(), 300);
+  EXPECT_TRUE(torch::equal(first.data(), all.data().narrow(0, 0, 300)));
+  EXPECT_TRUE(torch::equal(first.targets(), all.targets().narrow(0, 0, 300)));
+  FashionMnist more(Split::kTest, {.limit = 20000});  // above the split's 10000: all of it
+  EXPECT_EQ(more.size(), 10000);
+}
+
 TEST(FashionMnist, MissingDirectoryGivesTheInstallHint) {
   try {
     FashionMnist ds(Split::kTest, {.dir = "/nonexistent/fmnist"});
@@ -142,6 +154,14 @@ TEST_F(DamagedFiles, GoodSmallFilesReadGzippedOrNot) {
   EXPECT_EQ(images.flatten()[13].item<int>(), 3);
   auto labels = read_idx_labels(write("lab", {2049, 10}, 10, /*gzip=*/false));
   EXPECT_EQ(labels[9].item<int>(), 9);
+  // A limited read stops there: a file truncated after it still reads, the header's count
+  // still shows.
+  const auto cut = write("cut.gz", {2051, 10, 28, 28}, 4 * 784);
+  auto three = read_idx_images(cut, 3);
+  EXPECT_EQ(three.sizes(), (std::vector<int64_t>{3, 28, 28}));
+  EXPECT_TRUE(torch::equal(three, images.narrow(0, 0, 3)));
+  EXPECT_EQ(read_idx_count(cut), 10);
+  expect_data_error([&] { read_idx_images(cut, 5); }, cut, {"expected 3920 bytes of pixels"});
 }
 
 TEST_F(DamagedFiles, TruncatedPayload) {
