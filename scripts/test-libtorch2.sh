@@ -184,7 +184,7 @@ else
   # here). Without them the tree is about 6 % smaller (200 of its ~3,700 compiler-seconds). And
   # -O1, not -O3: this tree checks our code against LibTorch 2.6's headers and behaviour, not
   # its speed (the benchmarks and the 1.13 tree's -O2 do), and compiles in about two thirds of
-  # the time (the test files compile at -O0: DDP_TEST_OPTIMIZE).
+  # the time (the test files already did: DDP_TEST_OPTIMIZE).
   cmake_args+=(-DDDP_VERSION_NEUTRAL_TESTS=OFF -DDDP_BUILD_BENCHMARKS=OFF
                "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG")
   ctest_args=(-LE version-neutral)

@@ -22,8 +22,8 @@ namespace ddp {
 // header or payload shorter than declared ("the file is truncated"), bytes after the payload,
 // or a damaged gzip stream.
 
-// uint8 [count, rows, cols]; `limit` > 0: the first min(limit, count) images only, read and
-// decompressed no further (then the file's end and its gzip CRC are not checked).
+// uint8 [count, rows, cols]; `limit` > 0: the first min(limit, count) images only (the rest is
+// still read through, unkept, so that a truncated or damaged file fails as it would otherwise).
 at::Tensor read_idx_images(const std::string& path, int64_t limit = 0);
 // uint8 [count]; `limit` as above.
 at::Tensor read_idx_labels(const std::string& path, int64_t limit = 0);
@@ -47,8 +47,8 @@ struct FashionMnistOptions {
   std::string dir;
   // false: pixels / 255 in [0, 1]. true: then (x - kFashionMnistMean) / kFashionMnistStd.
   bool normalize = false;
-  // > 0: the first `limit` samples only (all when the split has fewer), read no further: a run
-  // on a subset starts in a fraction of the time and memory of the whole split.
+  // > 0: the first `limit` samples only (all when the split has fewer): a run on a subset
+  // converts and keeps only those (the files are still read through and checked).
   int64_t limit = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include <zlib.h>  // gzopen, gzread, gzerror, gzclose
 
@@ -81,14 +82,22 @@ class IdxFile {
     return out;
   }
 
-  // Reads exactly `len` payload bytes; `whole`: the payload the header declares, and then checks
-  // that the file ends there (a limited read stops before the end: no CRC to check).
-  void payload(void* dst, int64_t len, const std::string& what, bool whole) {
-    const int64_t got = read(dst, len);
+  // Reads the first `len` of the `declared` payload bytes into dst, the rest into scratch (a
+  // limited read still decompresses the whole file, so that its length and its gzip CRC are
+  // checked: a damaged file is never half used), then checks that the file ends there.
+  void payload(void* dst, int64_t len, int64_t declared, const std::string& what) {
+    int64_t got = read(dst, len);
+    std::vector<unsigned char> scratch(got == len && declared > len ? size_t{1} << 20 : 0);
+    while (got == len && len < declared) {
+      const int64_t want = std::min<int64_t>(declared - len, static_cast<int64_t>(scratch.size()));
+      const int64_t more = read(scratch.data(), want);
+      len += want;
+      got += more;
+    }
     DDP_CHECK(got == len, DataError,
               "{}: expected {} bytes of {} after the header, got {}: the file is truncated{}",
-              path_, len, what, got, stream_cut_ ? " (the gzip stream ends early)" : "");
-    if (!whole) return;
+              path_, std::max(len, declared), what, got,
+              stream_cut_ ? " (the gzip stream ends early)" : "");
     unsigned char extra[64];
     const int64_t more = read(extra, sizeof(extra));  // also makes zlib verify the CRC
     DDP_CHECK(more == 0, DataError,
@@ -137,7 +146,7 @@ at::Tensor read_idx_images(const std::string& path, int64_t limit) {
             declared, rows, cols, declared * rows * cols);
   const int64_t count = limit > 0 ? std::min(limit, declared) : declared;
   at::Tensor images = at::empty({count, rows, cols}, at::TensorOptions().dtype(at::kByte));
-  f.payload(images.data_ptr<uint8_t>(), count * rows * cols, "pixels", count == declared);
+  f.payload(images.data_ptr<uint8_t>(), count * rows * cols, declared * rows * cols, "pixels");
   return images;
 }
 
@@ -148,7 +157,7 @@ at::Tensor read_idx_labels(const std::string& path, int64_t limit) {
   const int64_t declared = h[1];
   const int64_t count = limit > 0 ? std::min(limit, declared) : declared;
   at::Tensor labels = at::empty({count}, at::TensorOptions().dtype(at::kByte));
-  f.payload(labels.data_ptr<uint8_t>(), count, "labels", count == declared);
+  f.payload(labels.data_ptr<uint8_t>(), count, declared, "labels");
   return labels;
 }
 

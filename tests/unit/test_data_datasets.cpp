@@ -154,14 +154,15 @@ TEST_F(DamagedFiles, GoodSmallFilesReadGzippedOrNot) {
   EXPECT_EQ(images.flatten()[13].item<int>(), 3);
   auto labels = read_idx_labels(write("lab", {2049, 10}, 10, /*gzip=*/false));
   EXPECT_EQ(labels[9].item<int>(), 9);
-  // A limited read stops there: a file truncated after it still reads, the header's count
-  // still shows.
-  const auto cut = write("cut.gz", {2051, 10, 28, 28}, 4 * 784);
-  auto three = read_idx_images(cut, 3);
+  // A limited read keeps the first images only, and still reads the rest through: a file cut
+  // after them fails as a cut file does.
+  auto three = read_idx_images(write("ten.gz", {2051, 10, 28, 28}, 10 * 784), 3);
   EXPECT_EQ(three.sizes(), (std::vector<int64_t>{3, 28, 28}));
   EXPECT_TRUE(torch::equal(three, images.narrow(0, 0, 3)));
+  const auto cut = write("cut.gz", {2051, 10, 28, 28}, 4 * 784);
   EXPECT_EQ(read_idx_count(cut), 10);
-  expect_data_error([&] { read_idx_images(cut, 5); }, cut, {"expected 3920 bytes of pixels"});
+  expect_data_error([&] { read_idx_images(cut, 3); }, cut,
+                    {"expected 7840 bytes of pixels after the header, got 3136", "truncated"});
 }
 
 TEST_F(DamagedFiles, TruncatedPayload) {

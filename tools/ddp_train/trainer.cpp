@@ -143,7 +143,7 @@ void require_fashion_mnist(const TrainConfig& c) {
 }
 
 std::shared_ptr<Dataset> load_split(Split split, const TrainConfig& c, int64_t subset) {
-  // Only the subset is read (a worker of a short run starts faster), unless the split has
+  // Only the subset is kept (a worker of a short run starts faster), unless the split has
   // fewer samples, which the check below names.
   auto full = std::make_shared<FashionMnist>(split, FashionMnistOptions{.dir = c.data_dir,
                                                                         .normalize = true,
