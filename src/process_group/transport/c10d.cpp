@@ -1,4 +1,6 @@
 // A LibTorch backend as a transport: Gloo (CPU tensors, any hosts) or NCCL (CUDA tensors).
+#include <atomic>
+
 #include <fmt/format.h>
 
 #include "base/check.h"
@@ -117,12 +119,15 @@ class GlooRecv final : public Pending {
     data_work_ =
         c10d_ops::recv(*backend_, data, call_.root, gloo_slot(false, call_.tag, call_.seq));
     C10dPending(data_work_, false).wait(s);
+    received_.store(true, std::memory_order_release);
     DDP_CHECK(fits, CollectiveError,
               "[rank {}] {} failed: rank {} sent {} x {}; a send and its recv must have the same "
               "dtype and number of elements",
               s.rank, call_.describe(), call_.root, count, name(sent));
   }
-  bool is_completed() const override { return data_work_ && data_work_->isCompleted(); }
+  // Only wait() takes the data (its recv is posted once the header has come), so a look from
+  // another thread reads a flag, not data_work_.
+  bool is_completed() const override { return received_.load(std::memory_order_acquire); }
 
  private:
   const c10::intrusive_ptr<c10d_compat::Backend> backend_;
@@ -131,6 +136,7 @@ class GlooRecv final : public Pending {
   const at::Tensor header_;
   const c10::intrusive_ptr<::c10d::Work> header_work_;
   c10::intrusive_ptr<::c10d::Work> data_work_;  // set by wait(), on the thread that waits
+  std::atomic<bool> received_{false};            // the data arrived (wait() set it)
 };
 
 class C10dTransport final : public Transport {
