@@ -68,8 +68,9 @@ TensorDataset load_fashion_mnist(Split split, const FashionMnistOptions& options
   const std::string images_path = find_file(dir, prefix + "-images-idx3-ubyte");
   const std::string labels_path = find_file(dir, prefix + "-labels-idx1-ubyte");
 
-  at::Tensor images = read_idx_images(images_path, options.limit);  // uint8 [N, 28, 28]
-  at::Tensor labels = read_idx_labels(labels_path, options.limit);  // uint8 [N]
+  // uint8 [N, 28, 28] and [N]
+  at::Tensor images = read_idx_images(images_path, options.limit, options.check_whole_files);
+  at::Tensor labels = read_idx_labels(labels_path, options.limit, options.check_whole_files);
   DDP_CHECK(images.size(1) == 28 && images.size(2) == 28, DataError,
             "{}: images are {}x{}, Fashion-MNIST's are 28x28", images_path, images.size(1),
             images.size(2));

@@ -84,9 +84,17 @@ class IdxFile {
 
   // Reads the first `len` of the `declared` payload bytes into dst, the rest into scratch (a
   // limited read still decompresses the whole file, so that its length and its gzip CRC are
-  // checked: a damaged file is never half used), then checks that the file ends there.
-  void payload(void* dst, int64_t len, int64_t declared, const std::string& what) {
+  // checked: a damaged file is never half used), then checks that the file ends there. With
+  // `check_rest` false a limited read stops after its `len` bytes: only they are checked (their
+  // length, and the stream up to them), and the CRC, which covers the whole file, is not.
+  void payload(void* dst, int64_t len, int64_t declared, const std::string& what, bool check_rest) {
     int64_t got = read(dst, len);
+    if (!check_rest && len < declared) {
+      DDP_CHECK(got == len, DataError,
+                "{}: expected {} bytes of {} after the header, got {}: the file is truncated{}",
+                path_, declared, what, got, stream_cut_ ? " (the gzip stream ends early)" : "");
+      return;
+    }
     std::vector<unsigned char> scratch(got == len && declared > len ? size_t{1} << 20 : 0);
     while (got == len && len < declared) {
       const int64_t want = std::min<int64_t>(declared - len, static_cast<int64_t>(scratch.size()));
@@ -134,7 +142,7 @@ void check_magic(const IdxFile& f, uint32_t magic, uint32_t expected, const char
 
 }  // namespace
 
-at::Tensor read_idx_images(const std::string& path, int64_t limit) {
+at::Tensor read_idx_images(const std::string& path, int64_t limit, bool check_rest) {
   IdxFile f(path);
   const auto h = f.header<4>("images");  // magic, count, rows, cols
   check_magic(f, h[0], kImagesMagic, "images");
@@ -146,18 +154,19 @@ at::Tensor read_idx_images(const std::string& path, int64_t limit) {
             declared, rows, cols, declared * rows * cols);
   const int64_t count = limit > 0 ? std::min(limit, declared) : declared;
   at::Tensor images = at::empty({count, rows, cols}, at::TensorOptions().dtype(at::kByte));
-  f.payload(images.data_ptr<uint8_t>(), count * rows * cols, declared * rows * cols, "pixels");
+  f.payload(images.data_ptr<uint8_t>(), count * rows * cols, declared * rows * cols, "pixels",
+            check_rest);
   return images;
 }
 
-at::Tensor read_idx_labels(const std::string& path, int64_t limit) {
+at::Tensor read_idx_labels(const std::string& path, int64_t limit, bool check_rest) {
   IdxFile f(path);
   const auto h = f.header<2>("labels");  // magic, count
   check_magic(f, h[0], kLabelsMagic, "labels");
   const int64_t declared = h[1];
   const int64_t count = limit > 0 ? std::min(limit, declared) : declared;
   at::Tensor labels = at::empty({count}, at::TensorOptions().dtype(at::kByte));
-  f.payload(labels.data_ptr<uint8_t>(), count, declared, "labels");
+  f.payload(labels.data_ptr<uint8_t>(), count, declared, "labels", check_rest);
   return labels;
 }
 

@@ -153,7 +153,8 @@ TEST_F(FaultTest, ReadOnlyCheckpointFolderFailsClearlyAndKeepsThePrevious) {
 }
 
 // A copy of the dataset with one file damaged: truncated, or one bit flipped inside the gzip
-// stream. Every rank names the file and what is wrong with it.
+// stream. The job fails naming the file and what is wrong with it: each host's local rank 0
+// reads the files whole and so checks them for every rank there (the others read their subset).
 TEST_F(FaultTest, CorruptDatasetFileIsNamed) {
   struct Damage {
     const char* file;

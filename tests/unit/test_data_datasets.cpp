@@ -163,6 +163,13 @@ TEST_F(DamagedFiles, GoodSmallFilesReadGzippedOrNot) {
   EXPECT_EQ(read_idx_count(cut), 10);
   expect_data_error([&] { read_idx_images(cut, 3); }, cut,
                     {"expected 7840 bytes of pixels after the header, got 3136", "truncated"});
+  // Unchecked past the part kept (check_rest false): the cut after it goes unnoticed, a cut
+  // inside it does not.
+  EXPECT_TRUE(torch::equal(read_idx_images(cut, 3, /*check_rest=*/false), images.narrow(0, 0, 3)));
+  expect_data_error([&] { read_idx_images(cut, 5, /*check_rest=*/false); }, cut,
+                    {"expected 7840 bytes of pixels after the header, got 3136", "truncated"});
+  auto two = read_idx_labels(write("lab10", {2049, 10}, 10, /*gzip=*/false), 2, false);
+  EXPECT_EQ(two.numel(), 2);
 }
 
 TEST_F(DamagedFiles, TruncatedPayload) {
