@@ -5,14 +5,19 @@
 #include "ddp/error.h"
 #include "ddp/threads.h"
 
-#include <dlfcn.h>   // dlsym, dladdr, dlopen
-#include <unistd.h>  // execv
+#include <dlfcn.h>     // dlsym, dladdr, dlopen
+#include <fcntl.h>     // O_CLOEXEC
+#include <poll.h>      // poll
+#include <signal.h>    // kill
+#include <sys/wait.h>  // waitpid
+#include <unistd.h>    // execv, fork, pipe2
 
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cstdlib>  // getenv, setenv, realpath
 #include <filesystem>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -21,6 +26,8 @@ namespace {
 
 // Set in the re-executed image so that we never loop.
 constexpr const char* kReexecMarker = "DDP_BLAS_REEXECUTED";
+// What ddp chose, by the re-exec or in a launcher: "core", "wait" or "core,wait".
+constexpr const char* kChosenMarker = "DDP_BLAS_CHOSEN";
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -129,8 +136,8 @@ std::string BlasReport::summary() const {
 BlasReport inspect_blas() {
   BlasReport r;
   if (auto v = env_knob("OPENBLAS_CORETYPE")) r.user_coretype = *v;
-  if (const char* marker = std::getenv(kReexecMarker)) {  // what the re-exec set: "core,wait"
-    r.reexecuted = true;
+  r.reexecuted = std::getenv(kReexecMarker) != nullptr;
+  if (const char* marker = std::getenv(kChosenMarker)) {  // "core,wait"
     r.chose_core = std::string_view(marker).find("core") != std::string_view::npos;
     r.chose_wait = std::string_view(marker).find("wait") != std::string_view::npos;
   }
@@ -177,6 +184,86 @@ BlasReport inspect_blas() {
   return r;
 }
 
+BlasReport inspect_blas_apart() {
+  BlasReport failed;
+  failed.vendor = "unknown";
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return failed;
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return failed;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    const BlasReport r = inspect_blas();
+    const std::string out =
+        fmt::format("{}\n{}\n{}\n{}\n", r.vendor, r.core, r.threading, r.library);
+    const char* p = out.data();
+    for (size_t left = out.size(); left > 0;) {
+      const ssize_t n = write(fds[1], p, left);
+      if (n <= 0) break;
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string got;
+  char buf[512];
+  pollfd pfd{fds[0], POLLIN, 0};
+  while (poll(&pfd, 1, 10'000) > 0) {
+    const ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  kill(pid, SIGKILL);  // gone already, unless it hung
+  waitpid(pid, nullptr, 0);
+  // This process's view of the rest (the environment, the CPU); the library's from the child.
+  BlasReport r;
+  std::vector<std::string> lines;
+  for (size_t at = 0, nl; (nl = got.find('\n', at)) != std::string::npos; at = nl + 1) {
+    lines.push_back(got.substr(at, nl - at));
+  }
+  if (lines.size() != 4 || lines[0].empty()) return failed;
+  r.vendor = lines[0];
+  r.core = lines[1];
+  r.threading = lines[2];
+  r.library = lines[3];
+  if (auto v = env_knob("OPENBLAS_CORETYPE")) r.user_coretype = *v;
+  r.cpu_best_core = best_openblas_core();
+  return r;
+}
+
+EnvMap fast_blas_environment(const BlasReport& blas, const EnvMap& env) {
+  // The worker's own view: its environment's choices, its thread count.
+  BlasReport r = blas;
+  auto get = [&](const char* name) {
+    auto it = env.find(name);
+    return it == env.end() ? std::string() : it->second;
+  };
+  r.user_coretype = get("OPENBLAS_CORETYPE");
+  r.wait_policy = get("OMP_WAIT_POLICY");
+  r.thread_timeout = get("OPENBLAS_THREAD_TIMEOUT");
+  if (const int n = std::atoi(get("OMP_NUM_THREADS").c_str()); n >= 1) {
+    r.rank_threads = n;
+  } else {
+    r.rank_threads = threads_per_rank(std::max(1, std::atoi(get("LOCAL_WORLD_SIZE").c_str())));
+  }
+  const bool core = r.needs_core_override(), quiet = r.needs_quiet_threads();
+  EnvMap out;
+  if (core) out["OPENBLAS_CORETYPE"] = r.cpu_best_core;
+  // GOMP_SPINCOUNT is a wait policy of the user's too.
+  if (quiet && r.wait_policy.empty() && get("GOMP_SPINCOUNT").empty()) {
+    out["OMP_WAIT_POLICY"] = "passive";
+  }
+  if (quiet && r.thread_timeout.empty()) out["OPENBLAS_THREAD_TIMEOUT"] = "4";
+  if (core || quiet) out[kChosenMarker] = core && quiet ? "core,wait" : core ? "core" : "wait";
+  return out;
+}
+
 BlasReport ensure_fast_blas(int argc, char** argv, int threads) {
   (void)argc;
   BlasReport r = inspect_blas();
@@ -190,13 +277,23 @@ BlasReport ensure_fast_blas(int argc, char** argv, int threads) {
   if (core) setenv("OPENBLAS_CORETYPE", r.cpu_best_core.c_str(), /*overwrite=*/0);
   if (passive) setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
   if (timeout) setenv("OPENBLAS_THREAD_TIMEOUT", "4", /*overwrite=*/0);  // 2^4 cycles, its least
-  setenv(kReexecMarker, core && quiet ? "core,wait" : core ? "core" : "wait", 1);
+  // What a launcher chose stays chosen (fast_blas_environment).
+  const std::string before = std::getenv(kChosenMarker) ? std::getenv(kChosenMarker) : "";
+  const bool chose_core = core || before.find("core") != std::string::npos;
+  const bool chose_wait = quiet || before.find("wait") != std::string::npos;
+  setenv(kReexecMarker, "1", 1);
+  setenv(kChosenMarker, chose_core && chose_wait ? "core,wait" : chose_core ? "core" : "wait", 1);
   execv("/proc/self/exe", argv);
   // exec failed (no /proc?): carry on as we are; summary() carries the advice.
   if (core) unsetenv("OPENBLAS_CORETYPE");
   if (passive) unsetenv("OMP_WAIT_POLICY");
   if (timeout) unsetenv("OPENBLAS_THREAD_TIMEOUT");
   unsetenv(kReexecMarker);
+  if (before.empty()) {
+    unsetenv(kChosenMarker);
+  } else {
+    setenv(kChosenMarker, before.c_str(), 1);
+  }
   return r;
 }
 

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "ddp/blas.h"       // inspect_blas_apart
 #include "support/ranks.h"  // free_port
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
@@ -77,12 +78,16 @@ std::vector<Result> run_pair(const std::string& launcher, const std::vector<std:
 struct Threads {
   int torch = -1, blas = -1;
   std::string wait, timeout;
+  int reexec = -1;
+  std::string core;
 };
 Threads threads_of(const std::string& out) {
   std::smatch m;
-  static const std::regex re(R"(threads (\d+) blas (-?\d+) wait (\S+) timeout (\S+))");
+  static const std::regex re(
+      R"(threads (\d+) blas (-?\d+) wait (\S+) timeout (\S+) reexec (\d) core (\S+))");
   EXPECT_TRUE(std::regex_search(out, m, re)) << out;
-  return m.empty() ? Threads{} : Threads{std::stoi(m[1]), std::stoi(m[2]), m[3], m[4]};
+  return m.empty() ? Threads{}
+                   : Threads{std::stoi(m[1]), std::stoi(m[2]), m[3], m[4], std::stoi(m[5]), m[6]};
 }
 
 std::string bytes_of(const fs::path& path) {
@@ -111,6 +116,12 @@ TEST(ProcessDefaults, ThreadsReachTheBlasWhateverLaunchedIt) {
   ASSERT_NE(first, std::string::npos) << r.out;
   EXPECT_NE(r.out.find("threads 1 blas 1", first + 1), std::string::npos) << "one rank only\n"
                                                                           << r.out;
+  // ddprun gave each worker the BLAS settings its ensure_fast_blas wants (here the CPU's best
+  // OpenBLAS core, where OpenBLAS alone picks a weaker one): no worker started twice.
+  const BlasReport blas = inspect_blas_apart();
+  const Threads t = threads_of(r.out);
+  EXPECT_EQ(t.reexec, 0) << r.out;
+  if (blas.needs_core_override()) EXPECT_EQ(t.core, blas.cpu_best_core) << r.out;
   // The user's OMP_NUM_THREADS is the count, for both.
   r = testing::run_command({.argv = {kWorker, "threads"},
                             .env = {{"OMP_NUM_THREADS", "3"}},
@@ -124,6 +135,7 @@ TEST(ProcessDefaults, ThreadsReachTheBlasWhateverLaunchedIt) {
   // Several threads beside OpenBLAS's own: ensure_fast_blas made the idle ones of both sleep.
   EXPECT_EQ(three.wait, "passive") << r.out;
   EXPECT_EQ(three.timeout, "4") << r.out;
+  EXPECT_EQ(three.reexec, 1) << "no launcher to set them: it re-executed itself\n" << r.out;
 }
 
 TEST(ProcessDefaults, OneSeedTrainsToTheSameBytesUnderDdprunSlurmAndMpi) {

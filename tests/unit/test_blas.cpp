@@ -81,6 +81,48 @@ TEST(Blas, QuietThreadsOnlyWhereOpenMpAndOpenBlasWouldSpinOnEachOther) {
   EXPECT_FALSE(r.needs_quiet_threads());
 }
 
+// What a launcher gives a worker: what ensure_fast_blas would re-execute it to set.
+TEST(Blas, ALaunchersWorkerEnvironmentIsWhatTheReexecWouldSet) {
+  BlasReport r = openblas("Haswell", "Cooperlake");
+  r.threading = "pthreads";
+  // Several workers, one thread each (ddprun's OMP_NUM_THREADS=1): the core only.
+  EXPECT_EQ(fast_blas_environment(r, {{"LOCAL_WORLD_SIZE", "2"}, {"OMP_NUM_THREADS", "1"}}),
+            (EnvMap{{"OPENBLAS_CORETYPE", "Cooperlake"}, {"DDP_BLAS_CHOSEN", "core"}}));
+  // Several threads beside OpenBLAS's own: the idle threads sleep too.
+  EXPECT_EQ(fast_blas_environment(r, {{"OMP_NUM_THREADS", "2"}}),
+            (EnvMap{{"OPENBLAS_CORETYPE", "Cooperlake"},
+                    {"OMP_WAIT_POLICY", "passive"},
+                    {"OPENBLAS_THREAD_TIMEOUT", "4"},
+                    {"DDP_BLAS_CHOSEN", "core,wait"}}));
+  // The worker's own settings win, each alone.
+  EXPECT_EQ(fast_blas_environment(r, {{"OMP_NUM_THREADS", "2"},
+                                      {"OPENBLAS_CORETYPE", "Haswell"},
+                                      {"OMP_WAIT_POLICY", "active"}}),
+            (EnvMap{{"OPENBLAS_THREAD_TIMEOUT", "4"}, {"DDP_BLAS_CHOSEN", "wait"}}));
+  // Nothing to change: nothing set.
+  EXPECT_EQ(fast_blas_environment(openblas("Cooperlake", "Cooperlake"), {{"OMP_NUM_THREADS", "1"}}),
+            EnvMap{});
+  BlasReport ref;
+  ref.vendor = "reference BLAS (netlib)";
+  EXPECT_EQ(fast_blas_environment(ref, {{"OMP_NUM_THREADS", "4"}}), EnvMap{});
+  BlasReport unknown;  // inspect_blas_apart's answer when its child failed
+  unknown.vendor = "unknown";
+  EXPECT_EQ(fast_blas_environment(unknown, {{"OMP_NUM_THREADS", "4"}}), EnvMap{});
+}
+
+// The child's report is the library's as this process then loads it (first, so that the child
+// is not handed an already loaded one).
+TEST(Blas, InspectedApartAsLoadedHere) {
+  const BlasReport apart = inspect_blas_apart();
+  const BlasReport here = inspect_blas();
+  EXPECT_EQ(apart.vendor, here.vendor);
+  EXPECT_EQ(apart.core, here.core);
+  EXPECT_EQ(apart.threading, here.threading);
+  EXPECT_EQ(apart.library, here.library);
+  EXPECT_EQ(apart.cpu_best_core, here.cpu_best_core);
+  EXPECT_EQ(apart.needs_core_override(), here.needs_core_override()) << here.summary();
+}
+
 TEST(Blas, InspectsTheLoadedLibrary) {
   BlasReport r = inspect_blas();
   // scripts/install-deps.sh installs OpenBLAS, which Debian's alternatives then prefer.

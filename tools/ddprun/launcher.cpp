@@ -58,6 +58,7 @@
 
 #include "args.h"          // GroupSpec, UsageError, sets_omp_num_threads
 #include "base/net.h"      // pick_free_port, host_name, unresolvable
+#include "ddp/blas.h"      // inspect_blas_apart
 #include "ddp/env.h"       // current_environment
 #include "elastic.h"       // make_elastic_rounds: every multi-node job's rounds
 #include "output.h"        // RunDirectory, note
@@ -302,6 +303,8 @@ std::unique_ptr<Rounds> make_rounds(const LaunchConfig& config, const EnvMap& ba
 
 RunResult run(const LaunchConfig& config) {
   const EnvMap base_env = current_environment();
+  // Before any thread starts: it forks.
+  BlasReport blas = inspect_blas_apart();
   const std::string program_path = program_to_run(config, base_env);
   ensure_standard_fds();
   const rlimit fd_limit = raise_fd_limit();
@@ -310,10 +313,16 @@ RunResult run(const LaunchConfig& config) {
   RunDirectory run_dir(config, run_id);
   SignalChannel signals;  // blocked from here on: before the first fork
   SubreaperScope subreaper;
-  SharedState shared{config,   signals,           run_dir, base_env, program_path,
-                     fd_limit, net::host_name(),
+  SharedState shared{config,
+                     signals,
+                     run_dir,
+                     base_env,
+                     program_path,
+                     fd_limit,
+                     net::host_name(),
                      plan_cpu_binding(config.cpu_bind, read_cpus(allowed_cpus()),
-                                      config.nproc_per_node)};
+                                      config.nproc_per_node),
+                     std::move(blas)};
   print_startup_notes(config, base_env, run_dir, shared.binding);
 
   // Rounds: this node's attempts, the same on every node of the job (Note [Restart rounds]).

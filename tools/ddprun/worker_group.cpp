@@ -119,6 +119,8 @@ void WorkerGroup::start(Worker& w) {
     image.cpus = b.cpus;
     if (!s_.base_env.contains("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = std::to_string(b.threads);
   }
+  // What the worker's ddp::ensure_fast_blas would re-execute it to set, set from its start.
+  env.merge(fast_blas_environment(s_.blas, env));
   for (const auto& [k, v] : env) image.envp.push_back(k + "=" + v);
   image.name = fmt::format("rank {}", w.rank);
   SpawnedWorker spawned = spawn_worker(image, s_.signals.original_mask(), s_.fd_limit);

@@ -12,6 +12,7 @@
 
 #include "args.h"      // GroupSpec
 #include "cpu_bind.h"  // BindingPlan
+#include "ddp/blas.h"  // BlasReport
 #include "ddp/env.h"   // ddp::EnvMap
 #include "launch_config.h"
 #include "output.h"   // RunDirectory
@@ -37,6 +38,7 @@ struct SharedState {
   const rlimit& fd_limit;
   std::string host;
   BindingPlan binding;  // each local worker's CPUs (--cpu-bind); empty: none
+  BlasReport blas;      // the BLAS a worker loads, for its environment (fast_blas_environment)
 };
 
 struct Worker;  // one local rank's process (worker_group.cpp)
