@@ -40,8 +40,10 @@
 extern "C" {
 #endif
 
-/* 1: the first surface; 2: ddp_send, ddp_recv, ddp_tensor_send, ddp_tensor_recv. */
-#define DDP_C_API_VERSION 2
+/* 1: the first surface; 2: ddp_send, ddp_recv, ddp_tensor_send, ddp_tensor_recv; 3: ddp_gather,
+ * ddp_scatter, ddp_all_to_all, ddp_group_new, ddp_checkpoint_save, ddp_checkpoint_load and
+ * DDP_E_CHECKPOINT. */
+#define DDP_C_API_VERSION 3
 
 /* Status codes. */
 #define DDP_OK 0
@@ -53,6 +55,7 @@ extern "C" {
 #define DDP_E_INVALID 6    /* a NULL handle, an unknown dtype or op, a wrong size */
 #define DDP_E_ABI 7        /* the caller's header is newer than this library */
 #define DDP_E_INTERNAL 8   /* a bug in ddp-cpp, or an exception from below it */
+#define DDP_E_CHECKPOINT 9 /* a checkpoint not written, or a file damaged or not fitting (v3) */
 
 typedef enum ddp_dtype {
   DDP_FLOAT32 = 0,
@@ -100,6 +103,14 @@ int ddp_group_size(const ddp_group* group);
 int ddp_group_local_rank(const ddp_group* group);
 /* "shm", "gloo", "shm+gloo" or "nccl" (valid while the group lives); "" for NULL. */
 const char* ddp_group_backend(const ddp_group* group);
+/* A subgroup of `parent` (PyTorch's new_group): the `count` distinct ranks of `ranks` (NULL and
+ * 0: every rank), in any order; a member's rank in it is its place among them sorted. Every rank
+ * of the parent calls it with the same list, in the same order relative to its other subgroup
+ * calls; members get the new group in *out, the other ranks NULL (and DDP_OK). It forms through
+ * the parent's store, over the transport its members' locality allows, with its own numbering and
+ * the parent's timeouts; it may outlive the parent handle while the store's host (rank 0, or the
+ * launcher's agent) lives. (Version 3.) */
+int ddp_group_new(ddp_group* parent, const int* ranks, size_t count, ddp_group** out);
 
 /* --- collectives on host memory (blocking) ---------------------------------------------- */
 
@@ -118,6 +129,18 @@ int ddp_reduce_scatter(ddp_group* group, void* output, const void* input, size_t
 int ddp_reduce(ddp_group* group, void* data, size_t count, ddp_dtype dtype, ddp_reduce_op op,
                int root);
 int ddp_barrier(ddp_group* group);
+/* root's `output` (size x count elements, rank order) receives every rank's `count` elements of
+ * `input`; `output` is not used on the other ranks (NULL is fine there). (Version 3.) */
+int ddp_gather(ddp_group* group, void* output, const void* input, size_t count, ddp_dtype dtype,
+               int root);
+/* root's `input` is size chunks of `count` elements; every rank's `output` receives chunk `rank`.
+ * `input` is not used on the other ranks (NULL is fine there). (Version 3.) */
+int ddp_scatter(ddp_group* group, void* output, const void* input, size_t count, ddp_dtype dtype,
+                int root);
+/* `input` is size chunks of `count` elements, chunk j for rank j; `output` (size x count)
+ * receives, in rank order, the chunk each rank sent this one. (Version 3.) */
+int ddp_all_to_all(ddp_group* group, void* output, const void* input, size_t count,
+                   ddp_dtype dtype);
 /* Point to point: `count` elements to rank `dst`, or from rank `src`, matched by `tag` (>= 0) and
  * by the order of the calls between the two ranks with that tag. A send may return before its
  * recv is posted, or only once it is. */
@@ -160,6 +183,27 @@ int ddp_model_prepare_forward(ddp_model* model);
 /* While on (1), backward only accumulates gradients locally; the next backward after it is
  * turned off (0) averages the accumulated sum (PyTorch's no_sync()). */
 int ddp_model_set_no_sync(ddp_model* model, int on);
+
+/* --- checkpoints of named tensors (version 3) ------------------------------------------- */
+
+/* Writes the `count` tensors under their `names` (non-empty, unique), with `step` and `epoch`, to
+ * `path` as a ddp-cpp checkpoint file: atomically (a temporary file, fsync, rename; an existing
+ * file is replaced only once the new one is complete on disk) and checksummed. group NULL: this
+ * process writes (call it on one rank). Else every rank of the group calls it: rank 0 writes
+ * (from its own tensors), and no rank returns before the file is on disk; when rank 0 fails,
+ * every rank fails (DDP_E_CHECKPOINT), rank 0 with the cause. */
+int ddp_checkpoint_save(ddp_group* group, const char* path, const char* const* names,
+                        const ddp_tensor* tensors, size_t count, int64_t step, int64_t epoch);
+/* Verifies the checkpoint file `path` (its checksums) and copies the tensors saved under `names`
+ * into `tensors`, in place (onto their devices; no gradient is recorded). Every name must be in
+ * the file with its tensor's shape and dtype, else nothing is changed and DDP_E_CHECKPOINT names
+ * the first that is not (a damaged or truncated file is DDP_E_CHECKPOINT too, naming what is
+ * wrong). Tensors in the file that are not asked for are ignored. `step` and `epoch` (either may
+ * be NULL) receive the saved values. group NULL: this process alone. Else every rank calls it
+ * and reads the file itself (a shared file system, or the same path on every host); when any
+ * rank fails, every rank fails, naming the ranks (those that loaded keep what they loaded). */
+int ddp_checkpoint_load(ddp_group* group, const char* path, const char* const* names,
+                        const ddp_tensor* tensors, size_t count, int64_t* step, int64_t* epoch);
 
 #ifdef __cplusplus
 } /* extern "C" */

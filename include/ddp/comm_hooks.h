@@ -27,35 +27,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "ddp/future.h"  // Future: what a hook returns
 #include "ddp/process_group.h"
 
 namespace ddp {
-
-// A tensor that becomes available later: the result of a collective, optionally transformed.
-class Future {
- public:
-  Future() = default;
-  // Already available.
-  static Future completed(at::Tensor value);
-  // `value` is ready once `work` completes; then `then(value)` (if given) makes the result.
-  Future(Work work, at::Tensor value, std::function<at::Tensor(at::Tensor)> then = {});
-
-  // Blocks until available; rethrows the collective's error. Idempotent: the transform runs
-  // once, and if it (or the collective) failed, every later wait() rethrows the same error.
-  at::Tensor wait();
-  bool is_completed() const;
-
-  // The next stage: the returned Future, once waited for, waits for this one, calls
-  // `next(value)` (which may issue collectives) and waits for the Future it returns. Stages
-  // run on the waiting thread (DDP's end of backward, buckets in order), so every rank issues
-  // a chain's collectives in the same order: never from a completion thread, where the order
-  // would depend on which collective finished first.
-  Future then(std::function<Future(at::Tensor)> next) const;
-
- private:
-  struct State;
-  std::shared_ptr<State> state_;
-};
 
 class GradBucket {
  public:

@@ -30,6 +30,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "ddp/env.h"
+#include "ddp/future.h"  // Future: Work::get_future
 #include "ddp/reduce_op.h"
 
 namespace ddp {
@@ -109,11 +110,20 @@ class Work {
   bool is_completed() const;
   // e.g. "all_reduce #12 (sum, 1024 x Float)".
   std::string description() const;
+  // The result as a Future (PyTorch's work.get_future(), for chaining with then()): its value
+  // is the tensor the operation wrote (all_reduce, broadcast, reduce, recv, and the output of
+  // scatter, reduce_scatter, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single)
+  // or sent (send); undefined where the result is the list the caller passed (all_gather,
+  // gather, all_to_all) or nothing (barrier). PyTorch's value is a list of those tensors.
+  // Waiting for it waits for this Work and rethrows its error.
+  Future get_future() const;
 
  private:
   friend class ProcessGroup;
   explicit Work(std::shared_ptr<detail::WorkState> state);
+  Work(std::shared_ptr<detail::WorkState> state, at::Tensor result);
   std::shared_ptr<detail::WorkState> state_;
+  at::Tensor result_;  // get_future()'s value
 };
 
 // Made by make_process_group() only; what it holds is the library's.

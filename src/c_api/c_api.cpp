@@ -18,14 +18,18 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <torch/nn/module.h>
 
+#include "ddp/checkpoint.h"
 #include "ddp/comm_hooks.h"
 #include "ddp/config.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
 #include "ddp/sampler.h"
+#include "ddp/stateful.h"
+#include "ddp/training_state.h"
 
 struct ddp_group {
   std::shared_ptr<ddp::ProcessGroup> pg;
@@ -46,6 +50,36 @@ class ParameterList : public torch::nn::Module {
     }
   }
   void forward() {}
+};
+
+// The caller's named tensors as one saved state (ddp_checkpoint_save / _load).
+class NamedTensors : public Stateful {
+ public:
+  explicit NamedTensors(std::vector<std::pair<std::string, at::Tensor>> tensors)
+      : tensors_(std::move(tensors)) {}
+  StateDict state_dict() override { return {.tensors = tensors_}; }
+  std::string check(const StateDict& saved, const LoadContext&) override {
+    for (const auto& [name, t] : tensors_) {
+      const at::Tensor* s = saved.find(name);
+      if (s == nullptr) return fmt::format("the file has no tensor named '{}'", name);
+      if (!s->defined() || s->sizes() != t.sizes() || s->scalar_type() != t.scalar_type()) {
+        return fmt::format("'{}' is {} in the file, {} {} here", name,
+                           s->defined() ? fmt::format("{} {}", c10::str(s->sizes()),
+                                                      c10::toString(s->scalar_type()))
+                                        : "undefined",
+                           c10::str(t.sizes()), c10::toString(t.scalar_type()));
+      }
+    }
+    return "";
+  }
+  void load_state_dict(const StateDict& saved, const LoadContext&) override {
+    at::NoGradGuard no_grad;  // parameters are leaves that require grad
+    for (auto& [name, t] : tensors_) t.copy_(*saved.find(name));
+  }
+  std::string kind() const override { return "named tensors"; }
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>> tensors_;
 };
 
 // A no_sync() guard held between two C calls (the guard itself neither copies nor moves).
@@ -73,6 +107,10 @@ struct InvalidArgument : std::runtime_error {
 
 // The status code of a ddp::Error: its most specific class (TimeoutError is a CollectiveError).
 int status_of(const ddp::Error& e) {
+  if (dynamic_cast<const ddp::CheckpointError*>(&e) != nullptr ||
+      dynamic_cast<const ddp::IncompatibleStateError*>(&e) != nullptr) {
+    return DDP_E_CHECKPOINT;
+  }
   if (dynamic_cast<const ddp::ConfigError*>(&e) != nullptr) return DDP_E_CONFIG;
   if (dynamic_cast<const ddp::RendezvousError*>(&e) != nullptr) return DDP_E_RENDEZVOUS;
   if (dynamic_cast<const ddp::TimeoutError*>(&e) != nullptr) return DDP_E_TIMEOUT;
@@ -147,6 +185,40 @@ at::Tensor& tensor_of(ddp_tensor t) {
   return tensor;
 }
 
+// The `count` named tensors of a checkpoint call, checked.
+std::vector<std::pair<std::string, at::Tensor>> named_tensors(const char* const* names,
+                                                              const ddp_tensor* tensors,
+                                                              size_t count) {
+  if (count > 0) {
+    need(names, "names array");
+    need(tensors, "tensor array");
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < count; ++i) {
+    if (names[i] == nullptr || names[i][0] == '\0') {
+      throw InvalidArgument(fmt::format("names[{}] is NULL or empty", i));
+    }
+    for (const auto& [name, t] : out) {
+      if (name == names[i])
+        throw InvalidArgument(fmt::format("the name '{}' is given twice", name));
+    }
+    out.emplace_back(names[i], tensor_of(tensors[i]));
+  }
+  return out;
+}
+
+// Every rank's "did it fail" (0 or 1), by rank: an all_reduce of one-hot flags.
+std::vector<int> failures(ddp::ProcessGroup& pg, bool failed_here) {
+  at::Tensor flags = at::zeros({pg.size()}, at::kInt);
+  flags[pg.rank()] = failed_here ? 1 : 0;
+  pg.all_reduce(flags).wait();
+  std::vector<int> ranks;
+  for (int r = 0; r < pg.size(); ++r) {
+    if (flags[r].item<int>() != 0) ranks.push_back(r);
+  }
+  return ranks;
+}
+
 ddp::CommHook hook_named(const char* name) {
   const std::string n = name == nullptr ? "allreduce" : name;
   if (n == "allreduce") return ddp::comm_hooks::allreduce();
@@ -189,6 +261,22 @@ int ddp_group_create(int abi_version, const char* backend, int rank, int world_s
     auto group = std::make_unique<ddp_group>();
     group->pg = ddp::make_process_group(o);
     *out = group.release();
+  });
+}
+
+int ddp_group_new(ddp_group* parent, const int* ranks, size_t count, ddp_group** out) {
+  return guarded("ddp_group_new", [&] {
+    need(out, "output pointer");
+    ddp::ProcessGroup& pg = *need(parent, "parent group").pg;
+    if (count > 0) need(ranks, "ranks array");
+    std::vector<int> members(ranks, ranks + count);
+    std::sort(members.begin(), members.end());  // PyTorch's order; duplicates stay, refused below
+    std::shared_ptr<ddp::ProcessGroup> sub = pg.new_group(members);
+    if (!sub) {
+      *out = nullptr;
+      return;
+    }
+    *out = new ddp_group{std::move(sub)};
   });
 }
 
@@ -261,6 +349,44 @@ int ddp_reduce(ddp_group* group, void* data, size_t count, ddp_dtype dtype, ddp_
 
 int ddp_barrier(ddp_group* group) {
   return guarded("ddp_barrier", [&] { need(group, "group").pg->barrier().wait(); });
+}
+
+int ddp_gather(ddp_group* group, void* output, const void* input, size_t count, ddp_dtype dtype,
+               int root) {
+  return guarded("ddp_gather", [&] {
+    ddp::ProcessGroup& pg = *need(group, "group").pg;
+    const at::Tensor in = host_tensor(input, count, dtype);
+    std::vector<at::Tensor> outs;
+    if (pg.rank() == root) {
+      at::Tensor out = host_tensor(output, count * static_cast<size_t>(pg.size()), dtype);
+      for (int r = 0; r < pg.size(); ++r) outs.push_back(out.narrow(0, r * in.numel(), in.numel()));
+    }
+    pg.gather(outs, in, root).wait();
+  });
+}
+
+int ddp_scatter(ddp_group* group, void* output, const void* input, size_t count, ddp_dtype dtype,
+                int root) {
+  return guarded("ddp_scatter", [&] {
+    ddp::ProcessGroup& pg = *need(group, "group").pg;
+    at::Tensor out = host_tensor(output, count, dtype);
+    std::vector<at::Tensor> ins;
+    if (pg.rank() == root) {
+      const at::Tensor in = host_tensor(input, count * static_cast<size_t>(pg.size()), dtype);
+      for (int r = 0; r < pg.size(); ++r) ins.push_back(in.narrow(0, r * out.numel(), out.numel()));
+    }
+    pg.scatter(out, ins, root).wait();
+  });
+}
+
+int ddp_all_to_all(ddp_group* group, void* output, const void* input, size_t count,
+                   ddp_dtype dtype) {
+  return guarded("ddp_all_to_all", [&] {
+    ddp::ProcessGroup& pg = *need(group, "group").pg;
+    const size_t n = count * static_cast<size_t>(pg.size());
+    at::Tensor out = host_tensor(output, n, dtype);
+    pg.all_to_all_single(out, host_tensor(input, n, dtype)).wait();
+  });
 }
 
 int ddp_tensor_all_reduce(ddp_group* group, ddp_tensor tensor, ddp_reduce_op op) {
@@ -363,6 +489,77 @@ int ddp_model_set_no_sync(ddp_model* model, int on) {
     ddp_model& m = need(model, "model");
     if (on != 0 && !m.no_sync) m.no_sync = std::make_unique<ddp::c_api::NoSyncHold>(*m.ddp);
     if (on == 0) m.no_sync.reset();
+  });
+}
+
+int ddp_checkpoint_save(ddp_group* group, const char* path, const char* const* names,
+                        const ddp_tensor* tensors, size_t count, int64_t step, int64_t epoch) {
+  return guarded("ddp_checkpoint_save", [&] {
+    if (path == nullptr || path[0] == '\0') throw InvalidArgument("the path is NULL or empty");
+    auto object = std::make_shared<ddp::c_api::NamedTensors>(named_tensors(names, tensors, count));
+    ddp::ProcessGroup* pg = group != nullptr ? group->pg.get() : nullptr;
+    const bool writes = pg == nullptr || pg->rank() == 0;
+    std::exception_ptr error;
+    if (writes) {
+      try {
+        ddp::TrainingState state;
+        state.add("tensors", object);
+        ddp::CheckpointMeta meta;
+        meta.step = step;
+        meta.epoch = epoch;
+        meta.model_label = "ddp_checkpoint_save";
+        ddp::save_checkpoint(path, state, meta);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (pg != nullptr && pg->size() > 1) {
+      at::Tensor ok = at::full({1}, error ? 0 : 1, at::kInt);
+      pg->broadcast(ok, 0).wait();  // no rank returns before the file is on disk
+      if (!error && ok.item<int>() == 0) {
+        throw ddp::CheckpointError(fmt::format(
+            "[rank {}] ddp_checkpoint_save: rank 0 failed to write {} (its error names the "
+            "cause); nothing was written",
+            pg->rank(), path));
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  });
+}
+
+int ddp_checkpoint_load(ddp_group* group, const char* path, const char* const* names,
+                        const ddp_tensor* tensors, size_t count, int64_t* step, int64_t* epoch) {
+  return guarded("ddp_checkpoint_load", [&] {
+    if (path == nullptr || path[0] == '\0') throw InvalidArgument("the path is NULL or empty");
+    auto object = std::make_shared<ddp::c_api::NamedTensors>(named_tensors(names, tensors, count));
+    ddp::ProcessGroup* pg = group != nullptr ? group->pg.get() : nullptr;
+    std::exception_ptr error;
+    ddp::CheckpointMeta meta;
+    try {
+      ddp::TrainingState state;
+      state.add("tensors", object);
+      ddp::LoadOptions o;
+      if (pg != nullptr) {
+        o.rank = pg->rank();
+        o.world_size = pg->size();
+      }
+      o.model_label = "ddp_checkpoint_load";
+      meta = ddp::load_checkpoint(path, state, o).meta;
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (pg != nullptr && pg->size() > 1) {
+      const std::vector<int> failed = failures(*pg, error != nullptr);
+      if (!error && !failed.empty()) {
+        throw ddp::CheckpointError(fmt::format(
+            "[rank {}] ddp_checkpoint_load: rank(s) {} could not load {} (their errors name the "
+            "cause); this rank loaded it, so the ranks now differ: load again, or stop",
+            pg->rank(), fmt::join(failed, ", "), path));
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    if (step != nullptr) *step = meta.step;
+    if (epoch != nullptr) *epoch = meta.epoch;
   });
 }
 

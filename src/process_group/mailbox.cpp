@@ -39,14 +39,18 @@ int64_t sent_so_far(::c10d::Store& store, int sender, int receiver, int tag) {
   }
 }
 
+// How often a waiting recv asks whether its sender is gone.
+constexpr auto kPeerLook = std::chrono::milliseconds(50);
+
 // One recv through the mailbox: the first wait() (or an is_completed() that finds the message)
 // takes it.
 class MailboxRecv final : public Pending {
  public:
   MailboxRecv(c10::intrusive_ptr<::c10d::Store> store, int rank, const CollectiveDesc& call,
-              at::Tensor t)
+              at::Tensor t, std::function<std::string(int)> peer_gone)
       : store_(std::move(store)), rank_(rank), call_(call),
-        key_(mailbox_key(call.root, rank, call.tag, call.seq)), t_(std::move(t)) {}
+        key_(mailbox_key(call.root, rank, call.tag, call.seq)), t_(std::move(t)),
+        peer_gone_(std::move(peer_gone)) {}
 
   void wait(const detail::WorkState& s) override {
     MutexLock lock(&mu_);
@@ -71,8 +75,22 @@ class MailboxRecv final : public Pending {
   void receive(const detail::WorkState& s) REQUIRES(mu_) {
     const Clock::time_point deadline = s.issued + s.timeout;
     auto pause = std::chrono::microseconds(20);
+    Clock::time_point next_look = Clock::now() + kPeerLook;
     while (!store_->check({key_})) {
-      if (Clock::now() >= deadline) {
+      const Clock::time_point now = Clock::now();
+      if (peer_gone_ && now >= next_look) {
+        next_look = now + kPeerLook;
+        if (const std::string gone = peer_gone_(call_.root); !gone.empty()) {
+          // Published just before it went? Then the message is there, and take() says whether
+          // its data still is.
+          if (store_->check({key_})) break;
+          throw CollectiveError(fmt::format(
+              "[rank {}] {} failed: {} before sending it; its own error (ddprun's root-cause "
+              "summary) says why.",
+              rank_, call_.describe(), gone));
+        }
+      }
+      if (now >= deadline) {
         const int64_t sent = sent_so_far(*store_, call_.root, rank_, call_.tag);
         throw TimeoutError(fmt::format(
             "[rank {}] {} timed out after {:.1f} s: rank {} {} with tag {} to this rank{}. It "
@@ -124,6 +142,7 @@ class MailboxRecv final : public Pending {
   const CollectiveDesc call_;
   const std::string key_;
   const at::Tensor t_;
+  const std::function<std::string(int)> peer_gone_;  // may be empty
   mutable Mutex mu_;
   mutable bool taken_ GUARDED_BY(mu_) = false;
   mutable std::string failure_ GUARDED_BY(mu_);  // why the message taken did not fit
@@ -136,18 +155,21 @@ std::string mailbox_key(int sender, int receiver, int tag, uint64_t number) {
 }
 
 Mailbox::Mailbox(c10::intrusive_ptr<::c10d::Store> store, int rank,
-                 std::chrono::milliseconds timeout)
-    : store_(std::move(store)), rank_(rank), timeout_(timeout) {}
+                 std::chrono::milliseconds timeout, std::function<std::string(int)> peer_gone)
+    : store_(std::move(store)), rank_(rank), timeout_(timeout), peer_gone_(std::move(peer_gone)) {}
 
 Mailbox::~Mailbox() {
   collect(true, Clock::now() + timeout_);
   MutexLock lock(&mu_);
   if (sent_.empty()) return;
+  const std::string gone = peer_gone_ ? peer_gone_(sent_.front().call.root) : "";
+  const std::string why = gone.empty()
+                              ? fmt::format("within the timeout ({:.1f} s)", seconds(timeout_))
+                              : fmt::format("(the receiver is gone: {})", gone);
   std::fprintf(stderr,
-               "[rank %d] ddp: %zu message(s) sent were not received within the timeout "
-               "(%.1f s) before the process group was destroyed, the first %s: they are "
-               "dropped\n",
-               rank_, sent_.size(), seconds(timeout_), sent_.front().call.describe().c_str());
+               "[rank %d] ddp: %zu message(s) sent were not received %s before the process "
+               "group was destroyed, the first %s: they are dropped\n",
+               rank_, sent_.size(), why.c_str(), sent_.front().call.describe().c_str());
 }
 
 void Mailbox::send(const CollectiveDesc& call, const at::Tensor& t) {
@@ -166,11 +188,12 @@ void Mailbox::send(const CollectiveDesc& call, const at::Tensor& t) {
 }
 
 std::shared_ptr<Pending> Mailbox::recv(const CollectiveDesc& call, at::Tensor t) {
-  return std::make_shared<MailboxRecv>(store_, rank_, call, std::move(t));
+  return std::make_shared<MailboxRecv>(store_, rank_, call, std::move(t), peer_gone_);
 }
 
 void Mailbox::collect(bool wait, Clock::time_point deadline) {
   auto pause = std::chrono::microseconds(100);
+  Clock::time_point next_look = Clock::now() + kPeerLook;
   while (true) {
     {
       MutexLock lock(&mu_);
@@ -191,6 +214,13 @@ void Mailbox::collect(bool wait, Clock::time_point deadline) {
         return;  // the store is gone: nobody can take them any more
       }
       if (sent_.empty() || !wait || Clock::now() >= deadline) return;
+      // Waiting for receivers that are gone would only run out the timeout.
+      if (peer_gone_ && Clock::now() >= next_look) {
+        next_look = Clock::now() + kPeerLook;
+        bool all_gone = true;
+        for (const Sent& m : sent_) all_gone = all_gone && !peer_gone_(m.call.root).empty();
+        if (all_gone) return;
+      }
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(10000));

@@ -16,11 +16,15 @@
 //     count" under the message's key in the group's store, and is complete: its tensor may be
 //     reused at once (the message is buffered, as a small Gloo send is).
 //   recv: polls the store for the key, maps /proc/<pid>/fd/<fd>, copies the data out and marks
-//     the message taken.
+//     the message taken. While it waits it asks the transport every 50 ms whether the sender is
+//     gone (its process exited or was killed, or it destroyed its group: the shm group's slots
+//     say so); then the message can never come (a sender's group waits for its messages to be
+//     taken before it leaves), and the recv fails at once, naming the sender, instead of at the
+//     timeout.
 //   The sender closes the memfd and deletes both keys once the message is taken: at its next
-//     send, or when its group is destroyed, which waits for that (bounded by the timeout): a
-//     sender that exited right after its send would take the message (its fd, and the store
-//     when it hosts it) with it.
+//     send, or when its group is destroyed, which waits for that (bounded by the timeout, and
+//     not at all for receivers that are gone): a sender that exited right after its send would
+//     take the message (its fd, and the store when it hosts it) with it.
 // A message whose dtype or size differs from its recv's tensor fails the recv, naming both.
 // Cost: two copies and a few store round trips per message (tens of microseconds on one host).
 #pragma once
@@ -28,6 +32,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -43,9 +48,11 @@ namespace ddp {
 
 class Mailbox {
  public:
-  Mailbox(c10::intrusive_ptr<::c10d::Store> store, int rank, std::chrono::milliseconds timeout);
-  // Waits until every message sent is taken, bounded by the timeout (one line on stderr for
-  // those that were not).
+  // `peer_gone(r)`: why rank r can send nothing more, "" while it can (Transport::peer_gone).
+  Mailbox(c10::intrusive_ptr<::c10d::Store> store, int rank, std::chrono::milliseconds timeout,
+          std::function<std::string(int)> peer_gone);
+  // Waits until every message sent is taken, bounded by the timeout, or until their receivers
+  // are gone (one line on stderr for those that were not taken).
   ~Mailbox();
   Mailbox(const Mailbox&) = delete;
   Mailbox& operator=(const Mailbox&) = delete;
@@ -68,6 +75,7 @@ class Mailbox {
   const c10::intrusive_ptr<::c10d::Store> store_;
   const int rank_;
   const std::chrono::milliseconds timeout_;
+  const std::function<std::string(int)> peer_gone_;
   Mutex mu_;
   std::deque<Sent> sent_ GUARDED_BY(mu_);  // not yet taken, oldest first
 };

@@ -285,13 +285,13 @@ std::unique_ptr<Transport> c10d_transport(detail::ProcessGroupImpl& impl, const 
       return make_c10d_transport(backend,
                                  c10d_compat::make_nccl(store, env.rank, env.world_size,
                                                         impl.timeout, impl.cuda_device.value()),
-                                 env.world_size);
+                                 env.world_size, impl.timeout);
     }
 #endif
     return make_c10d_transport(backend,
                                c10d_compat::make_gloo(store, env.rank, env.world_size, impl.timeout,
                                                       gloo_device(o, env)),
-                               env.world_size);
+                               env.world_size, impl.timeout);
   });
 }
 

@@ -411,7 +411,13 @@ std::shared_ptr<detail::WorkState> point_to_point(detail::ProcessGroupImpl& pg, 
     if (pg.caps().point_to_point) {
       started = sending ? pg.transport->send(call, t) : pg.transport->recv(call, t);
     } else {
-      if (!pg.mailbox) pg.mailbox = std::make_unique<Mailbox>(pg.store, pg.env.rank, pg.timeout);
+      if (!pg.mailbox) {
+        // The transport outlives the mailbox (~ProcessGroupImpl resets the mailbox first).
+        pg.mailbox = std::make_unique<Mailbox>(pg.store, pg.env.rank, pg.timeout,
+                                               [t = pg.transport.get()](int peer) {
+                                                 return t->peer_gone(peer);
+                                               });
+      }
       if (sending) {
         pg.mailbox->send(call, t);
       } else {
@@ -482,9 +488,11 @@ Work ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   check_supported(pg, call, tensor);
   Staging staging(pg);
   at::Tensor t = staging.stage(tensor, true, true);
-  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(c, pg.transport->all_reduce(c, t));
-  }));
+  return Work(issue(pg, call,
+                    [&](const CollectiveDesc& c) {
+                      return staging.finish(c, pg.transport->all_reduce(c, t));
+                    }),
+              tensor);
 }
 
 Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
@@ -499,9 +507,11 @@ Work ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   check_supported(pg, call, tensor);
   Staging staging(pg);
   at::Tensor t = staging.stage(tensor, true, true);
-  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(c, pg.transport->broadcast(c, t));
-  }));
+  return Work(issue(pg, call,
+                    [&](const CollectiveDesc& c) {
+                      return staging.finish(c, pg.transport->broadcast(c, t));
+                    }),
+              tensor);
 }
 
 Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input) {
@@ -556,9 +566,11 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   at::Tensor out = staging.stage(output, false, true);
   std::vector<at::Tensor> in;
   for (const at::Tensor& t : inputs) in.push_back(staging.stage(t, true, false));
-  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(c, pg.transport->reduce_scatter(c, out, in));
-  }));
+  return Work(issue(pg, call,
+                    [&](const CollectiveDesc& c) {
+                      return staging.finish(c, pg.transport->reduce_scatter(c, out, in));
+                    }),
+              output);
 }
 
 Work ProcessGroup::barrier() {
@@ -581,10 +593,13 @@ Work ProcessGroup::reduce(at::Tensor& tensor, int root, ReduceOp op) {
   check_supported(pg, call, tensor);
   Staging staging(pg);
   at::Tensor t = staging.stage(tensor, true, true, /*contiguous=*/true);
-  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(c, pg.caps().rooted_collectives ? pg.transport->reduce(c, t)
-                                                          : composed::reduce(*pg.transport, c, t));
-  }));
+  return Work(issue(pg, call,
+                    [&](const CollectiveDesc& c) {
+                      return staging.finish(c, pg.caps().rooted_collectives
+                                                   ? pg.transport->reduce(c, t)
+                                                   : composed::reduce(*pg.transport, c, t));
+                    }),
+              tensor);
 }
 
 Work ProcessGroup::gather(std::vector<at::Tensor>& outputs, const at::Tensor& input, int root) {
@@ -623,12 +638,15 @@ Work ProcessGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& in
   at::Tensor out = staging.stage(output, false, true, true);
   std::vector<at::Tensor> in;
   for (const at::Tensor& t : inputs) in.push_back(staging.stage(t, true, false, true));
-  return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(c, pg.caps().rooted_collectives
-                                 ? pg.transport->scatter(c, out, in)
-                                 : composed::scatter(*pg.transport, c, pg.env.rank,
-                                                     pg.env.world_size, out, in));
-  }));
+  return Work(issue(pg, call,
+                    [&](const CollectiveDesc& c) {
+                      return staging.finish(c,
+                                            pg.caps().rooted_collectives
+                                                ? pg.transport->scatter(c, out, in)
+                                                : composed::scatter(*pg.transport, c, pg.env.rank,
+                                                                    pg.env.world_size, out, in));
+                    }),
+              output);
 }
 
 Work ProcessGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input,
@@ -653,7 +671,7 @@ Work ProcessGroup::all_to_all_single(at::Tensor& output, const at::Tensor& input
   Staging staging(pg);
   at::Tensor in = staging.stage(input, true, false, true).view({-1});
   at::Tensor out = staging.stage(output, false, true, true).view({-1});
-  return Work(all_to_all_flat(*this, staging, out, in, out_splits, in_splits));
+  return Work(all_to_all_flat(*this, staging, out, in, out_splits, in_splits), output);
 }
 
 Work ProcessGroup::all_to_all(std::vector<at::Tensor>& outputs,
@@ -715,7 +733,7 @@ Work ProcessGroup::all_gather_into_tensor(at::Tensor& output, const at::Tensor& 
   at::Tensor rows = output.view({n, -1});
   std::vector<at::Tensor> outputs;
   for (int r = 0; r < n; ++r) outputs.push_back(rows[r].view(input.sizes()));
-  return all_gather(outputs, input);
+  return Work(all_gather(outputs, input).state_, output);
 }
 
 Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
@@ -733,15 +751,15 @@ Work ProcessGroup::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& i
   at::Tensor rows = input.contiguous().view({n, -1});
   std::vector<at::Tensor> inputs;
   for (int r = 0; r < n; ++r) inputs.push_back(rows[r].view(output.sizes()));
-  return reduce_scatter(output, inputs, op);
+  return Work(reduce_scatter(output, inputs, op).state_, output);
 }
 
 Work ProcessGroup::isend(const at::Tensor& tensor, int dst, int tag) {
-  return Work(point_to_point(detail::impl_of(*this), Collective::kSend, tensor, dst, tag));
+  return Work(point_to_point(detail::impl_of(*this), Collective::kSend, tensor, dst, tag), tensor);
 }
 
 Work ProcessGroup::irecv(at::Tensor& tensor, int src, int tag) {
-  return Work(point_to_point(detail::impl_of(*this), Collective::kRecv, tensor, src, tag));
+  return Work(point_to_point(detail::impl_of(*this), Collective::kRecv, tensor, src, tag), tensor);
 }
 
 void ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) {

@@ -92,6 +92,8 @@ Work& Work::operator=(const Work&) = default;
 Work::Work(Work&&) noexcept = default;
 Work& Work::operator=(Work&&) noexcept = default;
 Work::Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
+Work::Work(std::shared_ptr<detail::WorkState> state, at::Tensor result)
+    : state_(std::move(state)), result_(std::move(result)) {}
 
 void Work::wait() {
   if (!state_) throw Error("ddp::Work::wait() on an empty Work (it was never issued)");
@@ -148,6 +150,11 @@ bool Work::is_completed() const {
 std::string Work::description() const {
   if (!state_) return "(empty work)";
   return state_->call.describe();
+}
+
+Future Work::get_future() const {
+  DDP_CHECK(state_ != nullptr, Error, "ddp::Work::get_future() on an empty Work");
+  return Future(*this, result_);
 }
 
 }  // namespace ddp

@@ -97,6 +97,23 @@ def cases(rank):
         dist.reduce_scatter_tensor(o, t)
         return o
     out["reduce_scatter_tensor"] = reduce_scatter_tensor
+
+    def send_recv():
+        # A ring, two messages each way with two tags, received in the other order.
+        nxt, prv = (rank + 1) % WORLD, (rank - 1) % WORLD
+        a = torch.arange(3, dtype=torch.int64) + 10 * rank
+        b = torch.arange(2, dtype=torch.float64) * 0.5 + rank
+        sends = [dist.isend(a, nxt, tag=3), dist.isend(b, nxt, tag=5)]
+        got_a = torch.empty(3, dtype=torch.int64)
+        got_b = torch.empty(2, dtype=torch.float64)
+        rb = dist.irecv(got_b, prv, tag=5)
+        ra = dist.irecv(got_a, prv, tag=3)
+        rb.wait()
+        ra.wait()
+        for w in sends:
+            w.wait()
+        return torch.cat([got_a.double(), got_b])
+    out["send_recv"] = send_recv
     return out
 
 

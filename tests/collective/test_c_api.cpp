@@ -1,6 +1,10 @@
 // The C ABI (include/ddp/c_api.h), driven as a binding would drive it: ranks as threads, tensors
 // as `at::Tensor*` handles (tch-rs's and JavaCPP's), nothing of the C++ API in between. DDP
 // through it ends bit for bit where the C++ wrapper ends.
+#include <unistd.h>  // getpid
+
+#include <filesystem>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -115,6 +119,128 @@ TEST(CApi, CollectivesOnHostMemoryAndTensorHandles) {
   for (int r = 0; r < kWorld; ++r) {
     if (errors[r]) ADD_FAILURE() << testing::message_of(errors[r]);
   }
+}
+
+// Version 3: gather, scatter and all-to-all on host memory, subgroups, and checkpoints of named
+// tensor handles.
+TEST(CApi, GatherScatterAllToAllAndSubgroups) {
+  constexpr int kWorld = 3;
+  const int port = testing::free_port();
+  auto errors = run_threads(kWorld, [&](int rank) {
+    ddp_group* g = c_group(rank, kWorld, port);
+    int32_t mine[2] = {rank, 10 + rank}, all[6] = {};
+    ok(ddp_gather(g, rank == 1 ? all : nullptr, mine, 2, DDP_INT32, 1));
+    if (rank == 1)
+      EXPECT_EQ(std::vector<int32_t>(all, all + 6), (std::vector<int32_t>{0, 10, 1, 11, 2, 12}));
+    float parts[3] = {100, 101, 102}, got = -1;
+    ok(ddp_scatter(g, &got, rank == 2 ? parts : nullptr, 1, DDP_FLOAT32, 2));
+    EXPECT_EQ(got, 100.0f + rank);
+    // Chunk j of rank r is 10 r + j: rank j receives 10 r + j from every r.
+    int64_t out[3] = {}, in[3] = {10 * rank, 10 * rank + 1, 10 * rank + 2};
+    ok(ddp_all_to_all(g, out, in, 1, DDP_INT64));
+    for (int r = 0; r < kWorld; ++r) EXPECT_EQ(out[r], 10 * r + rank) << r;
+
+    // {2, 0} in any order: ranks 0 and 2 form a group (0 -> 0, 2 -> 1); rank 1 gets NULL.
+    const int members[] = {2, 0};
+    ddp_group* sub = reinterpret_cast<ddp_group*>(0x1);
+    ok(ddp_group_new(g, members, 2, &sub));
+    if (rank == 1) {
+      EXPECT_EQ(sub, nullptr);
+    } else {
+      ASSERT_NE(sub, nullptr);
+      EXPECT_EQ(ddp_group_size(sub), 2);
+      EXPECT_EQ(ddp_group_rank(sub), rank / 2);
+      double v[1] = {1.0 + rank};
+      ok(ddp_all_reduce(sub, v, 1, DDP_FLOAT64, DDP_SUM));
+      EXPECT_EQ(v[0], 4.0);  // 1 + 3: rank 1 is not in it
+      ddp_group_destroy(sub);
+    }
+    ddp_group* whole = nullptr;
+    ok(ddp_group_new(g, nullptr, 0, &whole));  // every rank
+    ASSERT_NE(whole, nullptr);
+    EXPECT_EQ(ddp_group_rank(whole), rank);
+    ddp_group_destroy(whole);
+    ddp_group_destroy(g);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << testing::message_of(errors[r]);
+  }
+}
+
+TEST(CApi, CheckpointsOfNamedTensorHandles) {
+  constexpr int kWorld = 2;
+  const int port = testing::free_port();
+  const std::string dir = ::testing::TempDir() + fmt::format("ddp_c_ckpt_{}", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/weights.ckpt";
+  auto errors = run_threads(kWorld, [&](int rank) {
+    ddp_group* g = c_group(rank, kWorld, port);
+    // Rank 0's values are written; rank 1's differ, and are not.
+    at::Tensor w = torch::arange(6, torch::kFloat).view({2, 3}).add(rank).requires_grad_();
+    at::Tensor b = torch::full({4}, 7 + rank, torch::kLong);
+    const char* names[] = {"layer.weight", "step_count"};
+    ddp_tensor handles[] = {&w, &b};
+    ok(ddp_checkpoint_save(g, path.c_str(), names, handles, 2, /*step=*/42, /*epoch=*/3));
+
+    // Loaded into other tensors, by name, in another order: rank 0's values on every rank.
+    at::Tensor w2 = torch::zeros({2, 3}).requires_grad_(), b2 = torch::zeros({4}, torch::kLong);
+    const char* back_names[] = {"step_count", "layer.weight"};
+    ddp_tensor back[] = {&b2, &w2};
+    int64_t step = -1, epoch = -1;
+    ok(ddp_checkpoint_load(g, path.c_str(), back_names, back, 2, &step, &epoch));
+    EXPECT_EQ(step, 42);
+    EXPECT_EQ(epoch, 3);
+    EXPECT_TRUE(torch::equal(w2, torch::arange(6, torch::kFloat).view({2, 3})));
+    EXPECT_TRUE(torch::equal(b2, torch::full({4}, 7, torch::kLong)));
+    EXPECT_TRUE(w2.requires_grad());
+
+    // A tensor that does not fit changes nothing, and names what differs; so does a name the
+    // file lacks. Every rank fails alike.
+    at::Tensor wrong = torch::zeros({3, 2}), kept = torch::zeros({4}, torch::kLong);
+    const char* two[] = {"step_count", "layer.weight"};
+    ddp_tensor wrong_handles[] = {&kept, &wrong};
+    EXPECT_EQ(ddp_checkpoint_load(g, path.c_str(), two, wrong_handles, 2, nullptr, nullptr),
+              DDP_E_CHECKPOINT);
+    EXPECT_NE(std::string(ddp_last_error())
+                  .find("'layer.weight' is [2, 3] Float in the file, [3, 2] Float here"),
+              std::string::npos)
+        << ddp_last_error();
+    EXPECT_TRUE(torch::equal(kept, torch::zeros({4}, torch::kLong)));  // not loaded either
+    const char* absent[] = {"bias"};
+    ddp_tensor one[] = {&kept};
+    EXPECT_EQ(ddp_checkpoint_load(g, path.c_str(), absent, one, 1, nullptr, nullptr),
+              DDP_E_CHECKPOINT);
+    EXPECT_NE(std::string(ddp_last_error()).find("no tensor named 'bias'"), std::string::npos)
+        << ddp_last_error();
+    ok(ddp_barrier(g));
+    ddp_group_destroy(g);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << testing::message_of(errors[r]);
+  }
+
+  // Without a group: this process alone. A damaged file is refused by name; an unwritable path
+  // is an error, and the file there before is left whole.
+  at::Tensor x = torch::ones({3}, torch::kDouble);
+  const char* name[] = {"x"};
+  ddp_tensor h[] = {&x};
+  const std::string mine = dir + "/mine.ckpt";
+  ok(ddp_checkpoint_save(nullptr, mine.c_str(), name, h, 1, 1, 0));
+  const auto size = std::filesystem::file_size(mine);
+  std::filesystem::resize_file(mine, size - 5);
+  EXPECT_EQ(ddp_checkpoint_load(nullptr, mine.c_str(), name, h, 1, nullptr, nullptr),
+            DDP_E_CHECKPOINT);
+  EXPECT_NE(std::string(ddp_last_error()).find("truncated"), std::string::npos) << ddp_last_error();
+  EXPECT_EQ(ddp_checkpoint_save(nullptr, (dir + "/no/such/folder/x.ckpt").c_str(), name, h, 1, 1,
+                                0),
+            DDP_E_CHECKPOINT);
+  EXPECT_NE(std::string(ddp_last_error()).find("no/such/folder"), std::string::npos)
+      << ddp_last_error();
+  const char* twice[] = {"x", "x"};
+  ddp_tensor hh[] = {&x, &x};
+  EXPECT_EQ(ddp_checkpoint_save(nullptr, mine.c_str(), twice, hh, 2, 1, 0), DDP_E_INVALID);
+  EXPECT_STREQ(ddp_last_error(), "ddp_checkpoint_save: the name 'x' is given twice");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CApi, MistakesAreCodesWithMessagesNeverExceptions) {

@@ -412,6 +412,50 @@ TEST_P(Collectives, SendAndRecvMatchByPeerTagAndOrder) {
   });
 }
 
+// Work::get_future: the value is the tensor the call wrote (or sent), after its Work; a chain
+// of then() stages issues its collectives when waited for, in order on every rank; a stage's
+// error comes out of every later wait().
+TEST_P(Collectives, GetFutureGivesTheResultAndChains) {
+  const int n = GetParam();
+  run_ranks(n, [n](ProcessGroup& pg) {
+    const int me = pg.rank();
+    auto t = torch::full({3}, 1.0f + me);
+    Future mean = pg.all_reduce(t).get_future().then([&pg, n](at::Tensor sum) {
+      sum.div_(n);
+      return pg.broadcast(sum, n - 1).get_future();  // a second collective, at the wait
+    });
+    EXPECT_FALSE(mean.is_completed());  // its stage has not run
+    const at::Tensor got = mean.wait();
+    EXPECT_TRUE(got.is_same(t));  // the caller's tensor, not a copy
+    EXPECT_TRUE(torch::equal(got, torch::full({3}, (n + 1) / 2.0f))) << got;
+    EXPECT_TRUE(mean.is_completed());
+    EXPECT_EQ(pg.last_sequence_number(), 2u);
+
+    auto stacked = torch::empty({n, 2});
+    const at::Tensor gathered =
+        pg.all_gather_into_tensor(stacked, torch::full({2}, 1.0f * me)).get_future().wait();
+    EXPECT_TRUE(gathered.is_same(stacked));
+    EXPECT_TRUE(torch::equal(gathered.select(1, 0), torch::arange(n, torch::kFloat)));
+    EXPECT_FALSE(pg.barrier().get_future().wait().defined());  // nothing to give
+
+    Future failing = pg.all_reduce(t).get_future().then(
+        [](at::Tensor) -> Future { throw Error("the stage failed"); });
+    for (int i = 0; i < 2; ++i) EXPECT_THROW(failing.wait(), Error);
+    if (n >= 2) {
+      auto in = torch::zeros({4});
+      Work w = me == 0 ? pg.isend(torch::arange(4, torch::kFloat), 1, 5)
+                       : (me == 1 ? pg.irecv(in, 0, 5) : Work());
+      if (me == 1) {
+        EXPECT_TRUE(torch::equal(w.get_future().wait(), torch::arange(4, torch::kFloat)));
+      } else if (me == 0) {
+        EXPECT_TRUE(torch::equal(w.get_future().wait(), torch::arange(4, torch::kFloat)));
+      } else {
+        EXPECT_THROW(w.get_future(), Error);  // an empty Work has none
+      }
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
@@ -642,6 +686,45 @@ TEST(CollectiveErrors, ARecvWithoutItsSendTimesOutNamingTheChannel) {
   }
 }
 
+// A recv whose sender left without sending fails at once, naming it, where the transport can
+// tell (shm: its slot says it destroyed its group); elsewhere it times out as above. Rank 0
+// hosts the store, so rank 1 is the one that leaves.
+TEST(CollectiveErrors, ARecvWhoseSenderLeftFailsAtOnceNamingIt) {
+  const int port = testing::free_port();
+  std::latch rank1_left(1);
+  double waited_s = 0;
+  std::string message, backend;
+  auto errors = testing::run_threads(2, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 2, port, /*timeout=*/8s));
+    if (r == 1) {
+      pg.reset();  // leaves without sending
+      rank1_left.count_down();
+      return;
+    }
+    backend = pg->backend();
+    auto t = torch::zeros({4});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg->recv(t, 1, 2);
+    } catch (const CollectiveError& e) {
+      message = e.what();
+    }
+    waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rank1_left.wait();
+  });
+  EXPECT_FALSE(errors[0]) << testing::message_of(errors[0]);
+  EXPECT_FALSE(errors[1]) << testing::message_of(errors[1]);
+  EXPECT_NE(message.find("[rank 0] recv #1 (from rank 1, tag 2, 4 x Float)"), std::string::npos)
+      << message;
+  if (backend != "shm")
+    GTEST_SKIP() << backend << " cannot tell that it left; it said: " << message;
+  EXPECT_LT(waited_s, 3.0) << message;
+  EXPECT_NE(message.find("rank 1 destroyed its process group (or is shutting down) before "
+                         "sending it"),
+            std::string::npos)
+      << message;
+}
+
 TEST(CollectiveErrors, ASenderThatLeavesAtOnceStillDelivers) {
   const int port = testing::free_port();
   at::Tensor got = torch::zeros({5}, torch::kLong);
@@ -780,6 +863,18 @@ TEST(CollectivesVsPython, SameResultsAsTorchDistributed) {
       pg.reduce_scatter_tensor(o, t).wait();
       keep("reduce_scatter_tensor", o);
     }
+    {
+      const int next = (rank + 1) % kWorld, prev = (rank + kWorld - 1) % kWorld;
+      auto a = torch::arange(3, torch::kLong) + 10 * rank;
+      auto b = torch::arange(2, torch::kDouble) * 0.5 + rank;
+      std::vector<Work> sends = {pg.isend(a, next, 3), pg.isend(b, next, 5)};
+      auto got_a = torch::empty({3}, torch::kLong), got_b = torch::empty({2}, torch::kDouble);
+      Work rb = pg.irecv(got_b, prev, 5), ra = pg.irecv(got_a, prev, 3);
+      rb.wait();
+      ra.wait();
+      for (Work& w : sends) w.wait();
+      keep("send_recv", torch::cat({got_a.to(torch::kDouble), got_b}));
+    }
   });
 
   // What PyTorch must have (its Gloo has these on 1.13 and 2.6): the check cannot pass empty.
@@ -789,7 +884,8 @@ TEST(CollectivesVsPython, SameResultsAsTorchDistributed) {
                                           "gather",
                                           "scatter",
                                           "all_to_all_single",
-                                          "all_to_all_single_uneven"};
+                                          "all_to_all_single_uneven",
+                                          "send_recv"};
   std::set<std::string> compared;
   for (int rank = 0; rank < kWorld; ++rank) {
     for (const auto& [name, value] : ref.at(std::to_string(rank)).items()) {

@@ -141,6 +141,20 @@ TEST_F(BenchTest, ShmEveryCollectiveAndDtypeAcrossProcesses) {
   }
 }
 
+// sendrecv (send and recv, each rank to the next) over Gloo and over shm's mailbox, 3 ranks:
+// every result verified.
+TEST_F(BenchTest, SendrecvOverGlooAndShmVerifiesEveryResult) {
+  const fs::path csv = dir_ / "p2p.csv";
+  Result r = run_command(
+      bench(3, {"collectives", "--backend", "gloo,shm", "--ops", "sendrecv", "--max-bytes", "64K",
+                "--iters", "2", "--warmup", "1", "--ring-bytes", "256K", "--csv", csv.string()}));
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  EXPECT_NE(r.out.find("sendrecv (to the next rank, from the previous)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("# verified: 0 results wrong"), std::string::npos) << r.out;
+  expect_verified_sweep(csv, 3, /*2 backends x 14 sizes (8 B .. 64 KiB)*/ 28, {"gloo", "shm"});
+}
+
 TEST_F(BenchTest, TrainTwoRanksWithCompare) {
   const fs::path csv = dir_ / "t.csv";
   Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",

@@ -4,8 +4,10 @@
 #include <dirent.h>
 #include <signal.h>
 
+#include <chrono>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -21,6 +23,7 @@ using testing::Subprocess;
 
 const std::string kDdprun = testing::env_or_die("DDPRUN");
 const std::string kAllreduce = testing::env_or_die("EXAMPLE_ALLREDUCE");
+const std::string kHangWorker = testing::env_or_die("HANG_TEST_WORKER");
 
 std::set<std::string> dev_shm() {
   std::set<std::string> out;
@@ -85,6 +88,41 @@ TEST(ShmMultiproc, KilledPeerIsNamedWithinSecondsAndNothingIsLeftInDevShm) {
   }
   p.rank1.wait();
   EXPECT_EQ(dev_shm(), before);
+}
+
+// A recv whose sender's process is killed before it sent fails within a second or so, naming
+// the sender and its pid, not at the collective timeout (120 s here): Note [Point to point].
+TEST(ShmMultiproc, ARecvWhoseSenderWasKilledFailsWithinSeconds) {
+  const int port = testing::free_port();
+  auto cmd = [&](int rank) {
+    return Command{.argv = {kHangWorker, "recv"},
+                   .env = {{"RANK", std::to_string(rank)},
+                           {"WORLD_SIZE", "2"},
+                           {"LOCAL_RANK", std::to_string(rank)},
+                           {"LOCAL_WORLD_SIZE", "2"},
+                           {"MASTER_ADDR", "127.0.0.1"},
+                           {"MASTER_PORT", std::to_string(port)},
+                           {"DDP_BACKEND", "shm"},
+                           {"DDP_COLLECTIVE_TIMEOUT", "120"}},
+                   .timeout_s = 60};
+  };
+  Subprocess rank0 = Subprocess::start(cmd(0)), rank1 = Subprocess::start(cmd(1));
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return rank1.out_so_far().find("ready pid=") != std::string::npos; }, 30))
+      << rank1.err_so_far();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 is in its recv
+  const int victim = rank1.pid();
+  rank1.signal(SIGKILL);
+  const double killed_at = rank0.elapsed_s();
+  const auto& r = rank0.wait();
+  rank1.wait();
+  EXPECT_TRUE(r.exited(1)) << r.describe();
+  EXPECT_LT(r.wall_s - killed_at, 5.0) << r.describe();
+  EXPECT_NE(r.err.find(fmt::format("[rank 0] recv #1 (from rank 1, tag 0, 4 x Float) failed: "
+                                   "rank 1 (pid {}) exited or was killed before sending it",
+                                   victim)),
+            std::string::npos)
+      << r.describe();
 }
 
 TEST(ShmMultiproc, StoppedPeerIsNamedWithinSeconds) {

@@ -8,10 +8,10 @@
 
 #include "ddp/c_api.h"
 
-_Static_assert(DDP_C_API_VERSION == 2, "a new ABI version: pin its additions here");
+_Static_assert(DDP_C_API_VERSION == 3, "a new ABI version: pin its additions here");
 _Static_assert(DDP_OK == 0 && DDP_E_ERROR == 1 && DDP_E_CONFIG == 2 && DDP_E_RENDEZVOUS == 3 &&
                    DDP_E_COLLECTIVE == 4 && DDP_E_TIMEOUT == 5 && DDP_E_INVALID == 6 &&
-                   DDP_E_ABI == 7 && DDP_E_INTERNAL == 8,
+                   DDP_E_ABI == 7 && DDP_E_INTERNAL == 8 && DDP_E_CHECKPOINT == 9,
                "status codes are ABI");
 _Static_assert(DDP_FLOAT32 == 0 && DDP_FLOAT64 == 1 && DDP_FLOAT16 == 2 && DDP_BFLOAT16 == 3 &&
                    DDP_INT32 == 4 && DDP_INT64 == 5 && DDP_INT8 == 6 && DDP_UINT8 == 7,
@@ -56,6 +56,15 @@ int (*const p_send)(ddp_group*, const void*, size_t, ddp_dtype, int, int) = ddp_
 int (*const p_recv)(ddp_group*, void*, size_t, ddp_dtype, int, int) = ddp_recv;
 int (*const p_tensor_send)(ddp_group*, ddp_tensor, int, int) = ddp_tensor_send;
 int (*const p_tensor_recv)(ddp_group*, ddp_tensor, int, int) = ddp_tensor_recv;
+/* Version 3. */
+int (*const p_group_new)(ddp_group*, const int*, size_t, ddp_group**) = ddp_group_new;
+int (*const p_gather)(ddp_group*, void*, const void*, size_t, ddp_dtype, int) = ddp_gather;
+int (*const p_scatter)(ddp_group*, void*, const void*, size_t, ddp_dtype, int) = ddp_scatter;
+int (*const p_all_to_all)(ddp_group*, void*, const void*, size_t, ddp_dtype) = ddp_all_to_all;
+int (*const p_checkpoint_save)(ddp_group*, const char*, const char* const*, const ddp_tensor*,
+                               size_t, int64_t, int64_t) = ddp_checkpoint_save;
+int (*const p_checkpoint_load)(ddp_group*, const char*, const char* const*, const ddp_tensor*,
+                               size_t, int64_t*, int64_t*) = ddp_checkpoint_load;
 
 int main(void) {
   if (ddp_abi_version() != DDP_C_API_VERSION) {
@@ -63,6 +72,6 @@ int main(void) {
     return 1;
   }
   if (strcmp(ddp_last_error(), "") != 0) return 1;
-  printf("ddp-cpp %s, C ABI %d: 30 functions pinned\n", ddp_version(), ddp_abi_version());
+  printf("ddp-cpp %s, C ABI %d: 36 functions pinned\n", ddp_version(), ddp_abi_version());
   return 0;
 }

@@ -35,7 +35,7 @@ void add_collectives(CLI::App& app, CollectivesOptions& c, std::string& backends
                   "group; one that cannot is reported unavailable and skipped");
   sub->add_option("--ops", ops,
                   "collectives, comma-separated: all_reduce, broadcast, all_gather, "
-                  "reduce_scatter");
+                  "reduce_scatter, sendrecv (each rank to the next: send and recv)");
   sub->add_option("--dtype", dtypes,
                   "element types, comma-separated: float32, float64, bfloat16, float16, int32, "
                   "int64");

@@ -147,6 +147,14 @@ class OpTest {
   }
 
   Work issue(Views& v) {
+    if (op_ == "sendrecv") {
+      // nccl-tests' sendrecv: each rank sends to the next and receives from the previous, both
+      // posted before either is waited for.
+      Work sent = pg_.isend(v.in, (r_ + 1) % n_);
+      Work got = pg_.irecv(v.out, (r_ + n_ - 1) % n_);
+      sent.wait();
+      return got;
+    }
     if (op_ == "all_reduce") return pg_.all_reduce(v.in, ReduceOp::kSum);
     if (op_ == "broadcast") return pg_.broadcast(v.in, 0);
     if (op_ == "all_gather") return pg_.all_gather(v.chunks, v.in);
@@ -159,6 +167,9 @@ class OpTest {
     if (op_ == "all_reduce")
       return matches_periodic(arena_.input(k), summed_tile(o + use, n_, type_));
     if (op_ == "broadcast") return matches_periodic(arena_.input(k), tile(o + use, type_));
+    if (op_ == "sendrecv") {
+      return matches_periodic(arena_.output(k), tile(o + (r_ + n_ - 1) % n_ + use, type_));
+    }
     if (op_ == "all_gather") {
       const auto chunks = arena_.output(k).chunk(n_);
       for (int q = 0; q < n_; ++q) {
@@ -175,7 +186,7 @@ class OpTest {
     return op == "all_gather" ? count / n : count;
   }
   static int64_t output_count(const std::string& op, int64_t count, int n) {
-    if (op == "all_gather") return count;
+    if (op == "all_gather" || op == "sendrecv") return count;
     if (op == "reduce_scatter") return count / n;
     return 0;  // in place
   }
@@ -378,7 +389,7 @@ int run_collectives(const CollectivesOptions& o) {
                   format_bytes(sizes.back()), o.iters, o.warmup));
   say("# time: median over iterations of the mean over ranks, each iteration after a barrier; "
       "algbw = size / time;\n# busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, "
-      "reduce_scatter), 1 (broadcast), as in nccl-tests");
+      "reduce_scatter), 1 (broadcast, sendrecv), as in nccl-tests");
   say(
       fmt::format("# buffers: a ring of >= {} per size, so no iteration starts cache-warm; "
                   "every result of every iteration verified exactly",
@@ -426,7 +437,8 @@ int run_collectives(const CollectivesOptions& o) {
         say(fmt::format("#\n# {}: {}{}, {}", backend, op,
                         op == "all_reduce" || op == "reduce_scatter" ? " (sum)"
                         : op == "broadcast"                          ? " (root 0)"
-                                                                     : "",
+                        : op == "sendrecv" ? " (to the next rank, from the previous)"
+                                           : "",
                         o.dtypes[ti]));
         say(collective_table_header());
         for (int64_t bytes : sizes) {

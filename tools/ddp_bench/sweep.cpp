@@ -75,16 +75,17 @@ double bus_factor(const std::string& op, int world_size) {
   const double n = world_size;
   if (op == "all_reduce") return 2 * (n - 1) / n;
   if (op == "all_gather" || op == "reduce_scatter") return (n - 1) / n;
-  if (op == "broadcast") return 1;
+  if (op == "broadcast" || op == "sendrecv") return 1;
   throw ConfigError(
       fmt::format("unknown collective '{}': choose all_reduce, broadcast, "
-                  "all_gather or reduce_scatter",
+                  "all_gather, reduce_scatter or sendrecv",
                   op));
 }
 
 int64_t elements_for(const std::string& op, int64_t bytes, int64_t elem_bytes, int world_size) {
   const int64_t count = bytes / elem_bytes;
   if (op == "all_gather" || op == "reduce_scatter") return count / world_size * world_size;
+  if (op == "sendrecv" && world_size < 2) return 0;  // a rank has no peer to send to
   return count;
 }
 

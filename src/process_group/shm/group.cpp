@@ -660,6 +660,19 @@ std::string Group::where_is(int p) const {
   return fmt::format("rank {} is in {}", name(p), call);
 }
 
+std::string Group::peer_gone(int peer) const {
+  const Slot& s = *slots_[peer];
+  if (s.left.load() != 0) {
+    return fmt::format("rank {} destroyed its process group (or is shutting down)", name(peer));
+  }
+  const int pid = s.pid.load();
+  if (pid == 0 || pid == pid_) return "";
+  if (!live_process(pid, s.start_time.load())) {
+    return fmt::format("rank {} (pid {}) exited or was killed", name(peer), pid);
+  }
+  return "";
+}
+
 void Group::check_peers(uint64_t g, Clock::time_point now) {
   const Op& op = *current_;
   for (int p = 0; p < o_.size; ++p) {

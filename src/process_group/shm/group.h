@@ -132,6 +132,10 @@ class Group {
   int rank() const { return o_.rank; }
   int name(int r) const { return o_.names.empty() ? r : o_.names[r]; }  // for messages
   int me() const { return name(o_.rank); }
+  // Why rank `peer` can take part in nothing more: it destroyed its group, or its process is
+  // gone (exited, killed, its pid reused); "" while it may (running, stopped, or a thread of this
+  // process). From any thread (the slots are atomics): the mailbox's recv asks it while it waits.
+  std::string peer_gone(int peer) const;
   int size() const { return o_.size; }
   std::chrono::milliseconds timeout() const { return o_.timeout; }
 

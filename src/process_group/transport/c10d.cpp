@@ -1,5 +1,7 @@
 // A LibTorch backend as a transport: Gloo (CPU tensors, any hosts) or NCCL (CUDA tensors).
 #include <atomic>
+#include <chrono>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -73,29 +75,18 @@ class C10dPending final : public Pending {
 // bits 16-29 (tags below kTagLimit), and the message's number on its channel (mod 2^16) below,
 // so that no message can be taken for another, whatever order the recvs are waited in. A recv
 // takes the header, then the data: into its tensor when they match, else into scratch, and
-// fails naming both sizes; both ranks go on. NCCL matches messages between two ranks in call
-// order and ignores tags, as in PyTorch; its messages go as they are.
+// fails naming both sizes; both ranks go on. So a recv posts its data's recv only once the
+// header came, in wait(). A Gloo send completes only once the peer posted the matching recv;
+// were a send's Work to wait for its data too, two ranks that exchange (isend, irecv, then wait
+// for the send first, as PyTorch allows) would each wait for a data recv that the other posts
+// only in a wait it has not reached. A send's Work therefore waits for its header alone (the
+// peer posted its irecv), and its data goes from a copy, in the background: the transport keeps
+// those sends until they complete, and destroying it waits for them, bounded by the timeout
+// (or not at all for a peer that is gone: Gloo fails them). NCCL matches messages between two
+// ranks in call order and ignores tags, as in PyTorch; its messages go as they are.
 int gloo_slot(bool header, int tag, uint64_t number) {
   return (header ? 1 << 30 : 0) | tag << 16 | static_cast<int>(number & 0xffff);
 }
-
-// Pendings waited for in order.
-class InOrder final : public Pending {
- public:
-  explicit InOrder(std::vector<std::shared_ptr<Pending>> parts) : parts_(std::move(parts)) {}
-  void wait(const detail::WorkState& s) override {
-    for (const auto& p : parts_) p->wait(s);
-  }
-  bool is_completed() const override {
-    for (const auto& p : parts_) {
-      if (!p->is_completed()) return false;
-    }
-    return true;
-  }
-
- private:
-  const std::vector<std::shared_ptr<Pending>> parts_;
-};
 
 // A recv over Gloo (Note [Gloo point to point]).
 class GlooRecv final : public Pending {
@@ -141,8 +132,9 @@ class GlooRecv final : public Pending {
 
 class C10dTransport final : public Transport {
  public:
-  C10dTransport(std::string name, c10::intrusive_ptr<c10d_compat::Backend> backend, int size)
-      : backend_(std::move(backend)), size_(size) {
+  C10dTransport(std::string name, c10::intrusive_ptr<c10d_compat::Backend> backend, int size,
+                std::chrono::milliseconds timeout)
+      : backend_(std::move(backend)), size_(size), timeout_(timeout) {
     caps_.name = std::move(name);
     caps_.rooted_collectives = true;
     caps_.point_to_point = true;
@@ -167,7 +159,10 @@ class C10dTransport final : public Transport {
 
   // NCCL: its communicator aborted now, while CUDA is up, rather than by c10d's destructor,
   // which also warns that destroy_process_group() was not called (ours was).
-  ~C10dTransport() override { abort(); }
+  ~C10dTransport() override {
+    drain_sends();
+    abort();
+  }
 
   const Capabilities& capabilities() const override { return caps_; }
 
@@ -264,9 +259,13 @@ class C10dTransport final : public Transport {
     header[1] = static_cast<int64_t>(call.dtype);
     auto h =
         pending(c10d_ops::send(*backend_, header, call.root, gloo_slot(true, call.tag, call.seq)));
-    auto d = pending(c10d_ops::send(*backend_, as_gloo_moves(tensor), call.root,
-                                    gloo_slot(false, call.tag, call.seq)));
-    return {std::make_shared<InOrder>(std::vector<std::shared_ptr<Pending>>{h, d}), {}};
+    // The data from a copy, kept here until sent (Note [Gloo point to point]).
+    auto data = c10d_ops::send(*backend_, as_gloo_moves(tensor.clone(at::MemoryFormat::Contiguous)),
+                               call.root, gloo_slot(false, call.tag, call.seq));
+    MutexLock lock(&sends_mu_);
+    std::erase_if(sends_, [](const auto& w) { return w->isCompleted(); });
+    sends_.push_back(std::move(data));
+    return {h, {}};
   }
 
   Started recv(const CollectiveDesc& call, at::Tensor& tensor) override {
@@ -297,9 +296,27 @@ class C10dTransport final : public Transport {
     return c10d_pending(std::move(work), caps_.cuda_tensors && !caps_.cpu_tensors);
   }
 
+  // Waits for the data of the sends not yet received, each until the timeout from now at most;
+  // a failed one (its peer gone) is let go.
+  void drain_sends() {
+    MutexLock lock(&sends_mu_);
+    for (auto& w : sends_) {
+      try {
+        if (!w->isCompleted()) w->wait(timeout_);
+      } catch (const std::exception&) {
+        // Not received: its recv fails (or timed out) on the peer, which says so.
+      }
+    }
+    sends_.clear();
+  }
+
   const c10::intrusive_ptr<c10d_compat::Backend> backend_;
   const int size_;
+  const std::chrono::milliseconds timeout_;
   Capabilities caps_;
+  Mutex sends_mu_;
+  // Gloo sends whose data may not have gone yet (Note [Gloo point to point]).
+  std::vector<c10::intrusive_ptr<::c10d::Work>> sends_ GUARDED_BY(sends_mu_);
 };
 
 }  // namespace
@@ -310,8 +327,8 @@ std::shared_ptr<Pending> c10d_pending(c10::intrusive_ptr<::c10d::Work> work, boo
 
 std::unique_ptr<Transport> make_c10d_transport(std::string name,
                                                c10::intrusive_ptr<c10d_compat::Backend> backend,
-                                               int size) {
-  return std::make_unique<C10dTransport>(std::move(name), std::move(backend), size);
+                                               int size, std::chrono::milliseconds timeout) {
+  return std::make_unique<C10dTransport>(std::move(name), std::move(backend), size, timeout);
 }
 
 }  // namespace ddp

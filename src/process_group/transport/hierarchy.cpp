@@ -112,7 +112,8 @@ class HierarchyTransport final : public Transport, public RouteTuning {
                      c10::intrusive_ptr<c10d_compat::Backend> flat, HierarchyLayout layout)
       : rails_(std::make_shared<Rails>(Rails{std::move(local), std::move(rail), layout, {}})),
         buffers_(std::move(buffers)),
-        flat_(make_c10d_transport("gloo", std::move(flat), layout.size())) {
+        flat_(
+            make_c10d_transport("gloo", std::move(flat), layout.size(), rails_->local->timeout())) {
     caps_.name = "shm+gloo";
     caps_.reduced_dtypes = Capabilities::all_dtypes_but({DType::kOther});
     caps_.reducible_dtypes = caps_.reduced_dtypes;  // Gloo reduces no type the kernels do not

@@ -94,6 +94,8 @@ class ShmTransport final : public Transport {
     return {pending(group_->barrier(call.seq)), {}};
   }
 
+  std::string peer_gone(int peer) const override { return group_->peer_gone(peer); }
+
  private:
   std::shared_ptr<Pending> pending(std::shared_ptr<shm::Op> op) {
     return std::make_shared<ShmPending>(group_, std::move(op));

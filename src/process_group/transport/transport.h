@@ -138,6 +138,11 @@ class Transport {
   virtual Started send(const CollectiveDesc& call, const at::Tensor& tensor);
   virtual Started recv(const CollectiveDesc& call, at::Tensor& tensor);
 
+  // Why rank `peer` can take part in nothing more (it left the group, its process is gone), or
+  // "" while it may, or where the transport cannot tell. From any thread; cheap (the mailbox's
+  // recv asks it every few tens of milliseconds while it waits).
+  virtual std::string peer_gone(int /*peer*/) const { return ""; }
+
   // Every rank's `mine`, outside the numbering, within `timeout` (DDP_DEBUG=detail compares
   // them before each collective). nullopt where the transport cannot (or checks_calls: need not).
   virtual std::optional<std::vector<CollectiveDesc>> gather_calls(

@@ -16,10 +16,11 @@ namespace ddp {
 std::unique_ptr<Transport> make_shm_transport(std::shared_ptr<shm::Group> group,
                                               ShmCommBuffers buffers);
 
-// A LibTorch backend; `name` is "gloo" or "nccl".
+// A LibTorch backend; `name` is "gloo" or "nccl". `timeout`: the group's, which also bounds how
+// long destroying it waits for the data of sends not yet received (Note [Gloo point to point]).
 std::unique_ptr<Transport> make_c10d_transport(std::string name,
                                                c10::intrusive_ptr<c10d_compat::Backend> backend,
-                                               int size);
+                                               int size, std::chrono::milliseconds timeout);
 
 // A c10d work as a transport's Pending: bounded by the collective's timeout, looking at this
 // host's peers while it waits (Gloo); `on_stream`: NCCL's (Note [GPU completion]).
