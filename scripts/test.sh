@@ -90,10 +90,19 @@ bookworm_done=$(mktemp -u /tmp/ddp-bookworm-suite-done.XXXXXX)  # made when that
 if ((sanitize && libtorch2)); then
   sanitize_log=$(mktemp /tmp/ddp-sanitize.XXXXXX)
   # A failed build shows in the tests' run, which builds what is left and says what failed.
+  # The two sets of tests at once: they wait on deadlines and peers (about a fifth of a core
+  # each), and whatever of them is left when the 2.6 suite ends is the run's last phase.
   (while alive "$prepare_pid"; do sleep 5; done
    nice -n 19 scripts/sanitize.sh all --torch-free --build
    while [[ ! -e $bookworm_done ]]; do sleep 2; done
-   exec scripts/sanitize.sh all --torch-free) >"$sanitize_log" 2>&1 &
+   status=0
+   scripts/sanitize.sh asan --torch-free >"$sanitize_log.asan" 2>&1 &
+   asan_pid=$!
+   scripts/sanitize.sh tsan --torch-free >"$sanitize_log.tsan" 2>&1 || status=1
+   wait "$asan_pid" || status=1
+   cat "$sanitize_log.asan" "$sanitize_log.tsan"
+   rm -f "$sanitize_log.asan" "$sanitize_log.tsan"
+   exit $status) >"$sanitize_log" 2>&1 &
   sanitize_pid=$!
 fi
 # The same for the Debian packages' clean bookworm root (debootstrap and downloads, ~1 min here).
@@ -105,13 +114,11 @@ if ((deb)); then
   deb_pid=$!
 fi
 deb_run_pid= deb_run_log=  # the package test's own run (below)
-beside_pid= beside_log=    # the bookworm entries labelled `beside` (below)
 trap '[[ -n $prepare_pid ]] && kill "$prepare_pid" 2>/dev/null
       [[ -n $deb_pid ]] && kill "$deb_pid" 2>/dev/null
       [[ -n $sanitize_pid ]] && kill "$sanitize_pid" 2>/dev/null
       [[ -n $deb_run_pid ]] && kill "$deb_run_pid" 2>/dev/null
-      [[ -n $beside_pid ]] && kill "$beside_pid" 2>/dev/null
-      rm -f "$prepare_log" "$deb_log" $sanitize_log $deb_run_log $beside_log "$bookworm_done"' EXIT
+      rm -f "$prepare_log" "$deb_log" $sanitize_log $deb_run_log "$bookworm_done"' EXIT
 
 # Paths relative to the tree in ccache's keys: build-deb/ (scripts/test-deb.sh) reuses build/'s
 # objects instead of compiling LibTorch code again (~7 min on 2 cores).
@@ -120,20 +127,10 @@ scripts/build.sh  # its install-deps.sh finds everything installed
 phase_done "bookworm build (LibTorch 1.13)"
 BUILD_DIR=${DDP_BUILD_DIR:-build}
 # Serial: the collective and multi-process tests start several ranks each on a 2-core machine.
-# Where the LibTorch 2.6 suite runs, the entries labelled `beside` (version-neutral CPU work
-# that waits on no peer or deadline: the thread-safety analysis, a compiler run) run beside it
-# instead, niced, in the CPU it leaves idle (about a fifth); this suite keeps the machine busy.
 rc=0
-bookworm_args=()
-if ((libtorch2)); then bookworm_args=(-LE beside); fi
-(cd "$BUILD_DIR" && ctest --output-on-failure "${bookworm_args[@]}" "$@") || rc=$?
+(cd "$BUILD_DIR" && ctest --output-on-failure "$@") || rc=$?
 phase_done "bookworm suite (ctest)"
 touch "$bookworm_done"
-if ((libtorch2)); then
-  beside_log=$(mktemp /tmp/ddp-beside.XXXXXX)
-  (cd "$BUILD_DIR" && exec nice -n 10 ctest --output-on-failure -L beside) >"$beside_log" 2>&1 &
-  beside_pid=$!
-fi
 
 run_sanitizers() {
   if ((sanitize)); then
@@ -193,14 +190,6 @@ if ((libtorch2)); then
     if ((deb_status)); then rc=1; fi
     deb_run_pid=
     phase_done "Debian packages (beside the trixie suite)"
-  fi
-  if [[ -n $beside_pid ]]; then
-    beside_status=0
-    wait "$beside_pid" || beside_status=$?
-    cat "$beside_log"
-    if ((beside_status)); then rc=1; fi
-    beside_pid=
-    phase_done "bookworm entries labelled beside (beside the trixie suite)"
   fi
   if [[ -n ${sanitize_pid:-} ]]; then
     sanitize_status=0
