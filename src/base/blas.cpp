@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>  // getenv, setenv, realpath
 #include <filesystem>
 #include <vector>
@@ -213,10 +214,15 @@ BlasReport inspect_blas_apart() {
   std::string got;
   char buf[512];
   pollfd pfd{fds[0], POLLIN, 0};
-  while (poll(&pfd, 1, 10'000) > 0) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int left_ms = 10'000;
+  while (left_ms > 0 && poll(&pfd, 1, left_ms) > 0) {
     const ssize_t n = read(fds[0], buf, sizeof buf);
     if (n <= 0) break;
     got.append(buf, static_cast<size_t>(n));
+    left_ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   deadline - std::chrono::steady_clock::now())
+                                   .count());
   }
   close(fds[0]);
   kill(pid, SIGKILL);  // gone already, unless it hung

@@ -49,20 +49,23 @@ struct TwoRanks {
   Subprocess rank0, rank1;
 };
 
+// Rank `rank` of 2 running `argv` over shm, started by hand on `port` (collective timeout 120 s).
+Command rank_of_two(std::vector<std::string> argv, int rank, int port) {
+  return Command{.argv = std::move(argv),
+                 .env = {{"RANK", std::to_string(rank)},
+                         {"WORLD_SIZE", "2"},
+                         {"LOCAL_RANK", std::to_string(rank)},
+                         {"LOCAL_WORLD_SIZE", "2"},
+                         {"MASTER_ADDR", "127.0.0.1"},
+                         {"MASTER_PORT", std::to_string(port)},
+                         {"DDP_BACKEND", "shm"},
+                         {"DDP_COLLECTIVE_TIMEOUT", "120"}},
+                 .timeout_s = 60};
+}
+
 TwoRanks start_pair() {
   const int port = testing::free_port();
-  auto cmd = [&](int rank) {
-    return Command{.argv = {kAllreduce, "--hang-rank", "1"},
-                   .env = {{"RANK", std::to_string(rank)},
-                           {"WORLD_SIZE", "2"},
-                           {"LOCAL_RANK", std::to_string(rank)},
-                           {"LOCAL_WORLD_SIZE", "2"},
-                           {"MASTER_ADDR", "127.0.0.1"},
-                           {"MASTER_PORT", std::to_string(port)},
-                           {"DDP_BACKEND", "shm"},
-                           {"DDP_COLLECTIVE_TIMEOUT", "120"}},
-                   .timeout_s = 60};
-  };
+  auto cmd = [&](int rank) { return rank_of_two({kAllreduce, "--hang-rank", "1"}, rank, port); };
   TwoRanks p{Subprocess::start(cmd(0)), Subprocess::start(cmd(1))};
   // Rank 0 prints once the group (and its shared segment) is formed.
   EXPECT_TRUE(
@@ -94,19 +97,8 @@ TEST(ShmMultiproc, KilledPeerIsNamedWithinSecondsAndNothingIsLeftInDevShm) {
 // the sender and its pid, not at the collective timeout (120 s here): Note [Point to point].
 TEST(ShmMultiproc, ARecvWhoseSenderWasKilledFailsWithinSeconds) {
   const int port = testing::free_port();
-  auto cmd = [&](int rank) {
-    return Command{.argv = {kHangWorker, "recv"},
-                   .env = {{"RANK", std::to_string(rank)},
-                           {"WORLD_SIZE", "2"},
-                           {"LOCAL_RANK", std::to_string(rank)},
-                           {"LOCAL_WORLD_SIZE", "2"},
-                           {"MASTER_ADDR", "127.0.0.1"},
-                           {"MASTER_PORT", std::to_string(port)},
-                           {"DDP_BACKEND", "shm"},
-                           {"DDP_COLLECTIVE_TIMEOUT", "120"}},
-                   .timeout_s = 60};
-  };
-  Subprocess rank0 = Subprocess::start(cmd(0)), rank1 = Subprocess::start(cmd(1));
+  Subprocess rank0 = Subprocess::start(rank_of_two({kHangWorker, "recv"}, 0, port));
+  Subprocess rank1 = Subprocess::start(rank_of_two({kHangWorker, "recv"}, 1, port));
   ASSERT_TRUE(testing::wait_until(
       [&] { return rank1.out_so_far().find("ready pid=") != std::string::npos; }, 30))
       << rank1.err_so_far();

@@ -296,13 +296,17 @@ class C10dTransport final : public Transport {
     return c10d_pending(std::move(work), caps_.cuda_tensors && !caps_.cpu_tensors);
   }
 
-  // Waits for the data of the sends not yet received, each until the timeout from now at most;
+  // Waits for the data of the sends not yet received, all of them within one timeout from now;
   // a failed one (its peer gone) is let go.
   void drain_sends() {
     MutexLock lock(&sends_mu_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (auto& w : sends_) {
       try {
-        if (!w->isCompleted()) w->wait(timeout_);
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) break;
+        if (!w->isCompleted()) w->wait(left);
       } catch (const std::exception&) {
         // Not received: its recv fails (or timed out) on the peer, which says so.
       }
