@@ -1,6 +1,8 @@
 // Elastic jobs across hosts for real (Note [Elastic rounds] in tools/ddprun/elastic.h): network
 // namespaces as hosts (support/netns.h), one ddprun per host with --nnodes MIN:MAX and the c10d
-// rendezvous on host 0 (which hosts the store), two ddp-train workers per host. A host whose
+// rendezvous on host 0 (which hosts the store), two ddp-train workers per host, training an mlp
+// whose steps last at least 250 ms (--min-step-ms: the job runs about as long as a CNN's did on 2
+// cores, at a third of its CPU-seconds, which the test suite needs elsewhere). A host whose
 // processes are all SIGKILLed drops out and the job goes on without it; started again, it is
 // admitted and the job grows back; a host told SIGTERM (a spot reclaim's notice) leaves with a
 // checkpoint and the others go on; a host over MAX waits; fewer than MIN fail naming the missing;
@@ -259,7 +261,7 @@ class Elastic : public ::testing::Test {
   }
 
   std::vector<std::string> train(const std::string& name, int epochs = kEpochs) const {
-    return {kTrain, "--model", "cnn", "--epochs", std::to_string(epochs),
+    return {kTrain, "--model", "mlp", "--min-step-ms", "250", "--epochs", std::to_string(epochs),
             "--train-subset", std::to_string(kSamples), "--test-subset", "500",
             "--batch-size", "32", "--checkpoint-every", "2", "--resume", "auto", "--no-plots",
             "--workers", "1", "--log-every", "1", "--output-dir", (dir_ / name).string(),

@@ -137,12 +137,12 @@ TEST_F(MultiNode, PyTorchProgramsRunAcrossHostsUnderDdprun) {
 TEST_F(MultiNode, LinkDownFailsEveryRankWithinTheTimeoutAndLeavesNothing) {
   Hosts hosts(2);
   const std::vector<std::string> train = {kTrain, "--model", "cnn", "--epochs", "5",
-                                          "--train-subset", "20000", "--output-dir",
-                                          (dir_ / "run").string()};
+                                          "--train-subset", "20000", "--log-every", "2",
+                                          "--output-dir", (dir_ / "run").string()};
   const std::vector<std::string> flags = {"--collective-timeout", "8", "--grace-period", "5"};
   auto h0 = node(hosts, 0, 29500, train, flags);
   auto h1 = node(hosts, 1, 29500, train, flags);
-  // Unplug host 1 once training is under way (rank 0 prints progress).
+  // Unplug host 1 once training is under way (rank 0 prints progress every 2 steps).
   ASSERT_TRUE(testing::wait_until([&] { return h0.out_so_far().find("/79") != std::string::npos ||
                                                h0.out_so_far().find("epoch 1/") != std::string::npos; },
                                   120))
@@ -183,8 +183,8 @@ TEST_F(MultiNode, LinkDownFailsEveryRankWithinTheTimeoutAndLeavesNothing) {
 TEST_F(MultiNode, AHostWhoseProcessesAreAllKilledIsReportedByTheOther) {
   Hosts hosts(2);
   const std::vector<std::string> train = {kTrain, "--model", "cnn", "--epochs", "5",
-                                          "--train-subset", "20000", "--output-dir",
-                                          (dir_ / "run").string()};
+                                          "--train-subset", "20000", "--log-every", "2",
+                                          "--output-dir", (dir_ / "run").string()};
   const std::vector<std::string> flags = {"--collective-timeout", "30", "--grace-period", "5"};
   auto h0 = node(hosts, 0, 29500, train, flags);
   auto h1 = node(hosts, 1, 29500, train, flags);
@@ -214,11 +214,13 @@ TEST_F(MultiNode, AHostWhoseProcessesAreAllKilledIsReportedByTheOther) {
 // auto) restarts on both hosts together (Note [Restart rounds] in tools/ddprun/rounds.h),
 // resumes from the checkpoint and ends with the weights of an uninterrupted run. Host 1, then
 // host 0, whose ddprun hosts the agent store: its new ddprun hosts a fresh one, which host 1's
-// ddprun finds again.
+// ddprun finds again. An mlp whose steps last at least 200 ms (--min-step-ms): the kill lands
+// mid-job with the CPUs left idle.
 TEST_F(MultiNode, AKilledHostStartedAgainRejoinsAndTheJobResumesFromItsCheckpoint) {
   auto train = [&](const std::string& name) {
-    return std::vector<std::string>{kTrain, "--model", "cnn", "--epochs", "2", "--train-subset",
-                                    "1536", "--test-subset", "1000", "--batch-size", "32",
+    return std::vector<std::string>{kTrain, "--model", "mlp", "--min-step-ms", "200", "--epochs",
+                                    "2", "--train-subset", "1536", "--test-subset", "1000",
+                                    "--batch-size", "32",
                                     "--checkpoint-every", "5", "--resume", "auto", "--no-plots",
                                     "--workers", "1", "--output-dir", (dir_ / name).string()};
   };

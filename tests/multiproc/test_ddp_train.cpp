@@ -71,6 +71,19 @@ TEST_F(TrainTest, SyncBatchNormGradAccumulationAndBf16Run) {
   EXPECT_NE(r.out.find("done: test accuracy"), std::string::npos) << r.out;
 }
 
+// --min-step-ms: every optimizer step lasts at least the floor (the elastic tests' slow jobs).
+// metrics.csv's wall time of each step's row (--log-every 1) grows by at least 300 ms a step.
+TEST_F(TrainTest, MinStepMsMakesEachStepLastAtLeastTheFloor) {
+  Result r = run_command(train("run", {"--model", "mlp", "--epochs", "1", "--max-steps", "5",
+                                       "--min-step-ms", "300", "--log-every", "1", "--no-plots"}));
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  const auto wall = column(dir_ / "run" / "metrics.csv", "train", 7);
+  ASSERT_EQ(wall.size(), 5u) << r.out;
+  for (size_t i = 1; i < wall.size(); ++i) {
+    EXPECT_GE(wall[i] - wall[i - 1], 0.3 - 2e-3) << "step " << i + 1 << " after step " << i;
+  }
+}
+
 TEST_F(TrainTest, HelpAndBadFlags) {
   Result help = run_command({.argv = {kTrain, "--help"}, .timeout_s = 30});
   ASSERT_TRUE(help.exited(0)) << help.describe();

@@ -139,6 +139,9 @@ TEST(TrainFlags, NumberErrorsAreShortAndNameTheFlag) {
   EXPECT_EQ(parse_error({"--max-steps", "99999999999999999999"}),
             "--max-steps: must be a non-negative integer no larger than 9223372036854775807, "
             "got 99999999999999999999 (see ddp-train --help)");
+  EXPECT_EQ(parse_error({"--min-step-ms", "60001"}),
+            "--min-step-ms: must be a non-negative integer no larger than 60000, got 60001 (see "
+            "ddp-train --help)");
   EXPECT_EQ(parse_error({"--lr", "nan"}),
             "--lr: must be a positive number, got nan (see ddp-train --help)");
   EXPECT_EQ(parse_error({"--epochs", "2.5"}),
@@ -149,6 +152,10 @@ TEST(TrainFlags, NumberErrorsAreShortAndNameTheFlag) {
                     c));
   EXPECT_DOUBLE_EQ(c.lr, 1e-4);
   EXPECT_EQ(c.seed, 7u);
+  EXPECT_EQ(c.min_step_ms, 0);  // no floor unless asked
+  ASSERT_TRUE(parse({"--min-step-ms", "250"}, c));
+  EXPECT_EQ(c.min_step_ms, 250);
+  EXPECT_EQ(c.to_json()["min_step_ms"], 250);
 }
 
 TEST(TrainMessages, OnlyThisRanksOwnPrefixIsDropped) {

@@ -120,6 +120,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"zero", zero},
           {"seed", seed},
           {"max_steps", max_steps},
+          {"min_step_ms", min_step_ms},
           {"device", to_string(device)},
           {"threads", threads},
           {"workers", workers},
@@ -186,6 +187,10 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
       ->check(integer_at_least<int64_t>(0));
   app.add_option("--max-steps", c.max_steps, "stop after N optimizer steps (0: all epochs)")
       ->check(integer_at_least<int64_t>(0));
+  app.add_option("--min-step-ms", c.min_step_ms,
+                 "each optimizer step lasts at least MS ms, the rank sleeping out the rest (0: "
+                 "none): a slow job that leaves the CPUs idle, for failure drills and demos")
+      ->check(integer_at_least<int>(0, 60'000));
   app.add_option("--device", device.text,
                  "auto (cuda:LOCAL_RANK if CUDA is available) | cpu | cuda")
       ->check(CLI::IsMember(device.allowed()));

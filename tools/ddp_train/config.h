@@ -60,6 +60,9 @@ struct TrainConfig {
   bool zero = false;  // optimizer state sharded over the ranks (ddp::ZeroRedundancyOptimizer)
   uint64_t seed = 0;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: run all epochs)
+  // Each optimizer step lasts at least this long: the rank sleeps out the rest (0: no floor). A
+  // slow job that leaves the CPUs idle, for failure drills, demos and the multi-host tests.
+  int min_step_ms = 0;
   // Execution.
   Device device = Device::kAuto;  // auto: cuda:LOCAL_RANK when CUDA is available
   int threads = 0;                // intra-op threads per rank (0: OMP_NUM_THREADS or cores/ranks)

@@ -181,6 +181,7 @@ bool Run::ft_step() {
         fmt::format("ft: the trainer counts step {}, the manager {}", step_, ft_->current_step()));
   }
   step_s_ += seconds_since(started);
+  pace(started);
   interval_loss_ += loss;
   ++interval_steps_;
   return true;

@@ -93,6 +93,8 @@ class Run {
   double micro_step(const Batch& batch, bool sync, int64_t micro_batches);
   // `schedule_step`: the step's position on this world size's schedule (Note [Progress]).
   void optimizer_step(int64_t schedule_step);
+  // --min-step-ms: sleeps until the step begun at `started` has lasted the floor.
+  void pace(Clock::time_point started) const;
   // Collective, after every optimizer step: did any rank get SIGTERM (Note [Preemption])?
   bool stop_requested();
   EpochEnd train_epoch(int64_t epoch);

@@ -597,6 +597,11 @@ void Run::optimizer_step(int64_t schedule_step) {
   ddp::set_training_step(step_);  // hang reports name the step of each collective
 }
 
+void Run::pace(Clock::time_point started) const {
+  if (c_.min_step_ms > 0)
+    std::this_thread::sleep_until(started + std::chrono::milliseconds(c_.min_step_ms));
+}
+
 bool Run::stop_requested() {
   if (pg_->size() == 1) return preemption_->requested();
   at::Tensor flag = at::full({1}, preemption_->requested() ? 1 : 0, at::kInt);
@@ -661,6 +666,7 @@ EpochEnd Run::train_epoch(int64_t epoch) {
       step_indices.clear();
     }
     step_s_ += seconds_since(step_start);
+    pace(step_start);
     interval_loss_ += step_loss;
     ++interval_steps_;
     progress_->step(++step_in_epoch, step_loss, step_samples * pg_->size());
