@@ -88,7 +88,8 @@ const char* ddp_last_error(void);
 /* --- process groups --------------------------------------------------------------------- */
 
 /* Forms a process group (every rank calls it). abi_version: DDP_C_API_VERSION. backend: NULL
- * for DDP_BACKEND or "auto", else "shm", "gloo", "shm+gloo", "nccl", "auto" or "tuned".
+ * for DDP_BACKEND or "auto", else "shm", "gloo", "shm+gloo", "nccl", "auto" or "tuned", or one
+ * per device type ("cpu:gloo,cuda:nccl").
  * rank < 0: rank, world size, MASTER_ADDR and MASTER_PORT from the launch environment (ddprun,
  * torchrun, mpirun, srun); else the four arguments (master_addr NULL: 127.0.0.1; master_port
  * <= 0: MASTER_PORT; a group of one rank needs neither). Blocks until every rank joined,
@@ -101,7 +102,8 @@ void ddp_group_destroy(ddp_group* group);
 int ddp_group_rank(const ddp_group* group);
 int ddp_group_size(const ddp_group* group);
 int ddp_group_local_rank(const ddp_group* group);
-/* "shm", "gloo", "shm+gloo" or "nccl" (valid while the group lives); "" for NULL. */
+/* "shm", "gloo", "shm+gloo", "nccl" or "cpu:X,cuda:Y" (valid while the group lives); "" for
+ * NULL. */
 const char* ddp_group_backend(const ddp_group* group);
 /* A subgroup of `parent` (PyTorch's new_group): the `count` distinct ranks of `ranks` (NULL and
  * 0: every rank), in any order; a member's rank in it is its place among them sorted. Every rank

@@ -124,7 +124,7 @@ inline constexpr EnvKnob kEnvKnobs[] = {
     {"DDP_COLLECTIVE_TIMEOUT", "600", "seconds one collective may take before it fails, named"},
     {"DDP_BACKEND", "auto",
      "transport: auto (shm on one host, shm+gloo across hosts), shm, gloo, shm+gloo, nccl, "
-     "tuned (auto, shm+gloo's all_reduce route measured)"},
+     "tuned (auto, shm+gloo's all_reduce route measured), or one per device (cpu:gloo,cuda:nccl)"},
     {"DDP_DEBUG", "off",
      "off, info (bucket layout, chosen transport), detail (also per-iteration checks)"},
     {"TORCH_DISTRIBUTED_DEBUG", "off",

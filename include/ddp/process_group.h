@@ -44,7 +44,10 @@ struct InitOptions {
   // every rank shares this host; else shm+gloo where it can form; else gloo. "tuned": auto, and
   // shm+gloo's large all_reduces over flat Gloo where that measured faster as the group formed
   // (not reproducible bit for bit: a timed choice may differ from run to run, and the two routes
-  // sum in different orders). backend() says which.
+  // sum in different orders). Or a backend per device type, as PyTorch 2.x takes it:
+  // "cpu:gloo,cuda:nccl" ("cpu:shm", "cpu:auto", ... for the CPU side; "nccl" or "gloo" for the
+  // CUDA side): each collective goes to the side of its tensors' device, whose tensors must all
+  // be on one device type. backend() says which ("cpu:shm,cuda:nccl" for a pair).
   // Unset: DDP_BACKEND, else "auto".
   std::optional<std::string> backend;
   // Explicit placement (PyTorch's init_process_group(rank=, world_size=)); when both are set, the
@@ -137,7 +140,7 @@ class ProcessGroup {
   int size() const;
   int local_rank() const;
   int local_size() const;
-  const std::string& backend() const;         // "shm", "shm+gloo", "gloo" or "nccl"
+  const std::string& backend() const;         // "shm", "shm+gloo", "gloo", "nccl" or "cpu:X,cuda:Y"
   std::chrono::milliseconds timeout() const;  // collective timeout
   const DistEnv& env() const;                 // where this rank stands in the job
   uint64_t last_sequence_number() const;      // of the most recently issued collective

@@ -33,7 +33,7 @@ CommHook allreduce() {
     // Where the transport averages inside its reduction (shm, NCCL), the division costs no
     // extra pass over the bucket; elsewhere dividing first keeps large sums in range, as
     // PyTorch's hook does.
-    if (bucket.divisor() == pg.size() && capabilities_of(pg).native_avg) {
+    if (bucket.divisor() == pg.size() && capabilities_of(pg, buffer.device().type()).native_avg) {
       return Future(pg.all_reduce(buffer, ReduceOp::kAvg), buffer);
     }
     buffer.div_(bucket.divisor());
@@ -48,7 +48,7 @@ CommHook fp16_compress() {
 CommHook bf16_compress() {
   return [](GradBucket& bucket) {
     ProcessGroup& pg = bucket.process_group();
-    if (capabilities_of(pg).reduces(DType::kBF16)) {
+    if (capabilities_of(pg, bucket.buffer().device().type()).reduces(DType::kBF16)) {
       return compressed_allreduce(bucket, at::kBFloat16);
     }
     // No bfloat16 reduction in this backend: gather every rank's bfloat16 values (their raw

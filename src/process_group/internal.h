@@ -60,6 +60,10 @@ struct ProcessGroupImpl final : ProcessGroup {
   bool check_calls = false;
 
   const Capabilities& caps() const { return transport->capabilities(); }
+  // What the transport does with `t` (a backend pair's side for its device).
+  const Capabilities& caps_for(const at::Tensor& t) const {
+    return transport->capabilities_for(t.device().type());
+  }
 
   // Held while a collective is numbered and handed to the transport, so that threads sharing
   // the group issue in sequence order. It guards an order, not a member: `seq` is atomic

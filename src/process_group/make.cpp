@@ -127,6 +127,7 @@ enum class Backend {
   kTuned,    // "tuned" on the CPU: auto, the hierarchy's all_reduce route measured
 };
 
+// One backend's name (no device prefix).
 Backend choose_backend(const std::string& requested) {
   if (requested == "gloo") return Backend::kGloo;
   if (requested == "shm") return Backend::kShm;
@@ -146,6 +147,77 @@ Backend choose_backend(const std::string& requested) {
   if (torch::cuda::is_available()) return Backend::kNccl;
 #endif
   return requested == "tuned" ? Backend::kTuned : Backend::kAuto;
+}
+
+// A backend per device type (Note [Backend pairs] in transport/paired.cpp): "cpu:X,cuda:Y", in
+// either order, or one of them alone.
+struct BackendPair {
+  std::string cpu;   // "" when not given
+  std::string cuda;  // "" when not given
+};
+
+// `requested` split by device when it names devices (PyTorch's "cpu:gloo,cuda:nccl"); nullopt
+// for one backend's name.
+std::optional<BackendPair> split_by_device(const std::string& requested) {
+  if (requested.find(':') == std::string::npos) return std::nullopt;
+  BackendPair pair;
+  size_t from = 0;
+  while (from <= requested.size()) {
+    const size_t comma = std::min(requested.find(',', from), requested.size());
+    const std::string item = requested.substr(from, comma - from);
+    const size_t colon = item.find(':');
+    const std::string device = item.substr(0, colon);
+    const std::string name = colon == std::string::npos ? "" : item.substr(colon + 1);
+    DDP_CHECK(device == "cpu" || device == "cuda", ConfigError,
+              "backend '{}': '{}' names no device type; a backend per device is written "
+              "'cpu:NAME,cuda:NAME' (as PyTorch's 'cpu:gloo,cuda:nccl')",
+              requested, item);
+    std::string& slot = device == "cpu" ? pair.cpu : pair.cuda;
+    DDP_CHECK(slot.empty(), ConfigError, "backend '{}': device '{}' is given twice", requested,
+              device);
+    DDP_CHECK(!name.empty(), ConfigError, "backend '{}': no backend named for '{}'", requested,
+              device);
+    slot = name;
+    from = comma + 1;
+  }
+  return pair;
+}
+
+// What a group asks for: one backend (`cpu`, which is NCCL for "nccl" and "auto" on a GPU
+// machine), or a pair whose CUDA side is `cuda`.
+struct BackendSpec {
+  Backend cpu = Backend::kAuto;
+  std::optional<Backend> cuda;  // kNccl or kGloo
+};
+
+BackendSpec choose_backends(const std::string& requested) {
+  const std::optional<BackendPair> pair = split_by_device(requested);
+  if (!pair) return {choose_backend(requested), std::nullopt};
+  BackendSpec spec;
+  if (!pair->cuda.empty()) {
+    DDP_CHECK(pair->cuda == "nccl" || pair->cuda == "gloo", ConfigError,
+              "backend '{}': CUDA tensors go over 'nccl' or 'gloo', not '{}'", requested,
+              pair->cuda);
+    spec.cuda = choose_backend(pair->cuda);
+  }
+  if (pair->cpu.empty()) return {*spec.cuda, std::nullopt};  // "cuda:X" alone: X
+  DDP_CHECK(pair->cpu != "nccl", ConfigError,
+            "backend '{}': 'nccl' moves CUDA tensors; for 'cpu' choose 'shm', 'gloo', "
+            "'shm+gloo', 'auto' or 'tuned'",
+            requested);
+  // auto and tuned here mean the CPU's choice, even on a GPU machine.
+  spec.cpu = pair->cpu == "auto"    ? Backend::kAuto
+             : pair->cpu == "tuned" ? Backend::kTuned
+                                    : choose_backend(pair->cpu);
+  // Gloo for both: one Gloo group takes both (a CUDA LibTorch's Gloo stages CUDA tensors).
+  if (!spec.cuda || (*spec.cuda == Backend::kGloo && spec.cpu == Backend::kGloo)) {
+    spec.cuda.reset();
+  }
+  return spec;
+}
+
+bool uses_nccl(const BackendSpec& spec) {
+  return spec.cpu == Backend::kNccl || spec.cuda == Backend::kNccl;
 }
 
 // Every rank must ask for the same transport (DDP_BACKEND set differently on two nodes would
@@ -273,12 +345,12 @@ auto connected(const DistEnv& env, const std::string& backend, Connect&& connect
   }
 }
 
-// Gloo or NCCL over the whole group (keys under "gloo/" or "nccl/").
+// Gloo or NCCL over the whole group (keys under "gloo/" or "nccl/", or `keys`).
 std::unique_ptr<Transport> c10d_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
-                                          Backend which) {
+                                          Backend which, const std::string& keys = "") {
   const DistEnv& env = impl.env;
   const std::string backend = which == Backend::kNccl ? "nccl" : "gloo";
-  auto store = c10::make_intrusive<::c10d::PrefixStore>(backend, impl.store);
+  auto store = c10::make_intrusive<::c10d::PrefixStore>(keys.empty() ? backend : keys, impl.store);
   return connected(env, backend, [&] {
 #if DDP_WITH_NCCL
     if (which == Backend::kNccl) {
@@ -429,12 +501,18 @@ void choose_route(ProcessGroup& pg, RouteTuning& routes, const DistEnv& env) {
 // connect their pairs through the same store), the diagnostics (their keys under `prefix`),
 // backend tuned's route.
 void form_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
-                    const std::string& requested, Backend choice, const std::string& prefix) {
+                    const std::string& requested, const BackendSpec& spec,
+                    const std::string& prefix) {
   const DistEnv& env = impl.env;
+  const Backend choice = spec.cpu;
   agree_on_backend(*impl.store, env, requested);
   impl.transport = choice == Backend::kGloo || choice == Backend::kNccl
                        ? c10d_transport(impl, o, choice)
                        : cpu_transport(impl, o, choice, impl.host_id);
+  if (spec.cuda) {  // Note [Backend pairs]: the CUDA side, under keys of its own
+    impl.transport = make_paired_transport(std::move(impl.transport),
+                                           c10d_transport(impl, o, *spec.cuda, "cuda-side"));
+  }
   if (env.rank == 0 && debug_info(env)) {
     log::note(env.rank, "process group '{}' of {} ranks over {}", o.group_name, env.world_size,
               impl.caps().name);
@@ -456,13 +534,13 @@ std::shared_ptr<ProcessGroup> make_group(const InitOptions& o,
   impl->group_name = o.group_name;
   const DistEnv& env = impl->env;
   impl->requested_backend = requested_backend(o);
-  const Backend choice = choose_backend(impl->requested_backend);
+  const BackendSpec spec = choose_backends(impl->requested_backend);
   const Timeouts timeouts = resolve_timeouts(o, env);
   impl->timeout = timeouts.collective;
   // Note [Device binding]: before the backend (NCCL) or anything else touches CUDA.
-  if (o.device_id || choice == Backend::kNccl) {
+  if (o.device_id || uses_nccl(spec)) {
     impl->cuda_device = choose_cuda_device(o.device_id, env.local_rank, visible_cuda_devices(),
-                                           choice == Backend::kNccl, env.rank);
+                                           uses_nccl(spec), env.rank);
     if (impl->cuda_device) bind_cuda_device(*impl->cuda_device);
   }
   if (env.world_size > 1) ignore_default_sigpipe();  // Note [SIGPIPE]
@@ -470,7 +548,7 @@ std::shared_ptr<ProcessGroup> make_group(const InitOptions& o,
   const rendezvous::Config rc = rendezvous_config(o, env, timeouts.rendezvous);
   impl->store = rendezvous::join(rc);
   impl->store_prefix = rc.key_prefix;
-  form_transport(*impl, o, impl->requested_backend, choice, rc.key_prefix);
+  form_transport(*impl, o, impl->requested_backend, spec, rc.key_prefix);
   return impl;
 }
 
@@ -489,6 +567,10 @@ std::shared_ptr<ProcessGroup> make_group(const InitOptions& o,
 // lives on its own (its own numbering, flight recorder and timeout); destroying the parent
 // first is allowed while the store's host (rank 0 or the launcher's agent) lives.
 std::string subgroup_backend(const std::string& parent) {
+  if (std::optional<BackendPair> pair = split_by_device(parent); pair && !pair->cpu.empty()) {
+    const std::string cpu = subgroup_backend(pair->cpu);
+    return pair->cuda.empty() ? "cpu:" + cpu : fmt::format("cpu:{},cuda:{}", cpu, pair->cuda);
+  }
   return parent == "shm+gloo" || parent == "tuned" ? "auto" : parent;
 }
 
@@ -510,7 +592,7 @@ std::shared_ptr<ProcessGroup> form_subgroup(detail::ProcessGroupImpl& parent,
   impl->gloo_interface = parent.gloo_interface;
   impl->group_name = parent.group_name + "/" + label;
   impl->requested_backend = options.backend.value_or(subgroup_backend(parent.requested_backend));
-  const Backend choice = choose_backend(impl->requested_backend);
+  const BackendSpec spec = choose_backends(impl->requested_backend);
   impl->timeout = options.timeout.value_or(parent.timeout);
   DDP_CHECK(impl->timeout.count() > 0, ConfigError,
             "[rank {}] new_group: the timeout must be "
@@ -529,7 +611,7 @@ std::shared_ptr<ProcessGroup> form_subgroup(detail::ProcessGroupImpl& parent,
   InitOptions o;
   o.gloo_interface = impl->gloo_interface;
   o.group_name = impl->group_name;
-  form_transport(*impl, o, impl->requested_backend, choice, impl->store_prefix);
+  form_transport(*impl, o, impl->requested_backend, spec, impl->store_prefix);
   return impl;
 }
 

@@ -34,10 +34,18 @@ CollectiveDesc describe(Collective op, const at::Tensor& t) {
 }
 
 // Checks what the transport cannot move or reduce before the collective takes a number, so
-// that a refused call leaves the numbering of every rank as it was.
+// that a refused call leaves the numbering of every rank as it was. `along`: another tensor of
+// the same call (a backend pair moves a call's tensors on one side: Note [Backend pairs]).
 void check_supported(const detail::ProcessGroupImpl& pg, const CollectiveDesc& call,
-                     const at::Tensor& t) {
-  const Capabilities& caps = pg.caps();
+                     const at::Tensor& t, const at::Tensor& along = at::Tensor()) {
+  DDP_CHECK(!pg.caps().routed_by_device || !along.defined() ||
+                along.device().type() == t.device().type(),
+            Error,
+            "[rank {}] {} #{}: with the backend pair '{}' a collective's tensors must all be on "
+            "one device type, which picks the backend; this call has tensors on {} and on {}",
+            pg.env.rank, name(call.op), pg.seq + 1, pg.caps().name, along.device().str(),
+            t.device().str());
+  const Capabilities& caps = pg.caps_for(t);
   const bool cuda = t.device().is_cuda();
   // Tensors of the other device are staged (Note [Staging tensors]).
   DDP_CHECK(cuda ? caps.cuda_tensors || caps.cpu_tensors
@@ -323,12 +331,12 @@ std::shared_ptr<detail::WorkState> all_to_all_flat(ProcessGroup& self, Staging& 
   const uint64_t unit = call.dtype == DType::kOther ? in.element_size() : 1;  // count's unit
   call.count = even ? call.count / n : 0;
   check_supported(pg, call, in);
-  check_supported(pg, call, out);
+  check_supported(pg, call, out, in);
   auto finish = [&](const CollectiveDesc& c, Started started) {
     started = staging.finish(c, std::move(started));
     return after ? composed::followed_by(std::move(started), std::move(after)) : started;
   };
-  if (pg.caps().rooted_collectives) {
+  if (pg.caps_for(in).rooted_collectives) {
     return issue(pg, call, [&](const CollectiveDesc& c) {
       return finish(c, pg.transport->all_to_all(c, out, in, out_splits, in_splits));
     });
@@ -376,7 +384,7 @@ void check_p2p(const detail::ProcessGroupImpl& pg, Collective op, const at::Tens
   DDP_CHECK(tag >= 0 && tag < kTagLimit, Error,
             "[rank {}] {} {} rank {}: tag {} is outside 0 to {}", me, name(op),
             op == Collective::kSend ? "to" : "from", peer, tag, kTagLimit - 1);
-  const Capabilities& caps = pg.caps();
+  const Capabilities& caps = pg.caps_for(t);
   const bool cuda = t.device().is_cuda();
   DDP_CHECK(cuda ? caps.cuda_tensors || caps.cpu_tensors
                  : caps.cpu_tensors || pg.cuda_device.has_value(),
@@ -408,7 +416,7 @@ std::shared_ptr<detail::WorkState> point_to_point(detail::ProcessGroupImpl& pg, 
   state->issued = std::chrono::steady_clock::now();
   Started started;
   try {
-    if (pg.caps().point_to_point) {
+    if (pg.caps_for(t).point_to_point) {
       started = sending ? pg.transport->send(call, t) : pg.transport->recv(call, t);
     } else {
       if (!pg.mailbox) {
@@ -440,6 +448,9 @@ std::shared_ptr<detail::WorkState> point_to_point(detail::ProcessGroupImpl& pg, 
 }  // namespace
 
 const Capabilities& capabilities_of(ProcessGroup& pg) { return detail::impl_of(pg).caps(); }
+const Capabilities& capabilities_of(ProcessGroup& pg, c10::DeviceType device) {
+  return detail::impl_of(pg).transport->capabilities_for(device);
+}
 
 ProcessGroup::~ProcessGroup() = default;
 
@@ -530,7 +541,7 @@ Work ProcessGroup::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor
   }
   const CollectiveDesc call = describe(Collective::kAllGather, input);
   check_supported(pg, call, input);
-  for (const at::Tensor& o : outputs) check_supported(pg, call, o);
+  for (const at::Tensor& o : outputs) check_supported(pg, call, o, input);
   Staging staging(pg);
   const at::Tensor in = staging.stage(input, true, false);
   std::vector<at::Tensor> out;
@@ -561,7 +572,7 @@ Work ProcessGroup::reduce_scatter(at::Tensor& output, const std::vector<at::Tens
   CollectiveDesc call = describe(Collective::kReduceScatter, output);
   call.reduce = op;
   check_supported(pg, call, output);
-  for (const at::Tensor& t : inputs) check_supported(pg, call, t);
+  for (const at::Tensor& t : inputs) check_supported(pg, call, t, output);
   Staging staging(pg);
   at::Tensor out = staging.stage(output, false, true);
   std::vector<at::Tensor> in;
@@ -595,7 +606,7 @@ Work ProcessGroup::reduce(at::Tensor& tensor, int root, ReduceOp op) {
   at::Tensor t = staging.stage(tensor, true, true, /*contiguous=*/true);
   return Work(issue(pg, call,
                     [&](const CollectiveDesc& c) {
-                      return staging.finish(c, pg.caps().rooted_collectives
+                      return staging.finish(c, pg.caps_for(t).rooted_collectives
                                                    ? pg.transport->reduce(c, t)
                                                    : composed::reduce(*pg.transport, c, t));
                     }),
@@ -611,13 +622,13 @@ Work ProcessGroup::gather(std::vector<at::Tensor>& outputs, const at::Tensor& in
   CollectiveDesc call = describe(Collective::kGather, input);
   call.root = root;
   check_supported(pg, call, input);
-  for (const at::Tensor& o : outputs) check_supported(pg, call, o);
+  for (const at::Tensor& o : outputs) check_supported(pg, call, o, input);
   Staging staging(pg);
   const at::Tensor in = staging.stage(input, true, false, true);
   std::vector<at::Tensor> out;
   for (const at::Tensor& o : outputs) out.push_back(staging.stage(o, false, true, true));
   return Work(issue(pg, call, [&](const CollectiveDesc& c) {
-    return staging.finish(c, pg.caps().rooted_collectives
+    return staging.finish(c, pg.caps_for(in).rooted_collectives
                                  ? pg.transport->gather(c, out, in)
                                  : composed::gather(*pg.transport, c, pg.env.rank,
                                                     pg.env.world_size, out, in));
@@ -633,7 +644,7 @@ Work ProcessGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& in
   CollectiveDesc call = describe(Collective::kScatter, output);
   call.root = root;
   check_supported(pg, call, output);
-  for (const at::Tensor& t : inputs) check_supported(pg, call, t);
+  for (const at::Tensor& t : inputs) check_supported(pg, call, t, output);
   Staging staging(pg);
   at::Tensor out = staging.stage(output, false, true, true);
   std::vector<at::Tensor> in;
@@ -641,7 +652,7 @@ Work ProcessGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& in
   return Work(issue(pg, call,
                     [&](const CollectiveDesc& c) {
                       return staging.finish(c,
-                                            pg.caps().rooted_collectives
+                                            pg.caps_for(out).rooted_collectives
                                                 ? pg.transport->scatter(c, out, in)
                                                 : composed::scatter(*pg.transport, c, pg.env.rank,
                                                                     pg.env.world_size, out, in));

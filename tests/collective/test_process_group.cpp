@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "ddp/config.h"  // DDP_WITH_NCCL
 #include "ddp/distributed.h"
 #include "ddp/error.h"
 #include "process_group/cuda_device.h"
@@ -100,7 +101,7 @@ TEST_P(Collectives, BFloat16MovesEverywhereAndReducesWhereDeclared) {
     pg.all_gather(out, value(pg.rank())).wait();
     for (int r = 0; r < n; ++r) EXPECT_TRUE(torch::equal(out[r], value(r))) << r;
     t = value(pg.rank());
-    if (capabilities_of(pg).can_reduce(DType::kBF16)) {
+    if (capabilities_of(pg, c10::DeviceType::CPU).can_reduce(DType::kBF16)) {
       pg.all_reduce(t, ReduceOp::kSum).wait();
       EXPECT_EQ(t[0].item<float>(), 1.5f * n + n * (n - 1) / 2.0f) << pg.backend();
     } else {
@@ -904,6 +905,92 @@ TEST(CollectivesVsPython, SameResultsAsTorchDistributed) {
   for (const auto& name : required)
     EXPECT_TRUE(compared.count(name)) << name << " was not compared";
   std::printf("[ python ] compared with PyTorch %zu collectives on 3 ranks\n", compared.size());
+}
+
+// Note [Backend pairs]: a backend per device type, written as PyTorch writes it
+// ("cpu:gloo,cuda:nccl"). The Collectives suite runs over "cpu:shm,cuda:gloo" too
+// (test_process_group_pair: every CPU tensor on the shm side, send and recv through its
+// mailbox); here, how a pair is written and refused, and what it reduces to.
+std::string formed_or_error(const std::string& backend) {
+  InitOptions o = testing::one_rank_options();
+  o.backend = backend;
+  try {
+    return make_process_group(o)->backend();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+}
+
+TEST(BackendPairs, WrittenAsPyTorchWritesThemAndRefusedNamingWhy) {
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"cpu:gloo,gpu:nccl",
+       "backend 'cpu:gloo,gpu:nccl': 'gpu:nccl' names no device type; a backend per device is "
+       "written 'cpu:NAME,cuda:NAME' (as PyTorch's 'cpu:gloo,cuda:nccl')"},
+      {"cpu:gloo,cpu:shm", "backend 'cpu:gloo,cpu:shm': device 'cpu' is given twice"},
+      {"cpu:", "backend 'cpu:': no backend named for 'cpu'"},
+      {"cpu:nccl,cuda:gloo",
+       "backend 'cpu:nccl,cuda:gloo': 'nccl' moves CUDA tensors; for 'cpu' choose 'shm', "
+       "'gloo', 'shm+gloo', 'auto' or 'tuned'"},
+      {"cpu:gloo,cuda:shm",
+       "backend 'cpu:gloo,cuda:shm': CUDA tensors go over 'nccl' or 'gloo', "
+       "not 'shm'"},
+  };
+  for (const auto& [backend, error] : refused) {
+    EXPECT_EQ(formed_or_error(backend), error) << backend;
+  }
+#if !DDP_WITH_NCCL
+  EXPECT_NE(formed_or_error("cpu:gloo,cuda:nccl").find("backend 'nccl' is not available"),
+            std::string::npos);
+#endif
+  // One side named, or Gloo on both (one Gloo group takes both): one backend.
+  EXPECT_EQ(formed_or_error("cpu:gloo"), "gloo");
+  EXPECT_EQ(formed_or_error("cuda:gloo"), "gloo");
+  EXPECT_EQ(formed_or_error("cpu:gloo,cuda:gloo"), "gloo");
+  // Either order; "auto" on the CPU side is the CPU's choice (shm on one host).
+  EXPECT_EQ(formed_or_error("cuda:gloo,cpu:auto"), "cpu:shm,cuda:gloo");
+}
+
+// A pair over shm and Gloo at world 2: CPU tensors take the shm side, comm buffers are shm's
+// (reduced in place), a subgroup inherits the pair, and a call mixing devices is refused before
+// it takes a number (no CUDA here: a meta tensor stands for the other device's).
+TEST(BackendPairs, CpuTensorsTakeTheCpuSide) {
+  const int port = testing::free_port();
+  auto errors = testing::run_threads(2, [&](int r) {
+    detail::TestingOptions o = testing::thread_rank(r, 2, port);
+    o.backend = "cpu:shm,cuda:gloo";
+    o.host_id.reset();  // one host, whatever DDP_TEST_HOSTS lays out
+    auto pg = make_process_group(o);
+    EXPECT_EQ(pg->backend(), "cpu:shm,cuda:gloo");
+    EXPECT_TRUE(capabilities_of(*pg).cpu_tensors && capabilities_of(*pg).cuda_tensors);
+    at::Tensor buf = pg->comm_buffer(6, torch::kFloat);
+    EXPECT_TRUE(pg->is_comm_buffer(buf));
+    buf.fill_(static_cast<float>(r + 1));
+    pg->all_reduce(buf).wait();
+    EXPECT_TRUE(torch::equal(buf, torch::full({6}, 3.0f))) << buf;
+    auto sub = pg->new_group({0, 1});
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(sub->backend(), "cpu:shm,cuda:gloo");
+    auto t = torch::full({2}, static_cast<float>(r));
+    sub->all_reduce(t).wait();
+    EXPECT_TRUE(torch::equal(t, torch::ones({2}))) << t;
+    std::vector<at::Tensor> mixed{torch::empty({2}), torch::empty({2}, torch::kMeta)};
+    const uint64_t before = pg->last_sequence_number();
+    try {
+      pg->all_gather(mixed, torch::ones({2})).wait();
+      ADD_FAILURE() << "a call mixing devices was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("with the backend pair 'cpu:shm,cuda:gloo' a "
+                                           "collective's tensors must all be on one device type"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(pg->last_sequence_number(), before);
+    sub->barrier().wait();
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < 2; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
 }
 
 // Subgroups (Note [Subgroups]): collectives among their members only, numbered on their own,

@@ -195,6 +195,58 @@ TEST(Gpu, ShmStagesCudaTensorsAtWorldTwoOnOneDevice) {
   collectives_on_cuda("shm");
 }
 
+// Note [Backend pairs]: a backend per device type. World 1, NCCL for CUDA tensors and shm for
+// CPU ones: each goes to its side as it is (no staging), in one numbering.
+TEST(Gpu, NcclPairedWithShmTakesTheCudaTensorsAndShmTheCpuOnes) {
+  SKIP_WITHOUT_GPU();
+  if (!DDP_WITH_NCCL) GTEST_SKIP() << "this build has no NCCL backend";
+  InitOptions o = one_rank_options();
+  o.backend = "cpu:shm,cuda:nccl";
+  auto pg = make_process_group(o);
+  EXPECT_EQ(pg->backend(), "cpu:shm,cuda:nccl");
+  ASSERT_TRUE(pg->bound_device_id().has_value());
+  at::Tensor g = torch::arange(8, torch::dtype(torch::kFloat).device(kCuda0));
+  Work w = pg->all_reduce(g, ReduceOp::kSum);
+  at::Tensor c = torch::arange(5, torch::kDouble);
+  pg->all_reduce(c, ReduceOp::kAvg).wait();
+  EXPECT_TRUE(c.device().is_cpu());
+  EXPECT_TRUE(torch::equal(c, torch::arange(5, torch::kDouble)));
+  w.wait();
+  torch::cuda::synchronize();
+  EXPECT_TRUE(torch::equal(g.cpu(), torch::arange(8, torch::kFloat)));
+  EXPECT_EQ(pg->last_sequence_number(), 2u);
+  EXPECT_TRUE(pg->is_comm_buffer(pg->comm_buffer(4, torch::kFloat)));
+  EXPECT_FALSE(pg->is_comm_buffer(pg->comm_buffer(4, torch::dtype(torch::kFloat).device(kCuda0))));
+  ASSERT_TRUE(all_completed(*pg));
+}
+
+// World 2 on one device, Gloo for CUDA tensors (a CUDA LibTorch's Gloo takes them itself) and shm
+// for CPU ones.
+TEST(Gpu, AGlooAndShmPairRoutesEachTensorByItsDevice) {
+  SKIP_WITHOUT_GPU();
+  collectives_on_cuda("cpu:shm,cuda:gloo");
+  const int port = free_port();
+  auto errors = run_threads(2, [&](int r) {
+    auto o = thread_rank(r, 2, port);
+    o.backend = "cpu:shm,cuda:gloo";
+    o.host_id.reset();
+    o.device_id = 0;
+    auto pg = make_process_group(o);
+    at::Tensor g =
+        torch::full({16}, static_cast<float>(r + 1), torch::dtype(torch::kFloat).device(kCuda0));
+    at::Tensor c = torch::full({16}, static_cast<float>(r + 1));
+    Work wg = pg->all_reduce(g, ReduceOp::kSum);
+    pg->all_reduce(c, ReduceOp::kSum).wait();
+    wg.wait();
+    EXPECT_TRUE(torch::equal(g.cpu(), torch::full({16}, 3.0f)));
+    EXPECT_TRUE(torch::equal(c, torch::full({16}, 3.0f)));
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < 2; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+}
+
 struct NetImpl : torch::nn::Module {
   NetImpl() {
     a = register_module("a", torch::nn::Linear(8, 32));

@@ -486,7 +486,8 @@ TEST(DdprunArgs, WorkerEnvironmentMultiNode) {
 // --backend is ddprun's own (torchrun has none): the workers get DDP_BACKEND.
 TEST(DdprunArgs, BackendIsExportedAsDdpBackend) {
   GroupSpec g{.master_addr = "127.0.0.1", .master_port = 1, .run_id = "r", .restart_count = 0};
-  for (const char* name : {"gloo", "shm", "shm+gloo", "nccl", "auto", "tuned"}) {
+  for (const char* name : {"gloo", "shm", "shm+gloo", "nccl", "auto", "tuned",
+                           "cpu:gloo,cuda:nccl", "cuda:nccl,cpu:shm+gloo", "cpu:auto"}) {
     SCOPED_TRACE(name);
     LaunchConfig c = parse({"--nproc-per-node", "2", "--backend", name, "p"});
     EXPECT_EQ(c.backend, name);
@@ -504,7 +505,15 @@ TEST(DdprunArgs, BackendIsExportedAsDdpBackend) {
   EXPECT_EQ(worker_environment(shm, g, 0, "e", {{"DDP_BACKEND", "gloo"}})["DDP_BACKEND"], "shm");
   EXPECT_EQ(parse({"p"}, {{"PET_BACKEND", "gloo"}}).backend, "gloo");
   EXPECT_USAGE_ERROR(({"--backend", "mpi", "p"}), "--backend='mpi'",
-                     "gloo, shm, shm+gloo, nccl, auto or tuned");
+                     "gloo, shm, shm+gloo, nccl, auto or tuned, or one per device type "
+                     "(cpu:gloo,cuda:nccl)");
+  // A backend per device type: each device once, each with a backend it can have.
+  for (const char* bad : {"cpu:nccl", "cuda:shm", "gpu:nccl", "cpu:gloo,cpu:shm", "cpu:gloo,",
+                          "cpu:"}) {
+    SCOPED_TRACE(bad);
+    const std::string named = fmt::format("--backend='{}'", bad);
+    EXPECT_USAGE_ERROR(({"--backend", bad, "p"}), named.c_str());
+  }
   EXPECT_USAGE_ERROR(({"p"}, {{"PET_BACKEND", "tcp"}}), "PET_BACKEND='tcp'");
 }
 

@@ -8,7 +8,9 @@
 #include <sys/wait.h>  // waitpid
 #include <unistd.h>    // sysconf, fork, pipe2
 
+#include <algorithm>
 #include <filesystem>
+#include <initializer_list>
 #include <sstream>
 #include <system_error>
 
@@ -280,12 +282,39 @@ void apply_supervision(const RawFlags& raw, LaunchConfig& c) {
   }
 }
 
+// A backend's name, or one per device type ("cpu:gloo,cuda:nccl": Note [Backend pairs] in
+// src/process_group/transport/paired.cpp; the library says what is wrong in detail).
+bool valid_backend(const std::string& text) {
+  const auto one_of = [](const std::string& name, std::initializer_list<const char*> names) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  if (text.find(':') == std::string::npos) {
+    return one_of(text, {"gloo", "shm", "shm+gloo", "nccl", "auto", "tuned"});
+  }
+  bool cpu = false, cuda = false;
+  for (size_t from = 0; from <= text.size();) {
+    const size_t comma = std::min(text.find(',', from), text.size());
+    const std::string item = text.substr(from, comma - from);
+    from = comma + 1;
+    if (item.starts_with("cpu:") && !cpu &&
+        one_of(item.substr(4), {"gloo", "shm", "shm+gloo", "auto", "tuned"})) {
+      cpu = true;
+    } else if (item.starts_with("cuda:") && !cuda && one_of(item.substr(5), {"nccl", "gloo"})) {
+      cuda = true;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 // --backend: checked here so a typo stops the launch instead of failing in every worker.
 void apply_backend(const RawFlags& raw, LaunchConfig& c) {
   if (auto* v = raw.get("backend")) {
-    if (v->text != "gloo" && v->text != "shm" && v->text != "shm+gloo" && v->text != "nccl" &&
-        v->text != "auto" && v->text != "tuned") {
-      bad_value(v->source, v->text, "expected gloo, shm, shm+gloo, nccl, auto or tuned");
+    if (!valid_backend(v->text)) {
+      bad_value(v->source, v->text,
+                "expected gloo, shm, shm+gloo, nccl, auto or tuned, or one per device type "
+                "(cpu:gloo,cuda:nccl)");
     }
     c.backend = v->text;
   }

@@ -100,12 +100,13 @@ constexpr FlagDef kFlags[] = {
     {"collective_timeout", "", "SECONDS", kExtensions,
      "Collective timeout given to the workers as DDP_COLLECTIVE_TIMEOUT. "
      "[default: the library's]"},
-    {"backend", "", "gloo|shm|shm+gloo|nccl|auto|tuned", kExtensions,
+    {"backend", "", "gloo|shm|shm+gloo|nccl|auto|tuned|cpu:X,cuda:Y", kExtensions,
      "Collective backend of the workers' process groups, given to them as DDP_BACKEND. auto: "
      "shared memory (shm) for CPU tensors when every rank is on one host, NCCL for CUDA, "
      "shm+gloo (shm inside hosts, Gloo between) with the same number of ranks on every host, "
      "else Gloo. tuned: auto, with shm+gloo's large all_reduces over flat Gloo where that "
-     "measures faster as the group forms (not reproducible bit for bit). "
+     "measures faster as the group forms (not reproducible bit for bit). cpu:X,cuda:Y: a "
+     "backend per device type, as PyTorch's cpu:gloo,cuda:nccl. "
      "[default: the library's (auto)]"},
     {"grace_period", "", "SECONDS", kExtensions,
      "Time a worker gets between SIGTERM and SIGKILL when the group is stopped. "

@@ -8,6 +8,8 @@
 // implementations (one file each in this folder):
 //   shm        every rank on this host: one shared-memory group (shm/group.h);
 //   c10d       a LibTorch backend: Gloo (CPU, any hosts) or NCCL (CUDA);
+//   paired     a backend per device type ("cpu:gloo,cuda:nccl"): two of the others, each
+//              collective routed by its tensors' device (Note [Backend pairs]);
 //   hierarchy  ranks on several hosts, the same number L > 1 on each ("shm+gloo"): shared memory
 //              inside each host, Gloo between hosts on rails (Note [Hierarchical collectives]);
 //              with backend tuned its large all_reduces may go over flat Gloo instead (Note
@@ -60,6 +62,9 @@ struct Capabilities {
   bool point_to_point = false;
   bool cpu_tensors = true;
   bool cuda_tensors = false;
+  // A backend per device type (Note [Backend pairs] in paired.cpp): a collective's tensors must
+  // all be on one device type, whose side carries it.
+  bool routed_by_device = false;
 
   bool reduces(DType t) const { return (reduced_dtypes >> static_cast<unsigned>(t)) & 1u; }
   bool can_reduce(DType t) const { return (reducible_dtypes >> static_cast<unsigned>(t)) & 1u; }
@@ -106,6 +111,11 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const Capabilities& capabilities() const = 0;
+  // What it does with tensors on `device`: capabilities(), but for a backend pair (Note [Backend
+  // pairs] in paired.cpp), whose sides differ.
+  virtual const Capabilities& capabilities_for(c10::DeviceType /*device*/) const {
+    return capabilities();
+  }
 
   // The collectives, arguments checked by ProcessGroup; `call` says what they are (the tensors'
   // dtype, count, the reduce op, the root) and carries the sequence number.
@@ -172,5 +182,7 @@ class Transport {
 // What `pg`'s transport does (for the library's other components: checkpoints, hooks), without
 // the group's internals (process_group/internal.h).
 const Capabilities& capabilities_of(ProcessGroup& pg);
+// What it does with tensors on `device` (a backend pair's side: Note [Backend pairs]).
+const Capabilities& capabilities_of(ProcessGroup& pg, c10::DeviceType device);
 
 }  // namespace ddp

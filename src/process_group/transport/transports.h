@@ -26,6 +26,11 @@ std::unique_ptr<Transport> make_c10d_transport(std::string name,
 // host's peers while it waits (Gloo); `on_stream`: NCCL's (Note [GPU completion]).
 std::shared_ptr<Pending> c10d_pending(c10::intrusive_ptr<::c10d::Work> work, bool on_stream);
 
+// Note [Backend pairs] (paired.cpp): `cpu` takes the CPU tensors' collectives, `cuda` the CUDA
+// tensors'; what names no device goes to `cpu`.
+std::unique_ptr<Transport> make_paired_transport(std::unique_ptr<Transport> cpu,
+                                                 std::unique_ptr<Transport> cuda);
+
 // Where the ranks of a hierarchical group run: rank_at[h][l] is the rank with local index l on
 // host h (every host runs the same number, more than one).
 struct HierarchyLayout {
