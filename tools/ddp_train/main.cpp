@@ -42,11 +42,14 @@ int fail(const std::exception& e, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ddp::ensure_fast_blas(argc, argv);
-  ddp::retain_freed_memory();  // activations come back every step: no page faults for them
   try {
     ddp::train::TrainConfig config;
+    // The command line before the BLAS check: --help and a bad flag answer without its
+    // re-execution (a start costs LibTorch's loading, about a CPU-second). Parsing touches
+    // neither the BLAS nor threads.
     if (!ddp::train::parse_args(argc, argv, config)) return 0;  // --help
+    ddp::ensure_fast_blas(argc, argv);
+    ddp::retain_freed_memory();  // activations come back every step: no page faults for them
     return ddp::train::run(config);
   } catch (const ddp::ConfigError& e) {
     return fail(e, 2);
