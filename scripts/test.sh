@@ -115,12 +115,15 @@ if ((deb)); then
 fi
 deb_run_pid= deb_run_log=  # the package test's own run (below)
 beside_pid= beside_log=    # the bookworm entries labelled `beside` (below)
+waits_pid= waits_log=      # the bookworm entries labelled `waits` (below)
 trap '[[ -n $prepare_pid ]] && kill "$prepare_pid" 2>/dev/null
       [[ -n $deb_pid ]] && kill "$deb_pid" 2>/dev/null
       [[ -n $sanitize_pid ]] && kill "$sanitize_pid" 2>/dev/null
       [[ -n $deb_run_pid ]] && kill "$deb_run_pid" 2>/dev/null
       [[ -n $beside_pid ]] && kill "$beside_pid" 2>/dev/null
-      rm -f "$prepare_log" "$deb_log" $sanitize_log $deb_run_log $beside_log "$bookworm_done"' EXIT
+      [[ -n $waits_pid ]] && kill "$waits_pid" 2>/dev/null
+      rm -f "$prepare_log" "$deb_log" $sanitize_log $deb_run_log $beside_log $waits_log \
+        "$bookworm_done"' EXIT
 
 # Paths relative to the tree in ccache's keys: build-deb/ (scripts/test-deb.sh) reuses build/'s
 # objects instead of compiling LibTorch code again (~7 min on 2 cores).
@@ -129,19 +132,23 @@ scripts/build.sh  # its install-deps.sh finds everything installed
 phase_done "bookworm build (LibTorch 1.13)"
 BUILD_DIR=${DDP_BUILD_DIR:-build}
 # Serial: the collective and multi-process tests start several ranks each on a 2-core machine.
-# Where the LibTorch 2.6 suite runs, the entries labelled `beside` (version-neutral CPU work
-# that waits on no peer or deadline: the thread-safety analysis, a compiler run) run beside it
-# instead, niced, in the CPU it leaves idle (about a fifth); this suite keeps the machine busy.
+# Where the LibTorch 2.6 suite runs, two kinds of version-neutral entries run beside it instead:
+# - `waits`: the multi-host fault tests (test_elastic, test_multinode.fault), whose wall time is
+#   mostly their own timed waits (cuts, step floors, rounds), about a quarter of the CPUs. They
+#   start when this suite ends, at full priority: their hosts are network namespaces of their
+#   own, so they share no port with the other suite, and their bounds keep their meaning.
+# - `beside`: CPU work that waits on no peer or deadline (the thread-safety analysis, a compiler
+#   run), niced, once the trixie build is done (that build is on the path, they are not).
 rc=0
 bookworm_args=()
-if ((libtorch2)); then bookworm_args=(-LE beside); fi
+if ((libtorch2)); then bookworm_args=(-LE '^(beside|waits)$'); fi
 (cd "$BUILD_DIR" && ctest --output-on-failure "${bookworm_args[@]}" "$@") || rc=$?
 phase_done "bookworm suite (ctest)"
 touch "$bookworm_done"
 if ((libtorch2)); then
-  beside_log=$(mktemp /tmp/ddp-beside.XXXXXX)
-  (cd "$BUILD_DIR" && exec nice -n 10 ctest --output-on-failure -L beside) >"$beside_log" 2>&1 &
-  beside_pid=$!
+  waits_log=$(mktemp /tmp/ddp-waits.XXXXXX)
+  (cd "$BUILD_DIR" && exec ctest --output-on-failure -L '^waits$') >"$waits_log" 2>&1 &
+  waits_pid=$!
 fi
 
 run_sanitizers() {
@@ -166,58 +173,66 @@ prepared() {
   return $status
 }
 
+# collect PID LOG WHAT: waits for a job that ran beside the LibTorch 2.6 suite, prints its log
+# and folds its exit status into rc.
+collect() {
+  local status=0
+  wait "$1" || status=$?
+  cat "$2"
+  if ((status)); then rc=1; fi
+  phase_done "$3"
+}
+
 # Beside the LibTorch 2.6 suite when that runs (niced: its build comes from ccache, the rest is
 # apt and dpkg, and one 20-step job on a port of its own), else here.
 if ((deb)); then
   if prepared "$deb_pid" "$deb_log" "the Debian package test's root"; then
-    if ((libtorch2)); then
-      deb_run_log=$(mktemp /tmp/ddp-deb-run.XXXXXX)
-      nice -n 10 scripts/test-deb.sh >"$deb_run_log" 2>&1 &
-      deb_run_pid=$!
-    else
+    if ! ((libtorch2)); then
       scripts/test-deb.sh || rc=1
       phase_done "Debian packages (build, install, use)"
     fi
   else
     rc=1
+    deb=0
   fi
   deb_pid=
 fi
 
 if ((libtorch2)); then
   echo "test.sh: LibTorch 1.13 (bookworm) suite exit $rc; now the LibTorch 2.6 (trixie) suite"
-  if prepared "$prepare_pid" "$prepare_log" "the trixie root and build"; then
-    phase_done "waiting for the trixie root and build"
+  trixie_ready=0
+  if prepared "$prepare_pid" "$prepare_log" "the trixie root and build"; then trixie_ready=1; fi
+  prepare_pid=
+  phase_done "waiting for the trixie root and build"
+  # The niced jobs beside the 2.6 suite start once its build is done, not to slow that build.
+  if ((deb)); then
+    deb_run_log=$(mktemp /tmp/ddp-deb-run.XXXXXX)
+    nice -n 10 scripts/test-deb.sh >"$deb_run_log" 2>&1 &
+    deb_run_pid=$!
+  fi
+  beside_log=$(mktemp /tmp/ddp-beside.XXXXXX)
+  (cd "$BUILD_DIR" && exec nice -n 10 ctest --output-on-failure -L '^beside$') >"$beside_log" 2>&1 &
+  beside_pid=$!
+  if ((trixie_ready)); then
     grep -a '^test-libtorch2:' "$prepare_log" || true
     scripts/test-libtorch2.sh "$@" || rc=$?
   else
     rc=1
   fi
-  prepare_pid=
   phase_done "trixie suite (LibTorch 2.6, ctest)"
+  if [[ -n $waits_pid ]]; then
+    collect "$waits_pid" "$waits_log" "bookworm entries labelled waits (beside the trixie suite)"
+    waits_pid=
+  fi
   if [[ -n $deb_run_pid ]]; then
-    deb_status=0
-    wait "$deb_run_pid" || deb_status=$?
-    cat "$deb_run_log"
-    if ((deb_status)); then rc=1; fi
+    collect "$deb_run_pid" "$deb_run_log" "Debian packages (beside the trixie suite)"
     deb_run_pid=
-    phase_done "Debian packages (beside the trixie suite)"
   fi
-  if [[ -n $beside_pid ]]; then
-    beside_status=0
-    wait "$beside_pid" || beside_status=$?
-    cat "$beside_log"
-    if ((beside_status)); then rc=1; fi
-    beside_pid=
-    phase_done "bookworm entries labelled beside (beside the trixie suite)"
-  fi
+  collect "$beside_pid" "$beside_log" "bookworm entries labelled beside (beside the trixie suite)"
+  beside_pid=
   if [[ -n ${sanitize_pid:-} ]]; then
-    sanitize_status=0
-    wait "$sanitize_pid" || sanitize_status=$?
-    cat "$sanitize_log"
-    if ((sanitize_status)); then rc=1; fi
+    collect "$sanitize_pid" "$sanitize_log" "sanitizer tests (beside the trixie suite)"
     sanitize_pid=
-    phase_done "sanitizer tests (beside the trixie suite)"
   else
     run_sanitizers
   fi
