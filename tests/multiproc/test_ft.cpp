@@ -3,7 +3,8 @@
 // [Training under ft::Manager] in tools/ddp_train/ft_loop.cpp). Two workers SIGKILLed in one step
 // cost the others the step in flight: they stay up, ddprun starts each killed one again alone,
 // and they are healed live from the others' state; one SIGSTOPped is dropped, and healed when it
-// wakes. Every replica that finishes ends bitwise equal to the others and, to float tolerance, to
+// wakes; one SIGKILLed inside its optimizer's step, after its commit vote, leaves that step
+// committed by the others and in its replacement's state. Every replica that finishes ends bitwise equal to the others and, to float tolerance, to
 // one process trained on the same global batches; every step is committed once. Every replica
 // lost at once, the restarted ones refuse to train from step 0. With its restarts spent, the job
 // fails and says so. ddp-train --ft loses a step, not the run, when a replica is killed, also
@@ -47,6 +48,7 @@ using testing::Subprocess;
 const std::string kDdprun = testing::env_or_die("DDPRUN");
 const std::string kFtTrain = testing::env_or_die("EXAMPLE_FT_TRAIN");
 const std::string kDdpTrain = testing::env_or_die("DDP_TRAIN");
+const std::string kDieInOptimizerStep = testing::env_or_die("DIE_IN_OPTIMIZER_STEP");
 
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -215,6 +217,81 @@ TEST_F(FtJob, TwoWorkersKilledInOneStepCostOneStepAndAreHealedLive) {
   ASSERT_EQ(finals.size(), 4u);
   for (size_t k = 1; k < finals.size(); ++k) {
     ASSERT_EQ(finals[k].size(), finals[0].size());
+    for (size_t i = 0; i < finals[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
+    }
+  }
+  const std::vector<at::Tensor> one = reference(dir_);
+  ASSERT_EQ(one.size(), finals[0].size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(finals[0][i], one[i], 1e-4, 1e-5))
+        << "param " << i << ": " << (finals[0][i] - one[i]).abs().max().item<float>();
+  }
+}
+
+// A worker SIGKILLed inside its optimizer's step (tests/multiproc/die_in_optimizer_step.cpp,
+// preloaded into the unchanged ft_train): it had voted to commit, so the others commit that
+// step and apply it; what it applied dies with it. The others lose the next step (the dead peer
+// fails its all-reduce), never the one it died in, and never log a step twice; ddprun starts it
+// again, it is healed with the committed step in its state, and all three end bitwise equal,
+// and equal to one process to float tolerance: no replica kept or lost half a step.
+TEST_F(FtJob, AWorkerKilledInsideItsOptimizerStepLeavesTheStepItVotedForCommitted) {
+  const fs::path out = dir_ / "run", marker = dir_ / "died";
+  constexpr int kDieAt = 60;  // its 60th call of SGD::step: the 60th step it committed
+  Subprocess p = Subprocess::start(
+      {.argv = {kDdprun, "--ft", "--standalone", "--nproc-per-node", "3", "--max-restarts", "3",
+                "--collective-timeout", "20", "/usr/bin/env", "LD_PRELOAD=" + kDieInOptimizerStep,
+                fmt::format("DDP_TEST_DIE_IN_OPTIMIZER_STEP={}:{}", kDieAt, marker.string()),
+                kFtTrain, "--steps", std::to_string(kSteps), "--out", out.string(), "--step-ms",
+                "10"},
+       .timeout_s = 240});
+  const Result& r = p.wait();
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  ASSERT_TRUE(fs::exists(marker)) << "no worker died in its optimizer step\n" << r.err;
+  pid_t victim = 0;
+  std::ifstream(marker) >> victim;
+  ASSERT_GT(victim, 0);
+  EXPECT_NE(r.err.find("starting it again alone, the others go on (--ft: restart 1 of 3)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("(healed)"), std::string::npos) << r.out;
+
+  const auto all = committed(out);
+  const auto dead = all.find(fmt::format("steps.pid{}.txt", victim));
+  ASSERT_NE(dead, all.end()) << "the victim logged no step";
+  ASSERT_EQ(static_cast<int>(dead->second.size()), kDieAt - 1)
+      << "it logged each step before the one it died in";
+  const int64_t died_in = dead->second.back().step + 1;
+  int survivors = 0, finished = 0;
+  for (const auto& [file, steps] : all) {
+    for (size_t i = 1; i < steps.size(); ++i) {
+      EXPECT_GT(steps[i].step, steps[i - 1].step) << file << ": a step twice";
+    }
+    if (!steps.empty() && steps.back().step == kSteps - 1) ++finished;
+    if (file == dead->first || steps.empty() || steps.front().step != 0) continue;
+    ++survivors;
+    const auto at = std::find_if(steps.begin(), steps.end(),
+                                 [&](const Committed& c) { return c.step == died_in; });
+    ASSERT_NE(at, steps.end()) << file << ": step " << died_in << ", voted for, not committed";
+    EXPECT_EQ(at->replicas, 3) << file << ": committed by the three that voted";
+    std::vector<int> sizes;  // the replica counts it trained at from there, in order
+    for (auto c = at; c != steps.end(); ++c) {
+      if (sizes.empty() || sizes.back() != c->replicas) sizes.push_back(c->replicas);
+    }
+    EXPECT_EQ(sizes.back(), 3) << file << ": the group grew back";
+    std::printf("[ measured ] %s: step %ld (the one it died in) and on at %s replica(s)\n",
+                file.c_str(), static_cast<long>(died_in),
+                fmt::format("{}", fmt::join(sizes, ", ")).c_str());
+  }
+  EXPECT_EQ(survivors, 2);
+  EXPECT_EQ(finished, 3) << "two survivors and the healed replacement";
+
+  std::vector<std::vector<at::Tensor>> finals;
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
+  }
+  ASSERT_EQ(finals.size(), 3u);
+  for (size_t k = 1; k < finals.size(); ++k) {
     for (size_t i = 0; i < finals[0].size(); ++i) {
       EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
     }
