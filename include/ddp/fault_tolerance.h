@@ -65,7 +65,10 @@
 //   The old group is left to its failure (a failed group fails every later call at once).
 //   Healing: the members whose committed step is below the quorum's highest receive the whole
 //   TrainingState from the lowest rank holding the highest, in memory: a snapshot encoded as a
-//   checkpoint's bytes (ddp/checkpoint.h), broadcast over the new group. A vote that completed
+//   checkpoint's bytes (ddp/checkpoint.h), broadcast over the new group. A member lost while
+//   the group forms or heals (the healer killed mid-send: a CollectiveError on the others) fails
+//   that formation on every member; a receiver restores nothing unless every byte arrived, and
+//   the next quorum has another holder of the highest step heal. A vote that completed
 //   on some members and failed on others (one saw the last contribution arrive, another timed
 //   out first) leaves them a step apart: the next quorum heals the ones behind, so no replica
 //   goes on from a step the others did not take.

@@ -101,11 +101,16 @@ struct Manager::Impl {
       try {
         form(f);
         return;
-      } catch (const RendezvousError& e) {
-        // A member died while the group formed: every member's formation fails, and all of
-        // them go on to the next quorum; join_timeout bounds the attempts together (each
-        // join() bounds only its own wait).
-        if (std::chrono::steady_clock::now() - started > o.join_timeout) throw;
+      } catch (const Error& e) {
+        // A member died or stalled while the group formed (RendezvousError) or while the
+        // healing's broadcasts ran (CollectiveError: the healer died sending its state; a
+        // receiver restores nothing unless every byte arrived): every member's formation
+        // fails, and all of them go on to the next quorum, where another replica holding the
+        // newest step heals. join_timeout bounds the attempts together (each join() bounds only
+        // its own wait).
+        const bool member_lost = dynamic_cast<const RendezvousError*>(&e) != nullptr ||
+                                 dynamic_cast<const CollectiveError*>(&e) != nullptr;
+        if (!member_lost || std::chrono::steady_clock::now() - started > o.join_timeout) throw;
         why = e.what();
         quorums.failed(f.number, why);
         after = f.number;

@@ -111,8 +111,8 @@ bool Quorums::someone_waits(int64_t current) {
 }
 
 void Quorums::failed(int64_t number, const std::string& why) {
-  log::line(-1, fmt::format("[{}] fault tolerance: quorum {}'s group did not form ({}); trying "
-                            "the next quorum",
+  log::line(-1, fmt::format("[{}] fault tolerance: quorum {}'s group did not form or heal ({}); "
+                            "trying the next quorum",
                             o_.replica_id, number, why));
 }
 

@@ -1,14 +1,16 @@
 // Per-step fault tolerance in real processes (Note [Per-step fault tolerance] in
 // ddp/fault_tolerance.h): ddprun --ft with examples/ft_train, and with ddp-train --ft (Note
 // [Training under ft::Manager] in tools/ddp_train/ft_loop.cpp). Two workers SIGKILLed in one step
-// cost the others the step in flight: they stay up, ddprun starts each killed one again alone,
-// and they are healed live from the others' state; one SIGSTOPped is dropped, and healed when it
-// wakes; one SIGKILLed inside its optimizer's step, after its commit vote, leaves that step
-// committed by the others and in its replacement's state. Every replica that finishes ends bitwise equal to the others and, to float tolerance, to
-// one process trained on the same global batches; every step is committed once. Every replica
-// lost at once, the restarted ones refuse to train from step 0. With its restarts spent, the job
-// fails and says so. ddp-train --ft loses a step, not the run, when a replica is killed, also
-// when it is rank 0 caught writing a checkpoint: every checkpoint left is whole.
+// cost the others the step in flight: they stay up, ddprun starts each killed one again alone, and
+// they are healed live from the others' state; one SIGSTOPped is dropped, and healed when it wakes;
+// one SIGKILLed inside its optimizer's step, after its commit vote, leaves that step committed by
+// the others and in its replacement's state; a healer killed while it sends its state leaves the
+// others to heal in the next quorum. Every replica that finishes ends bitwise equal to the others
+// and, to float tolerance, to one process trained on the same global batches; every step is
+// committed once. Every replica lost at once, the restarted ones refuse to train from step 0. With
+// its restarts spent, the job fails and says so. ddp-train --ft loses a step, not the run, when a
+// replica is killed, also when it is rank 0 caught writing a checkpoint: every checkpoint left is
+// whole.
 #include <poll.h>
 #include <signal.h>
 #include <sys/inotify.h>
@@ -48,7 +50,7 @@ using testing::Subprocess;
 const std::string kDdprun = testing::env_or_die("DDPRUN");
 const std::string kFtTrain = testing::env_or_die("EXAMPLE_FT_TRAIN");
 const std::string kDdpTrain = testing::env_or_die("DDP_TRAIN");
-const std::string kDieInOptimizerStep = testing::env_or_die("DIE_IN_OPTIMIZER_STEP");
+const std::string kFtFaults = testing::env_or_die("FT_FAULTS");  // tests/multiproc/ft_faults.cpp
 
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -229,8 +231,8 @@ TEST_F(FtJob, TwoWorkersKilledInOneStepCostOneStepAndAreHealedLive) {
   }
 }
 
-// A worker SIGKILLed inside its optimizer's step (tests/multiproc/die_in_optimizer_step.cpp,
-// preloaded into the unchanged ft_train): it had voted to commit, so the others commit that
+// A worker SIGKILLed inside its optimizer's step (tests/multiproc/ft_faults.cpp, preloaded
+// into the unchanged ft_train): it had voted to commit, so the others commit that
 // step and apply it; what it applied dies with it. The others lose the next step (the dead peer
 // fails its all-reduce), never the one it died in, and never log a step twice; ddprun starts it
 // again, it is healed with the committed step in its state, and all three end bitwise equal,
@@ -240,7 +242,7 @@ TEST_F(FtJob, AWorkerKilledInsideItsOptimizerStepLeavesTheStepItVotedForCommitte
   constexpr int kDieAt = 60;  // its 60th call of SGD::step: the 60th step it committed
   Subprocess p = Subprocess::start(
       {.argv = {kDdprun, "--ft", "--standalone", "--nproc-per-node", "3", "--max-restarts", "3",
-                "--collective-timeout", "20", "/usr/bin/env", "LD_PRELOAD=" + kDieInOptimizerStep,
+                "--collective-timeout", "20", "/usr/bin/env", "LD_PRELOAD=" + kFtFaults,
                 fmt::format("DDP_TEST_DIE_IN_OPTIMIZER_STEP={}:{}", kDieAt, marker.string()),
                 kFtTrain, "--steps", std::to_string(kSteps), "--out", out.string(), "--step-ms",
                 "10"},
@@ -286,6 +288,69 @@ TEST_F(FtJob, AWorkerKilledInsideItsOptimizerStepLeavesTheStepItVotedForCommitte
   EXPECT_EQ(survivors, 2);
   EXPECT_EQ(finished, 3) << "two survivors and the healed replacement";
 
+  std::vector<std::vector<at::Tensor>> finals;
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
+  }
+  ASSERT_EQ(finals.size(), 3u);
+  for (size_t k = 1; k < finals.size(); ++k) {
+    for (size_t i = 0; i < finals[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
+    }
+  }
+  const std::vector<at::Tensor> one = reference(dir_);
+  ASSERT_EQ(one.size(), finals[0].size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(finals[0][i], one[i], 1e-4, 1e-5))
+        << "param " << i << ": " << (finals[0][i] - one[i]).abs().max().item<float>();
+  }
+}
+
+// The healer SIGKILLed while it sends its state (tests/multiproc/ft_faults.cpp): one of three
+// workers is SIGKILLed mid-training; when ddprun has started it again, the quorum that takes it
+// back has a survivor send it the state, and that survivor dies entering the broadcast of the
+// state's bytes, after their size. The receiver restores nothing, the formation fails on every
+// member, and the next quorum has the other survivor heal. Two restarts, nobody trains from a
+// partial state, and all three end bitwise equal, and equal to one process to float tolerance.
+// (Before, the healing's CollectiveError reached the program: the other survivor died too, and
+// with every replica holding the newest step gone, the job ended.)
+TEST_F(FtJob, AHealerKilledWhileItSendsItsStateLeavesTheOthersToHeal) {
+  const fs::path out = dir_ / "run", marker = dir_ / "healer";
+  Subprocess p = Subprocess::start(
+      {.argv = {kDdprun, "--ft", "--standalone", "--nproc-per-node", "3", "--max-restarts", "3",
+                "--collective-timeout", "20", "/usr/bin/env", "LD_PRELOAD=" + kFtFaults,
+                "DDP_TEST_DIE_WHILE_HEALING=" + marker.string(), kFtTrain, "--steps",
+                std::to_string(kSteps), "--out", out.string(), "--step-ms", "10"},
+       .timeout_s = 240});
+  const std::vector<pid_t> workers = workers_past(p, 3, out, 60);
+  ASSERT_EQ(workers.size(), 3u) << p.err_so_far();
+  ASSERT_EQ(::kill(workers[2], SIGKILL), 0);
+  const Result& r = p.wait();
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  ASSERT_TRUE(fs::exists(marker)) << "no healer died sending its state\n" << r.err;
+  pid_t healer = 0;
+  std::ifstream(marker) >> healer;
+  EXPECT_TRUE(healer == workers[0] || healer == workers[1])
+      << "the healer, pid " << healer << ", is a survivor of the first kill";
+  for (int k : {1, 2}) {
+    EXPECT_NE(r.err.find(
+                  fmt::format("starting it again alone, the others go on (--ft: restart {} of 3)",
+                              k)),
+              std::string::npos)
+        << r.err;
+  }
+  const std::string said = r.out + r.err;
+  EXPECT_NE(said.find("group did not form or heal"), std::string::npos) << said;
+  EXPECT_NE(r.out.find("(healed)"), std::string::npos) << r.out;
+
+  int finished = 0;
+  for (const auto& [file, steps] : committed(out)) {
+    for (size_t i = 1; i < steps.size(); ++i) {
+      EXPECT_GT(steps[i].step, steps[i - 1].step) << file << ": a step twice";
+    }
+    if (!steps.empty() && steps.back().step == kSteps - 1) ++finished;
+  }
+  EXPECT_EQ(finished, 3) << "the survivor and the two healed";
   std::vector<std::vector<at::Tensor>> finals;
   for (const auto& e : fs::directory_iterator(out)) {
     if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
@@ -659,7 +724,9 @@ TEST_F(FtJob, DdpTrainFtRefusesWhatItCannotDo) {
   EXPECT_EQ(said.find("not committed (quorum 1"), std::string::npos) << said;
 }
 
-// --max-restarts 0: nothing to start again with; the first death ends the job, named.
+// --max-restarts 0: nothing to start again with; the first death ends the job, named. With 1,
+// the second: the job fails saying --ft's restart is spent, and nothing else (it once added that
+// a usage error would repeat, with restarts "left").
 TEST_F(FtJob, WithItsRestartsSpentAFailureEndsTheJob) {
   const fs::path out = dir_ / "run";
   Subprocess p = job(2, 0, out, 100000, 10);
@@ -673,6 +740,28 @@ TEST_F(FtJob, WithItsRestartsSpentAFailureEndsTheJob) {
             std::string::npos)
       << r.err;
   EXPECT_LT(r.wall_s, 120);
+
+  const fs::path out1 = dir_ / "run1";
+  Subprocess once = job(2, 1, out1, 100000, 10);
+  std::vector<pid_t> first = workers_past(once, 2, out1, 5);
+  ASSERT_EQ(first.size(), 2u) << once.err_so_far();
+  ASSERT_EQ(::kill(first[1], SIGKILL), 0);
+  std::vector<pid_t> again;  // the one started again, once it runs
+  testing::wait_until(
+      [&] {
+        again = children_of(once.pid());
+        return again.size() == 2 && again != first;
+      },
+      60);
+  ASSERT_EQ(again.size(), 2u) << once.err_so_far();
+  const pid_t restarted = again[0] == first[0] ? again[1] : again[0];
+  ASSERT_EQ(::kill(restarted, SIGKILL), 0);
+  const Result& r1 = once.wait();
+  EXPECT_EQ(r1.exit_code, 1) << r1.describe();
+  EXPECT_NE(r1.err.find("--ft's 1 restart(s) (--max-restarts) are spent: the job fails"),
+            std::string::npos)
+      << r1.err;
+  EXPECT_EQ(r1.err.find("usage or configuration error"), std::string::npos) << r1.err;
 }
 
 }  // namespace

@@ -259,12 +259,14 @@ std::optional<RunResult> RoundLoop::after(const WorkerGroup& group, Outcome outc
       earlier_.push_back(fmt::format("attempt {}: {}", used + 1, group.one_line_failure()));
       return std::nullopt;
     }
-    note(fmt::format(
-        "not restarting ({} restart(s) left): {}; exit code {} means a usage or configuration "
-        "error, which a restart would repeat",
-        attempts_ - 1 - used,
-        group.final_failure().empty() ? group.one_line_failure() : group.final_failure(),
-        kUsageExitCode));
+    if (!group.ft_restarts_spent()) {  // else the group said so, and the budget is the same
+      note(fmt::format(
+          "not restarting ({} restart(s) left): {}; exit code {} means a usage or configuration "
+          "error, which a restart would repeat",
+          attempts_ - 1 - used,
+          group.final_failure().empty() ? group.one_line_failure() : group.final_failure(),
+          kUsageExitCode));
+    }
   }
   return end_run(group, outcome, m);
 }

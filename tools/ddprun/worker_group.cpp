@@ -249,6 +249,7 @@ void WorkerGroup::restart_failed_alone() {
     if (ft_restarts_ >= s_.config.max_restarts) {
       // Final: the whole group is not started again either (the budget was the same).
       final_failure_ = fmt::format("{}, with --ft's {} restart(s) spent", what, ft_restarts_);
+      ft_restarts_spent_ = true;
       note(fmt::format("{}; --ft's {} restart(s) (--max-restarts) are spent: the job fails", what,
                        ft_restarts_));
       if (first_failure_ == nullptr) first_failure_ = w.get();

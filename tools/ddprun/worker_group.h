@@ -60,6 +60,8 @@ class WorkerGroup {
   const std::string& failure_elsewhere() const { return failure_elsewhere_; }
   // The first failure was this node's and final (Note [Final failures]): its description.
   const std::string& final_failure() const { return final_failure_; }
+  // The failure is final because --ft's restarts are spent (said when it happened).
+  bool ft_restarts_spent() const { return ft_restarts_spent_; }
   // Why the elastic job re-forms (Outcome::kRegroup; Note [Elastic rounds] in elastic.h).
   const std::string& regroup() const { return regroup_; }
   // This node announced that it leaves the elastic job (its ddprun got a signal).
@@ -106,6 +108,7 @@ class WorkerGroup {
   bool warned_stuck_ = false;
   std::string failure_elsewhere_;  // another node failed first: its line from the agent store
   std::string final_failure_;      // see final_failure()
+  bool ft_restarts_spent_ = false;  // see ft_restarts_spent()
   std::string regroup_;            // see regroup()
   bool leaving_ = false;           // see leaving()
   int ft_restarts_ = 0;            // --ft: workers started again alone so far
