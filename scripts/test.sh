@@ -72,16 +72,19 @@ fi
 # completion tests; a few minutes (docs/testing.md: Sanitizers). The whole sanitizer suite
 # rebuilds libddp twice and does not fit CI's hour: run scripts/sanitize.sh by hand. Only in a
 # full run (no ctest arguments); DDP_SKIP_SANITIZE=1 skips it. Where the LibTorch 2.6 suite runs,
-# its two builds (~5 min of both cores) run in the background from the start under SCHED_IDLE
-# (chrt --idle): only in CPU that nothing else wants, the niced trixie build included (that
-# build is on the path, these are not; begun only once it ended, they were the run's last 2
-# minutes), and its tests run beside the 2.6 suite (they wait on deadlines and peers, ~10 % of
-# the CPUs, and none of them is in that suite: they are version-neutral).
+# its two builds (~5 min of both cores) follow the trixie build in the background, niced, in
+# the CPU the suites leave idle, and its tests run beside the 2.6 suite (they wait on deadlines
+# and peers, ~10 % of the CPUs, and none of them is in that suite: they are version-neutral).
 sanitize=1
 if [[ ${DDP_SKIP_SANITIZE:-0} == 1 || $# -gt 0 ]]; then
   echo "test.sh: sanitizer step skipped (DDP_SKIP_SANITIZE=1 or ctest arguments given)"
   sanitize=0
 fi
+# alive PID: running, not a zombie left for `wait` (a background job that ended).
+alive() {
+  local state
+  state=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) && [[ $state != Z ]]
+}
 sanitize_pid= sanitize_log=
 bookworm_done=$(mktemp -u /tmp/ddp-bookworm-suite-done.XXXXXX)  # made when that suite ends
 if ((sanitize && libtorch2)); then
@@ -89,7 +92,8 @@ if ((sanitize && libtorch2)); then
   # A failed build shows in the tests' run, which builds what is left and says what failed.
   # The two sets of tests at once: they wait on deadlines and peers (about a fifth of a core
   # each), and whatever of them is left when the 2.6 suite ends is the run's last phase.
-  (chrt --idle 0 scripts/sanitize.sh all --torch-free --build
+  (while alive "$prepare_pid"; do sleep 5; done
+   nice -n 19 scripts/sanitize.sh all --torch-free --build
    while [[ ! -e $bookworm_done ]]; do sleep 2; done
    status=0
    scripts/sanitize.sh asan --torch-free >"$sanitize_log.asan" 2>&1 &
