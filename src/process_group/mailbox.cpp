@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "base/check.h"
-#include "process_group/internal.h"  // detail::WorkState
+#include "process_group/work_state.h"
 
 namespace ddp {
 namespace {

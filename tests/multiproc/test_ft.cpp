@@ -154,6 +154,40 @@ std::vector<at::Tensor> reference(const fs::path& dir) {
   return {};
 }
 
+// ddprun --ft's line for each of the first `restarts` workers it started again alone, of
+// `budget` (--max-restarts).
+void expect_restarted_alone(const std::string& err, int restarts, int budget) {
+  for (int k = 1; k <= restarts; ++k) {
+    EXPECT_NE(err.find(
+                  fmt::format("starting it again alone, the others go on (--ft: restart {} of {})",
+                              k, budget)),
+              std::string::npos)
+        << err;
+  }
+}
+
+// The final parameters in `out`: `replicas` of them, bitwise equal to each other and, to float
+// tolerance, to one process on the same batches (reference(), run in `dir`).
+void expect_finals_equal_to_one_process(const fs::path& out, size_t replicas, const fs::path& dir) {
+  std::vector<std::vector<at::Tensor>> finals;
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
+  }
+  ASSERT_EQ(finals.size(), replicas);
+  for (size_t k = 1; k < finals.size(); ++k) {
+    ASSERT_EQ(finals[k].size(), finals[0].size());
+    for (size_t i = 0; i < finals[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
+    }
+  }
+  const std::vector<at::Tensor> one = reference(dir);
+  ASSERT_EQ(one.size(), finals[0].size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(finals[0][i], one[i], 1e-4, 1e-5))
+        << "param " << i << ": " << (finals[0][i] - one[i]).abs().max().item<float>();
+  }
+}
+
 // 4 workers; the second and the fourth are SIGKILLed together mid-training (two failures in one
 // step). The other two lose one step, ddprun starts each killed one again alone, they are
 // healed, and all four finish the 300 steps: the survivors and the healed bitwise equal, and
@@ -168,13 +202,7 @@ TEST_F(FtJob, TwoWorkersKilledInOneStepCostOneStepAndAreHealedLive) {
   ASSERT_EQ(::kill(workers[3], SIGKILL), 0);
   const Result& r = p.wait();
   ASSERT_TRUE(r.exited(0)) << r.describe();
-  for (int k : {1, 2}) {
-    EXPECT_NE(r.err.find(
-                  fmt::format("starting it again alone, the others go on (--ft: restart {} of 4)",
-                              k)),
-              std::string::npos)
-        << r.err;
-  }
+  expect_restarted_alone(r.err, 2, 4);
   EXPECT_NE(r.out.find("(healed)"), std::string::npos) << r.out;
 
   // Every replica: steps committed once each, in order; the survivors' first step after the
@@ -212,23 +240,7 @@ TEST_F(FtJob, TwoWorkersKilledInOneStepCostOneStepAndAreHealedLive) {
       "later\n",
       recovered_s);
 
-  std::vector<std::vector<at::Tensor>> finals;
-  for (const auto& e : fs::directory_iterator(out)) {
-    if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
-  }
-  ASSERT_EQ(finals.size(), 4u);
-  for (size_t k = 1; k < finals.size(); ++k) {
-    ASSERT_EQ(finals[k].size(), finals[0].size());
-    for (size_t i = 0; i < finals[0].size(); ++i) {
-      EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
-    }
-  }
-  const std::vector<at::Tensor> one = reference(dir_);
-  ASSERT_EQ(one.size(), finals[0].size());
-  for (size_t i = 0; i < one.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(finals[0][i], one[i], 1e-4, 1e-5))
-        << "param " << i << ": " << (finals[0][i] - one[i]).abs().max().item<float>();
-  }
+  expect_finals_equal_to_one_process(out, 4, dir_);
 }
 
 // A worker SIGKILLed inside its optimizer's step (tests/multiproc/ft_faults.cpp, preloaded
@@ -253,9 +265,7 @@ TEST_F(FtJob, AWorkerKilledInsideItsOptimizerStepLeavesTheStepItVotedForCommitte
   pid_t victim = 0;
   std::ifstream(marker) >> victim;
   ASSERT_GT(victim, 0);
-  EXPECT_NE(r.err.find("starting it again alone, the others go on (--ft: restart 1 of 3)"),
-            std::string::npos)
-      << r.err;
+  expect_restarted_alone(r.err, 1, 3);
   EXPECT_NE(r.out.find("(healed)"), std::string::npos) << r.out;
 
   const auto all = committed(out);
@@ -288,22 +298,7 @@ TEST_F(FtJob, AWorkerKilledInsideItsOptimizerStepLeavesTheStepItVotedForCommitte
   EXPECT_EQ(survivors, 2);
   EXPECT_EQ(finished, 3) << "two survivors and the healed replacement";
 
-  std::vector<std::vector<at::Tensor>> finals;
-  for (const auto& e : fs::directory_iterator(out)) {
-    if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
-  }
-  ASSERT_EQ(finals.size(), 3u);
-  for (size_t k = 1; k < finals.size(); ++k) {
-    for (size_t i = 0; i < finals[0].size(); ++i) {
-      EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
-    }
-  }
-  const std::vector<at::Tensor> one = reference(dir_);
-  ASSERT_EQ(one.size(), finals[0].size());
-  for (size_t i = 0; i < one.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(finals[0][i], one[i], 1e-4, 1e-5))
-        << "param " << i << ": " << (finals[0][i] - one[i]).abs().max().item<float>();
-  }
+  expect_finals_equal_to_one_process(out, 3, dir_);
 }
 
 // The healer SIGKILLed while it sends its state (tests/multiproc/ft_faults.cpp): one of three
@@ -332,13 +327,7 @@ TEST_F(FtJob, AHealerKilledWhileItSendsItsStateLeavesTheOthersToHeal) {
   std::ifstream(marker) >> healer;
   EXPECT_TRUE(healer == workers[0] || healer == workers[1])
       << "the healer, pid " << healer << ", is a survivor of the first kill";
-  for (int k : {1, 2}) {
-    EXPECT_NE(r.err.find(
-                  fmt::format("starting it again alone, the others go on (--ft: restart {} of 3)",
-                              k)),
-              std::string::npos)
-        << r.err;
-  }
+  expect_restarted_alone(r.err, 2, 3);
   const std::string said = r.out + r.err;
   EXPECT_NE(said.find("group did not form or heal"), std::string::npos) << said;
   EXPECT_NE(r.out.find("(healed)"), std::string::npos) << r.out;
@@ -351,22 +340,7 @@ TEST_F(FtJob, AHealerKilledWhileItSendsItsStateLeavesTheOthersToHeal) {
     if (!steps.empty() && steps.back().step == kSteps - 1) ++finished;
   }
   EXPECT_EQ(finished, 3) << "the survivor and the two healed";
-  std::vector<std::vector<at::Tensor>> finals;
-  for (const auto& e : fs::directory_iterator(out)) {
-    if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
-  }
-  ASSERT_EQ(finals.size(), 3u);
-  for (size_t k = 1; k < finals.size(); ++k) {
-    for (size_t i = 0; i < finals[0].size(); ++i) {
-      EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
-    }
-  }
-  const std::vector<at::Tensor> one = reference(dir_);
-  ASSERT_EQ(one.size(), finals[0].size());
-  for (size_t i = 0; i < one.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(finals[0][i], one[i], 1e-4, 1e-5))
-        << "param " << i << ": " << (finals[0][i] - one[i]).abs().max().item<float>();
-  }
+  expect_finals_equal_to_one_process(out, 3, dir_);
 }
 
 // A worker SIGSTOPped for 8 s (a debugger, a swapped-out VM), past the 3 s collective timeout:
