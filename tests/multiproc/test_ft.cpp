@@ -139,8 +139,8 @@ class FtJob : public ::testing::Test {
 
 constexpr int kSteps = 300;
 
-// One process on the same batches: what every replica must end with.
-std::vector<at::Tensor> reference(const fs::path& dir) {
+// One process on the same batches (reference() below).
+std::vector<at::Tensor> run_reference(const fs::path& dir) {
   Subprocess p = Subprocess::start(
       {.argv = {kDdprun, "--ft", "--standalone", "--nproc-per-node", "1", kFtTrain, "--steps",
                 std::to_string(kSteps), "--out", (dir / "one").string()},
@@ -152,6 +152,14 @@ std::vector<at::Tensor> reference(const fs::path& dir) {
   }
   ADD_FAILURE() << "no final parameters from the one-process run";
   return {};
+}
+
+// One process on the same batches: what every replica must end with. Run once per test program
+// (every case trains the same kSteps batches); a failed run is tried again by the next case.
+std::vector<at::Tensor> reference(const fs::path& dir) {
+  static std::vector<at::Tensor> one;
+  if (one.empty()) one = run_reference(dir);
+  return one;
 }
 
 // ddprun --ft's line for each of the first `restarts` workers it started again alone, of
