@@ -80,6 +80,11 @@ struct InitOptions {
   // are under the run id and group_name. A stopped or dead rank then cannot freeze the store.
   std::optional<std::string> agent_store_run_id;
   std::optional<std::string> store_secret;
+  // How long a rank whose collective failed waits for its peers' flight records, which its error
+  // then describes (who is behind, stopped, gone). A peer on another host that died answers
+  // nothing, so this is what the error costs then. Unset: 3 s. ddp::ft::Manager's groups wait
+  // less by default: their failures are recovered from, and only noted.
+  std::optional<std::chrono::milliseconds> hang_report_wait;
 };
 
 // A subgroup's own settings (ProcessGroup::new_group, split_group).

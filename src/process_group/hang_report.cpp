@@ -204,7 +204,7 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
       views.push_back(std::move(v));
     }
     // Gather until every peer that can answer did, or the deadline.
-    const auto deadline = Clock::now() + kAnswerDeadline;
+    const auto deadline = Clock::now() + o_.answer_deadline;
     while (store_trouble.empty()) {
       bool waiting = false;
       for (flight::PeerView& v : views) {
@@ -238,7 +238,8 @@ HangReporter::Report HangReporter::explain(uint64_t seq) {
       if (v.records || !v.silence.empty()) continue;
       v.asked = store_trouble.empty();
       if (!v.asked) unasked.push_back(v.rank);
-      v.silence = v.asked ? fmt::format("did not answer within {} s", kAnswerDeadline.count())
+      v.silence = v.asked ? fmt::format("did not answer within {:g} s",
+                                        std::chrono::duration<double>(o_.answer_deadline).count())
                           : "could not be asked: the store did not answer";
     }
     report.verdict = flight::verdict(o_.rank, failed, views);

@@ -7,7 +7,8 @@
 // thread that checks the key "dump" once per kWatchInterval: one small request per second per
 // rank while healthy.
 //   - A rank whose collective fails (timeout, dead peer) publishes its records under
-//     "records/<rank>", sets "dump", and reads the peers' records for up to kAnswerDeadline.
+//     "records/<rank>", sets "dump", and reads the peers' records for up to kAnswerDeadline
+//     (InitOptions::hang_report_wait).
 //   - Every other rank's watcher sees "dump" and publishes its records: a rank stuck in user
 //     code or in another collective answers too, so the report says where it stands.
 //   - A rank that does not answer: a peer on this host is looked up in /proc (stopped:
@@ -40,7 +41,7 @@
 
 namespace ddp {
 
-// How long a failing rank waits for its peers' records.
+// How long a failing rank waits for its peers' records, by default.
 inline constexpr std::chrono::seconds kAnswerDeadline{3};
 // Bound of each store call a reporter makes (the store may be unhealthy).
 inline constexpr std::chrono::seconds kStoreCallLimit{2};
@@ -57,6 +58,7 @@ class HangReporter {
     int size = 1;
     std::string group;     // the group's name, for the dump file
     std::string dump_dir;  // where the JSON dump goes; empty: none
+    std::chrono::milliseconds answer_deadline = kAnswerDeadline;  // see kAnswerDeadline
   };
   // `store`: a handle of the reporter's own (calls bounded by kStoreCallLimit), prefixed for
   // the group. Publishes this process's pid, its start time and host.

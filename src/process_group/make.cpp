@@ -93,13 +93,22 @@ std::string address_towards(const std::string& host, int port) {
   return out;
 }
 
-c10d_compat::GlooDeviceSpec gloo_device(const InitOptions& o, const DistEnv& env) {
+// Where Gloo listens: the interface asked for, else loopback when every rank is on this host,
+// else the address that routes towards the store. `spans_hosts`: the ranks' locality, where the
+// store exchange found it; else the launcher's LOCAL_WORLD_SIZE says, which is unknown (taken
+// as the world) when InitOptions placed the rank: ft::Manager's quorum groups, a user's explicit
+// rank and world size.
+c10d_compat::GlooDeviceSpec gloo_device(const InitOptions& o, const DistEnv& env,
+                                        std::optional<bool> spans_hosts = std::nullopt) {
   c10d_compat::GlooDeviceSpec spec;
+  const bool one_host =
+      spans_hosts ? !*spans_hosts
+                  : env.local_world_size == env.world_size || is_loopback(env.master_addr);
   if (o.gloo_interface) {
     spec.interface = *o.gloo_interface;
   } else if (auto ifname = env_knob("GLOO_SOCKET_IFNAME")) {
     spec.interface = *ifname;
-  } else if (env.local_world_size == env.world_size || is_loopback(env.master_addr)) {
+  } else if (one_host) {
     spec.hostname = "127.0.0.1";  // every rank is on this host
   } else {
     spec.hostname = address_towards(env.master_addr, env.master_port);
@@ -271,14 +280,13 @@ void add_diagnostics(detail::ProcessGroupImpl& impl, const InitOptions& o,
   const int entries = env.flight_recorder_entries.value_or(flight::kDefaultEntries);
   if (entries > 0) impl.recorder = std::make_shared<flight::Ring>(entries);
   if (impl.recorder && env.world_size > 1) {
-    impl.reporter =
-        std::make_shared<HangReporter>(c10::make_intrusive<::c10d::PrefixStore>("flight_recorder",
-                                                                                impl.diag_store),
-                                       impl.recorder,
-                                       HangReporter::Options{.rank = env.rank,
-                                                             .size = env.world_size,
-                                                             .group = o.group_name,
-                                                             .dump_dir = dump_dir()});
+    impl.reporter = std::make_shared<HangReporter>(
+        c10::make_intrusive<::c10d::PrefixStore>("flight_recorder", impl.diag_store), impl.recorder,
+        HangReporter::Options{.rank = env.rank,
+                              .size = env.world_size,
+                              .group = o.group_name,
+                              .dump_dir = dump_dir(),
+                              .answer_deadline = o.hang_report_wait.value_or(kAnswerDeadline)});
   }
   // Transports that compare calls themselves (shm) need not; the others gather them
   // (Transport::gather_calls; not NCCL, which would need CUDA tensors).
@@ -345,9 +353,11 @@ auto connected(const DistEnv& env, const std::string& backend, Connect&& connect
   }
 }
 
-// Gloo or NCCL over the whole group (keys under "gloo/" or "nccl/", or `keys`).
+// Gloo or NCCL over the whole group (keys under "gloo/" or "nccl/", or `keys`); `spans_hosts`
+// as gloo_device() takes it.
 std::unique_ptr<Transport> c10d_transport(detail::ProcessGroupImpl& impl, const InitOptions& o,
-                                          Backend which, const std::string& keys = "") {
+                                          Backend which, const std::string& keys = "",
+                                          std::optional<bool> spans_hosts = std::nullopt) {
   const DistEnv& env = impl.env;
   const std::string backend = which == Backend::kNccl ? "nccl" : "gloo";
   auto store = c10::make_intrusive<::c10d::PrefixStore>(keys.empty() ? backend : keys, impl.store);
@@ -362,7 +372,7 @@ std::unique_ptr<Transport> c10d_transport(detail::ProcessGroupImpl& impl, const 
 #endif
     return make_c10d_transport(backend,
                                c10d_compat::make_gloo(store, env.rank, env.world_size, impl.timeout,
-                                                      gloo_device(o, env)),
+                                                      gloo_device(o, env, spans_hosts)),
                                env.world_size, impl.timeout);
   });
 }
@@ -408,9 +418,9 @@ std::string form_hierarchy(detail::ProcessGroupImpl& impl, const InitOptions& o,
                                                impl.store);
   out = connected(env, "shm+gloo", [&] {
     auto flat = c10d_compat::make_gloo(flat_store, env.rank, env.world_size, impl.timeout,
-                                       gloo_device(o, env));
+                                       gloo_device(o, env, /*spans_hosts=*/true));
     auto rail = c10d_compat::make_gloo(rail_store, layout.host, layout.hosts(), impl.timeout,
-                                       gloo_device(o, env));
+                                       gloo_device(o, env, /*spans_hosts=*/true));
     ShmCommBuffers buffers(impl.store, local.group, std::move(peers));
     return make_hierarchy_transport(std::move(local.group), std::move(buffers), std::move(rail),
                                     std::move(flat), layout);
@@ -477,7 +487,7 @@ std::unique_ptr<Transport> cpu_transport(detail::ProcessGroupImpl& impl, const I
   if (env.rank == 0 && (debug_info(env) || why_not.find("hosts") == std::string::npos)) {
     log::note(env.rank, "shared-memory transport not used ({}); using gloo", why_not);
   }
-  return c10d_transport(impl, o, Backend::kGloo);
+  return c10d_transport(impl, o, Backend::kGloo, "", where.hosts() > 1);
 }
 
 // Note [Choosing the all_reduce route] (route_choice.h): backend tuned's hierarchy measures
