@@ -91,8 +91,13 @@
 //   lost between a commit and its record, with every other holder lost with it.
 //   Why one store: the quorum's number grows only in the store, and "closed" is set once per
 //   number, so two quorums of one number never form; a partition that separates replicas from
-//   the store stops them (they cannot arrive), the side with the store goes on. Across hosts,
-//   the store's own availability is the launcher's (Note [Never two groups] in ddprun).
+//   the store stops them (they cannot arrive: a replica asks a store that does not answer again
+//   until join_timeout, waiting, not failing), and the side with the store goes on if it holds
+//   the majority. Across hosts (ddprun --ft --nnodes N) the store is the agent store that node
+//   0's ddprun hosts for the whole run; a host lost whole and started again takes its place in
+//   the running round, and its new replicas are healed. Node 0's host lost takes the store and
+//   the quorums' records: the other replicas fail at their join timeout, and only a checkpoint
+//   has the state (an elastic job's moving store is not used for this yet).
 // Where ours differs from torchft: the quorum is synchronous at the step's start (torchft can
 // compute it during forward); the vote is a collective over the group, not a call to the
 // lighthouse; state moves over the group's transport, not HTTP.
@@ -132,7 +137,8 @@ struct ManagerOptions {
   // A quorum that cannot form within this (fewer than min_replicas): ddp::RendezvousError.
   std::chrono::milliseconds join_timeout{60000};
   // Each quorum's group: backend and collective timeout (rank, world size and the store are the
-  // manager's).
+  // manager's; hang_report_wait is 300 ms unless set, so that a peer dead on another host costs
+  // the others little time in their error's report).
   InitOptions group;
 };
 

@@ -22,6 +22,10 @@
 namespace ddp::ft {
 namespace {
 
+// How long a quorum group's failing rank waits for its peers' flight records (see
+// InitOptions::hang_report_wait).
+constexpr std::chrono::milliseconds kFailureReportWait{300};
+
 std::string from_env(const char* name) {
   const EnvMap env = current_environment();
   const auto it = env.find(name);
@@ -156,6 +160,9 @@ struct Manager::Impl {
     g.store_secret = secret;
     g.group_name = fmt::format("ft-q{}", f.number);
     g.process_defaults = false;
+    // A failed step is recovered from and only noted: its error need not wait long for the
+    // records of a peer that died on another host (the default wait is 3 s).
+    if (!g.hang_report_wait) g.hang_report_wait = kFailureReportWait;
     if (group) retired.push_back(std::move(group));  // a failed group: left to its failure
     broken = true;
     group = make_process_group(g);

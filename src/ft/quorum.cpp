@@ -27,6 +27,8 @@ using std::chrono::milliseconds;
 constexpr milliseconds kCallTime{5000};
 // Between two looks at a forming quorum.
 constexpr milliseconds kPoll{5};
+// Between two tries of a store that did not answer.
+constexpr milliseconds kStoreRetry{200};
 
 Clock::time_point soon() { return Clock::now() + kCallTime; }
 
@@ -146,41 +148,83 @@ void Quorums::finish(int64_t step) {
   store_->set(prefix_ + "finished", std::to_string(step), soon());
 }
 
+// A store that does not answer (a cut link, its host busy) is asked again until the join
+// timeout: a replica cut off from the store waits there, it does not fail and burn a restart;
+// once the network heals it arrives in the newest quorum and is healed. A store that refuses
+// this replica (another job's) is final. Each call is asked again from where it failed: an
+// arrival counted but unanswered (the reply lost with the link) is the one case that leaves a
+// count without its entry, which the quorum's members then wait for up to the join timeout.
 Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
   static const std::string here = this_host();
   me.host = here;
   me.pid = static_cast<int>(::getpid());
   me.start_time = own_start_time();
   const auto deadline = Clock::now() + o_.join_timeout;
-  int64_t target = after + 1;
-  if (after < 0) {  // a newcomer: past the newest quorum the store knows
-    const auto newest = peek(prefix_ + "newest");
-    target = newest ? std::stoll(*newest) + 1 : 0;
-  }
-  for (;; ++target) {
-    const int64_t index = store_->add(key(target, "arrived"), 1, soon()) - 1;
-    store_->set(key(target, fmt::format("member/{}", index)), encode(me), soon());
-    const int64_t count = wait_closed(target, index, me.step, why, deadline);
-    if (count == kFinished) return Formed{.number = target, .job_finished = true};
-    if (count < 0) continue;  // closed without this arrival: the next one
-
-    Formed f;
-    f.number = target;
-    const std::vector<Arrival> all = arrivals(target, count);
-    // Ranks: the quorum before's members in their rank order, then newcomers by arrival.
-    std::vector<int> order(count);
-    std::iota(order.begin(), order.end(), 0);
-    std::ranges::stable_sort(order, [&](int a, int b) {
-      const bool ka = all[a].last_quorum == target - 1, kb = all[b].last_quorum == target - 1;
-      if (ka != kb) return ka;
-      return ka && all[a].last_rank < all[b].last_rank;
-    });
-    for (int r = 0; r < count; ++r) {
-      f.members.push_back(all[order[r]]);
-      if (order[r] == index) f.rank = r;
+  std::optional<int64_t> target;  // the quorum this replica arrives in
+  int64_t index = -1;             // its arrival there (-1: not counted in yet)
+  bool entered = false;           // its entry written
+  bool waiting_for_store = false;
+  for (;;) {
+    try {
+      if (!target) {
+        target = after + 1;
+        if (after < 0) {  // a newcomer: past the newest quorum the store knows
+          const auto newest = peek(prefix_ + "newest");
+          target = newest ? std::stoll(*newest) + 1 : 0;
+        }
+      }
+      if (index < 0) index = store_->add(key(*target, "arrived"), 1, soon()) - 1;
+      if (!entered) {
+        store_->set(key(*target, fmt::format("member/{}", index)), encode(me), soon());
+        entered = true;
+      }
+      const int64_t count = wait_closed(*target, index, me.step, why, deadline);
+      if (waiting_for_store) {
+        note("the coordination store answers again");
+        waiting_for_store = false;
+      }
+      if (count == kFinished) return Formed{.number = *target, .job_finished = true};
+      if (count < 0) {  // closed without this arrival: the next one
+        ++*target;
+        index = -1;
+        entered = false;
+        continue;
+      }
+      return ranked(*target, index, count);
+    } catch (const store::RefusedError&) {
+      throw;
+    } catch (const RendezvousError& e) {
+      if (Clock::now() >= deadline) throw;  // wait_closed's own timeout, or the store's at the end
+      if (!waiting_for_store) {
+        note(
+            fmt::format("the coordination store did not answer ({}); asking again until the "
+                        "join timeout ({} s)",
+                        e.what(), std::chrono::duration<double>(o_.join_timeout).count()));
+        waiting_for_store = true;
+      }
+      std::this_thread::sleep_for(kStoreRetry);
     }
-    return f;
   }
+}
+
+// Quorum `number`, closed at `count` arrivals, this replica arrival `index`: its members by
+// rank. Ranks: the quorum before's members in their rank order, then newcomers by arrival.
+Formed Quorums::ranked(int64_t number, int64_t index, int64_t count) {
+  Formed f;
+  f.number = number;
+  const std::vector<Arrival> all = arrivals(number, count);
+  std::vector<int> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::ranges::stable_sort(order, [&](int a, int b) {
+    const bool ka = all[a].last_quorum == number - 1, kb = all[b].last_quorum == number - 1;
+    if (ka != kb) return ka;
+    return ka && all[a].last_rank < all[b].last_rank;
+  });
+  for (int r = 0; r < count; ++r) {
+    f.members.push_back(all[order[r]]);
+    if (order[r] == index) f.rank = r;
+  }
+  return f;
 }
 
 int64_t Quorums::wait_closed(int64_t quorum, int64_t index, int64_t step, const std::string& why,

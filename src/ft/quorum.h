@@ -63,8 +63,8 @@ class Quorums {
   // the newest the store knows) as `me`, and waits until it closes: once every member of the
   // quorum before it arrived, or quorum_timeout after this arrival, with at least min_replicas.
   // Ranks: the quorum before's members in their rank order, then newcomers by arrival. `why`:
-  // what ended the last attempt, for the join timeout's message. ddp::RendezvousError at the
-  // join timeout.
+  // what ended the last attempt, for the join timeout's message. A store that does not answer
+  // is asked again until then. ddp::RendezvousError at the join timeout.
   Formed join(int64_t after, Arrival me, const std::string& why = "");
   // Rank 0, once the group formed at committed step `step`: newcomers start past `number`, and
   // no later quorum may start from an older step.
@@ -92,6 +92,7 @@ class Quorums {
   std::optional<std::string> peek(const std::string& key);
   std::vector<Arrival> arrivals(int64_t quorum, int64_t n);
   std::vector<Arrival> members_of(int64_t quorum);
+  Formed ranked(int64_t number, int64_t index, int64_t count);
   // Waits in `quorum` (this replica arrival `index`): the number it admitted, or -1 if it closed
   // without this one.
   // kFinished: the job finished past `step` meanwhile (Quorums::finish).

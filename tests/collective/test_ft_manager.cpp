@@ -312,6 +312,28 @@ TEST_F(FaultTolerance, AReplicaBackAfterTheJobFinishedStopsWithoutTraining) {
   expect_close(out[0].params, reference(kSteps));
 }
 
+// A replica whose coordination store does not answer for 6 s (a cut link, a store host not up
+// yet: longer than one store call may take) waits for it, up to the join timeout, instead of
+// failing; then it forms its quorum and trains. (Before, the first unanswered call ended the
+// replica, and under ddprun --ft each try burnt a restart while the link was down.)
+TEST_F(FaultTolerance, AReplicaWaitsForAStoreThatDoesNotAnswerYet) {
+  progress_["a"];
+  constexpr int64_t kSteps = 4;
+  port_ = testing::free_port();  // nothing listens there yet
+  Outcome out;
+  std::thread t([&] { out = replica("a", 1, 1, kSteps); });
+  std::this_thread::sleep_for(6s);
+  std::unique_ptr<store::Server> late = store::host({.master_addr = "127.0.0.1",
+                                                     .port = port_,
+                                                     .single_host = true,
+                                                     .key = store::job_key("", "ft-test"),
+                                                     .name = "the coordination store"});
+  t.join();
+  ASSERT_EQ(out.error, "");
+  EXPECT_EQ(out.steps, kSteps);
+  expect_close(out.params, reference(kSteps));
+}
+
 // 2 replicas train; a third, with other initial weights and a fresh optimizer, arrives at
 // step 8. At the next step boundary the others admit it, it receives their state (model,
 // optimizer's momentum, step) and the three go on: its weights equal theirs bit for bit from its

@@ -37,6 +37,7 @@
 #include <torch/torch.h>
 
 #include "ddp/checkpoint.h"
+#include "support/ft_steps.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 
@@ -44,19 +45,16 @@ namespace ddp {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Committed;
+using testing::committed;
 using testing::Result;
 using testing::Subprocess;
+using testing::unix_ms;
 
 const std::string kDdprun = testing::env_or_die("DDPRUN");
 const std::string kFtTrain = testing::env_or_die("EXAMPLE_FT_TRAIN");
 const std::string kDdpTrain = testing::env_or_die("DDP_TRAIN");
 const std::string kFtFaults = testing::env_or_die("FT_FAULTS");  // tests/multiproc/ft_faults.cpp
-
-int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // The workers ddprun started (its children), in pid order.
 std::vector<pid_t> children_of(pid_t parent) {
@@ -76,31 +74,6 @@ std::vector<pid_t> children_of(pid_t parent) {
   }
   std::sort(out.begin(), out.end());
   return out;
-}
-
-// Each replica's committed steps: "<step> <quorum> <replicas> <its rank> <unix ms>" per line.
-struct Committed {
-  int64_t step, quorum;
-  int replicas, rank;
-  int64_t at_ms;
-};
-std::map<std::string, std::vector<Committed>> committed(const fs::path& dir) {
-  std::map<std::string, std::vector<Committed>> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (!name.starts_with("steps.")) continue;
-    std::ifstream in(e.path());
-    for (Committed c; in >> c.step >> c.quorum >> c.replicas >> c.rank >> c.at_ms;) {
-      out[name].push_back(c);
-    }
-  }
-  return out;
-}
-
-std::vector<at::Tensor> load(const fs::path& file) {
-  std::vector<at::Tensor> params;
-  torch::load(params, file.string());
-  return params;
 }
 
 class FtJob : public ::testing::Test {
@@ -148,7 +121,7 @@ std::vector<at::Tensor> run_reference(const fs::path& dir) {
   const Result& r = p.wait();
   EXPECT_TRUE(r.exited(0)) << r.describe();
   for (const auto& e : fs::directory_iterator(dir / "one")) {
-    if (e.path().filename().string().starts_with("final.")) return load(e.path());
+    if (e.path().filename().string().starts_with("final.")) return testing::load_params(e.path());
   }
   ADD_FAILURE() << "no final parameters from the one-process run";
   return {};
@@ -177,23 +150,10 @@ void expect_restarted_alone(const std::string& err, int restarts, int budget) {
 // The final parameters in `out`: `replicas` of them, bitwise equal to each other and, to float
 // tolerance, to one process on the same batches (reference(), run in `dir`).
 void expect_finals_equal_to_one_process(const fs::path& out, size_t replicas, const fs::path& dir) {
-  std::vector<std::vector<at::Tensor>> finals;
-  for (const auto& e : fs::directory_iterator(out)) {
-    if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
-  }
-  ASSERT_EQ(finals.size(), replicas);
-  for (size_t k = 1; k < finals.size(); ++k) {
-    ASSERT_EQ(finals[k].size(), finals[0].size());
-    for (size_t i = 0; i < finals[0].size(); ++i) {
-      EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
-    }
-  }
-  const std::vector<at::Tensor> one = reference(dir);
-  ASSERT_EQ(one.size(), finals[0].size());
-  for (size_t i = 0; i < one.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(finals[0][i], one[i], 1e-4, 1e-5))
-        << "param " << i << ": " << (finals[0][i] - one[i]).abs().max().item<float>();
-  }
+  const std::vector<std::vector<at::Tensor>> all = testing::finals(out);
+  ASSERT_EQ(all.size(), replicas);
+  testing::expect_bitwise_equal(all);
+  testing::expect_close_to_one_process(all[0], reference(dir));
 }
 
 // 4 workers; the second and the fourth are SIGKILLed together mid-training (two failures in one
@@ -227,10 +187,7 @@ TEST_F(FtJob, TwoWorkersKilledInOneStepCostOneStepAndAreHealedLive) {
     if (steps.empty() || steps.back().step != kSteps - 1) continue;
     ++finished;
     if (victims.contains(file) || steps.front().step != 0) continue;  // the healed
-    std::vector<int> sizes;  // the replica counts it trained at, in order
-    for (const Committed& c : steps) {
-      if (sizes.empty() || sizes.back() != c.replicas) sizes.push_back(c.replicas);
-    }
+    const std::vector<int> sizes = testing::sizes_of(steps);
     EXPECT_EQ(sizes.back(), 4) << file << ": the group grew back";
     std::printf("[ measured ] %s trained at %s replica(s)\n", file.c_str(),
                 fmt::format("{}", fmt::join(sizes, ", ")).c_str());
@@ -294,10 +251,8 @@ TEST_F(FtJob, AWorkerKilledInsideItsOptimizerStepLeavesTheStepItVotedForCommitte
                                  [&](const Committed& c) { return c.step == died_in; });
     ASSERT_NE(at, steps.end()) << file << ": step " << died_in << ", voted for, not committed";
     EXPECT_EQ(at->replicas, 3) << file << ": committed by the three that voted";
-    std::vector<int> sizes;  // the replica counts it trained at from there, in order
-    for (auto c = at; c != steps.end(); ++c) {
-      if (sizes.empty() || sizes.back() != c->replicas) sizes.push_back(c->replicas);
-    }
+    // The replica counts it trained at from there, in order.
+    const std::vector<int> sizes = testing::sizes_of({at, steps.end()});
     EXPECT_EQ(sizes.back(), 3) << file << ": the group grew back";
     std::printf("[ measured ] %s: step %ld (the one it died in) and on at %s replica(s)\n",
                 file.c_str(), static_cast<long>(died_in),
@@ -386,23 +341,13 @@ TEST_F(FtJob, AStoppedWorkerIsDroppedThenHealedWhenItWakes) {
   ASSERT_TRUE(r.exited(0)) << r.describe();
   EXPECT_EQ(r.err.find("starting it again"), std::string::npos) << "nobody restarted: " << r.err;
   EXPECT_NE(r.out.find("(healed)"), std::string::npos) << r.out;
-  std::vector<std::vector<at::Tensor>> finals;
-  for (const auto& e : fs::directory_iterator(out)) {
-    if (e.path().filename().string().starts_with("final.")) finals.push_back(load(e.path()));
-  }
+  const std::vector<std::vector<at::Tensor>> finals = testing::finals(out);
   ASSERT_EQ(finals.size(), 3u);
-  for (size_t k = 1; k < finals.size(); ++k) {
-    for (size_t i = 0; i < finals[0].size(); ++i) {
-      EXPECT_TRUE(torch::equal(finals[k][i], finals[0][i])) << "replica " << k << " param " << i;
-    }
-  }
+  testing::expect_bitwise_equal(finals);
   for (const auto& [file, steps] : committed(out)) {
-    std::vector<int> sizes;
-    for (size_t i = 0; i < steps.size(); ++i) {
-      // The stopped one jumps ahead once, when it is healed; no step is committed twice.
-      if (i > 0) EXPECT_GT(steps[i].step, steps[i - 1].step) << file;
-      if (sizes.empty() || sizes.back() != steps[i].replicas) sizes.push_back(steps[i].replicas);
-    }
+    // The stopped one jumps ahead once, when it is healed; no step is committed twice.
+    for (size_t i = 1; i < steps.size(); ++i) EXPECT_GT(steps[i].step, steps[i - 1].step) << file;
+    const std::vector<int> sizes = testing::sizes_of(steps);
     EXPECT_EQ(steps.back().step, kLongSteps - 1) << file;
     EXPECT_EQ(sizes.back(), 3) << file << ": the stopped one healed, the group whole again";
     std::printf("[ measured ] %s: steps %ld-%ld at %s replica(s)\n", file.c_str(),

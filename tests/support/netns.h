@@ -20,6 +20,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -153,13 +154,15 @@ class Hosts {
                    host(k), tag_, k, rate));
   }
 
-  // Processes still running inside host k.
-  int processes(int k) const {
+  // The processes running inside host k.
+  std::vector<int> pids(int k) const {
     Result r = run_command({.argv = {ip(), "netns", "pids", host(k)}, .timeout_s = 10});
-    int count = 0;
-    for (char c : r.out) count += c == '\n';
-    return count;
+    std::vector<int> out;
+    std::istringstream in(r.out);
+    for (int pid; in >> pid;) out.push_back(pid);
+    return out;
   }
+  int processes(int k) const { return static_cast<int>(pids(k).size()); }
 
  private:
   static std::string ip() {

@@ -338,14 +338,19 @@ TEST(DdprunArgs, Standalone) {
   EXPECT_USAGE_ERROR(({"--standalone", "--nnodes", "2", "p"}), "--standalone", "--nnodes");
 }
 
-// --ft (Note [Per-step fault tolerance] in ddp/fault_tolerance.h): one node, C++ workers.
+// --ft (Note [Per-step fault tolerance] in ddp/fault_tolerance.h): a fixed number of nodes on
+// the built-in store, C++ workers.
 TEST(DdprunArgs, FaultTolerance) {
   EXPECT_FALSE(parse({"p"}).ft);
   EXPECT_TRUE(parse({"--ft", "--nproc-per-node", "3", "p"}).ft);
-  EXPECT_USAGE_ERROR(({"--ft", "--nnodes", "2", "p"}), "--ft runs one node for now",
-                     "--nnodes is 2");
+  EXPECT_TRUE(parse({"--ft", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+                     "p"})
+                  .ft);
   EXPECT_USAGE_ERROR(({"--ft", "--nnodes", "1:3", "--rdzv-backend", "c10d", "p"}),
-                     "--ft runs one node", "1:3");
+                     "--ft runs a fixed number of nodes", "--nnodes is 1:3");
+  EXPECT_USAGE_ERROR(({"--ft", "--nnodes", "2", "--node-rank", "0", "--rdzv-backend", "etcd",
+                       "--rdzv-endpoint", "10.0.0.1:2379", "p"}),
+                     "--ft needs the built-in agent store", "not etcd");
   EXPECT_USAGE_ERROR(({"--ft", "train.py"}), "--ft needs workers built on ddp::ft::Manager");
 }
 

@@ -498,12 +498,19 @@ CommandLine parse_command_line(const std::vector<std::string>& args, const EnvMa
   apply_backend(raw, out.config);
   apply_output(raw, out.config);
   apply_program(raw, app.remaining(), out.config);
-  if (out.config.ft && (out.config.nnodes > 1 || out.config.elastic)) {
+  // --ft across nodes: a fixed job on the built-in agent store, which node 0's ddprun hosts for
+  // the whole run (the managers' coordination store). An elastic job's store can move, and the
+  // quorums' records would not move with it; on etcd the workers' store is a worker's.
+  if (out.config.ft && out.config.elastic) {
     throw UsageError(fmt::format(
-        "--ft runs one node for now (--nnodes is {}): run a single-node job, or drop --ft for "
-        "the restart rounds across nodes",
-        out.config.elastic ? fmt::format("{}:{}", out.config.min_nodes, out.config.nnodes)
-                           : std::to_string(out.config.nnodes)));
+        "--ft runs a fixed number of nodes for now (--nnodes is {}:{}): give --nnodes N with "
+        "--node-rank, or drop --ft for the elastic rounds",
+        out.config.min_nodes, out.config.nnodes));
+  }
+  if (out.config.ft && out.config.rdzv_backend == RdzvBackend::kEtcd) {
+    throw UsageError(
+        "--ft needs the built-in agent store (--rdzv-backend static or c10d), not etcd: the "
+        "replicas' quorums are kept in a store that node 0's ddprun hosts");
   }
   if (out.config.ft && out.config.python_worker) {
     throw UsageError(

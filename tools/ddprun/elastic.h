@@ -115,6 +115,7 @@ class ElasticRounds final : public Rounds {
   void check_restarts(int round, Deadline deadline);
   bool enter(Join& j, Deadline deadline);
   void end_predecessors_round(Join& j, Deadline deadline);
+  bool take_predecessors_place(Join& j, Deadline deadline);
   void refuse_if_alive(Deadline deadline);
   std::optional<int> close(Join& j, Clock::time_point now, Deadline deadline);
   std::optional<int> admissible(Join& j, int count, Clock::time_point now, Deadline deadline);

@@ -103,9 +103,11 @@ struct LaunchConfig {
   int max_restarts = kDefaultMaxRestarts;
   Seconds monitor_interval = kDefaultMonitorInterval;
   Seconds grace_period = kDefaultGracePeriod;
-  // --ft (Note [Per-step fault tolerance] in ddp/fault_tolerance.h): ddprun hosts the workers'
-  // store (their coordination store), and a worker that fails is started again alone while the
-  // others go on, at most max_restarts times in all. One node.
+  // --ft (Note [Per-step fault tolerance] in ddp/fault_tolerance.h): the workers' store outlives
+  // them (their coordination store: a single node's ddprun hosts it, as node 0's hosts a fixed
+  // job's agent store), and a worker that fails is started again alone while the others go on,
+  // at most max_restarts times in all on each node. A fixed number of nodes; a node's ddprun
+  // started again takes its earlier one's place in the round (Note [Membership policy]).
   bool ft = false;
 
   // --- output

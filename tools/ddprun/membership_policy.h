@@ -12,7 +12,10 @@
 //   arrivals     what a ddprun that arrives while a round runs is. Fixed: that node's ddprun
 //                started again (its rank is claimed twice): its workers of the round are gone,
 //                so it ends the round (or, when the other ddprun of its rank is alive, refuses to
-//                run) and every node meets it in the next; a node that finished a round then
+//                run) and every node meets it in the next; with --ft it takes its earlier
+//                ddprun's place in the round instead, and only its own workers start again (the
+//                others' replicas heal them: Note [Per-step fault tolerance] in
+//                ddp/fault_tolerance.h); a node that finished a round then
 //                keeps every node from restarting (the job cannot go on without it). Elastic: a
 //                new node, which waits to be admitted when the job next re-forms (at once below
 //                MAX); a round closes only once the round before is over, and a job that

@@ -178,6 +178,7 @@ void ElasticRounds::check_restarts(int round, Deadline deadline) {
 bool ElasticRounds::enter(Join& j, Deadline deadline) {
   if (j.index >= 0) return true;
   if (policy_.node_rank && store_.claim_rank(j.round, *policy_.node_rank, deadline) > 1) {
+    if (c_.ft && !store_.failed(j.round, deadline)) return take_predecessors_place(j, deadline);
     end_predecessors_round(j, deadline);
     return false;
   }
@@ -208,6 +209,22 @@ void ElasticRounds::end_predecessors_round(Join& j, Deadline deadline) {
                   "every node restarts together",
                   policy_.round_name(), j.round));
   j.next = j.round + 1;
+}
+
+// --ft (Note [Per-step fault tolerance] in ddp/fault_tolerance.h): the others' workers go on
+// in j.round without this node's, which were lost with its earlier ddprun. This node takes its
+// earlier ddprun's place in j.round instead of ending it: it does not count in again (the round
+// holds its entry already), and its workers join the replicas' next quorum and are healed there.
+bool ElasticRounds::take_predecessors_place(Join& j, Deadline deadline) {
+  refuse_if_alive(deadline);
+  note(
+      fmt::format("this node's previous ddprun took part in {} {}; with --ft the other nodes' "
+                  "workers go on, and this node's start again in that round and are healed",
+                  policy_.round_name(), j.round));
+  // With fixed ranks an arrival's index only says that it is admitted (below the closing count):
+  // the node's rank is --node-rank.
+  j.index = 0;
+  return true;
 }
 
 // Throws when another ddprun of this node rank is alive (its count moves in kAliveWindow).

@@ -27,7 +27,8 @@
 //               this node are gone (unless "alive/<K>" still moves within kAliveWindow: then two
 //               ddprun were given rank K, and the newcomer stops with that error). It fails R
 //               ("node K's ddprun started again") and enters R + 1, where the others, stopped by
-//               that failure, meet it;
+//               that failure, meet it; with --ft it takes its earlier ddprun's place in R
+//               instead (Note [Membership policy]);
 //   closing     the first node to see that R may begin writes how many it admits
 //               ("<R>/closed"): fixed, all N; elastic, Note [Elastic rounds]. A round that failed
 //               before it closed gives way to the next;

@@ -210,10 +210,13 @@ void WorkerGroup::advance() {
     // The other nodes learn it now, not from a collective timeout (Note [Restart rounds]).
     const std::string what =
         fmt::format("rank {} failed ({})", w.rank, describe_wait_status(w.wait_status));
-    const bool final = WIFEXITED(w.wait_status) && WEXITSTATUS(w.wait_status) == kUsageExitCode;
+    // Final too when --ft's restarts are spent: a job restarted whole under --ft would find its
+    // quorums' records newer than every replica's state, and refuse to train.
+    const bool final = ft_restarts_spent_ ||
+                       (WIFEXITED(w.wait_status) && WEXITSTATUS(w.wait_status) == kUsageExitCode);
     if (auto first = rounds_.report_failure(group_.restart_count, what, final)) {
       failure_elsewhere_ = *first;
-    } else if (final) {
+    } else if (final && final_failure_.empty()) {  // --ft's spent restarts said theirs
       final_failure_ = what;
     }
     auto running = std::ranges::count_if(workers_, [](const auto& o) { return o->running; });

@@ -1,0 +1,273 @@
+// Per-step fault tolerance across hosts (Note [Per-step fault tolerance] in
+// ddp/fault_tolerance.h): three hosts as network namespaces (support/netns.h), one `ddprun --ft`
+// per host with one examples/ft_train worker each, the replicas' quorums kept in the agent store
+// that node 0's ddprun hosts.
+//   - A host lost whole (its ddprun and its worker SIGKILLed): the other two train on at two
+//     replicas in their own processes, nobody restarts; the host's ddprun started again takes its
+//     place in the round, and its new worker is healed live.
+//   - A host cut off by the network: it never trains alone (it cannot reach the quorums' store,
+//     and the others hold the majority); the others train on at two; when the link is back, it
+//     rejoins and is healed.
+// Each case: every replica commits each step once, and every replica that finishes ends bitwise
+// equal to the others and, to float tolerance, to one process on the same batches.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
+#include <gtest/gtest.h>
+
+#include "support/ft_steps.h"
+#include "support/netns.h"
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Committed;
+using testing::committed;
+using testing::Hosts;
+using testing::Result;
+using testing::Subprocess;
+using testing::unix_ms;
+
+const std::string kDdprun = testing::env_or_die("DDPRUN");
+const std::string kFtTrain = testing::env_or_die("EXAMPLE_FT_TRAIN");
+
+constexpr int kSteps = 800;  // ~20 s at full size: room for a host to come back
+constexpr int kStepMs = 20;
+
+// The pids of processes named `comm` inside host k.
+std::vector<int> pids_named(const Hosts& hosts, int k, const std::string& comm) {
+  std::vector<int> out;
+  for (int pid : hosts.pids(k)) {
+    std::ifstream f(fmt::format("/proc/{}/comm", pid));
+    std::string name;
+    if (std::getline(f, name) && name == comm) out.push_back(pid);
+  }
+  return out;
+}
+
+class FtAcrossHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!Hosts::available(&why) || !Hosts::usable(&why)) GTEST_SKIP() << why;
+    dir_ = testing::make_temp_dir("ddp_ft_multinode");
+    out_ = dir_ / "run";
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  // ddprun --ft on host k of 3, one worker, host 0's ddprun hosting the store.
+  Subprocess node(const Hosts& hosts, int k) const {
+    return hosts.start(k,
+                       {kDdprun,
+                        "--ft",
+                        "--nnodes",
+                        "3",
+                        "--node-rank",
+                        std::to_string(k),
+                        "--nproc-per-node",
+                        "1",
+                        "--master-addr",
+                        hosts.address(0),
+                        "--master-port",
+                        "29600",
+                        "--max-restarts",
+                        "3",
+                        "--collective-timeout",
+                        "5",
+                        kFtTrain,
+                        "--steps",
+                        std::to_string(kSteps),
+                        "--out",
+                        out_.string(),
+                        "--step-ms",
+                        std::to_string(kStepMs)},
+                       {}, 240);
+  }
+
+  // Waits until some replica committed `step`, and host k's worker runs; returns its pid.
+  int worker_past(const Hosts& hosts, int k, int64_t step) const {
+    int pid = 0;
+    const bool ok = testing::wait_until(
+        [&] {
+          const std::vector<int> w = pids_named(hosts, k, "ft_train");
+          if (w.size() != 1 || !fs::exists(out_)) return false;
+          pid = w[0];
+          for (const auto& [file, steps] : committed(out_)) {
+            if (!steps.empty() && steps.back().step >= step) return true;
+          }
+          return false;
+        },
+        120);
+    return ok ? pid : 0;
+  }
+
+  // One process on the same batches, alone (no hosts): what every replica must end with.
+  std::vector<at::Tensor> one_process() const {
+    const fs::path one = dir_ / "one";
+    Result r = testing::run_command(
+        {.argv = {kDdprun, "--ft", "--standalone", "--nproc-per-node", "1", kFtTrain, "--steps",
+                  std::to_string(kSteps), "--out", one.string()},
+         .timeout_s = 120});
+    EXPECT_TRUE(r.exited(0)) << r.describe();
+    std::vector<std::vector<at::Tensor>> all = testing::finals(one);
+    EXPECT_EQ(all.size(), 1u);
+    return all.empty() ? std::vector<at::Tensor>{} : all[0];
+  }
+
+  // Every replica committed each step once, in order (a healed one jumps ahead once); the
+  // finished ones, `finished` of them, end bitwise equal, and equal to one process.
+  void expect_each_step_once_and_equal_finals(size_t finished) const {
+    int done = 0;
+    for (const auto& [file, steps] : committed(out_)) {
+      for (size_t i = 1; i < steps.size(); ++i) {
+        EXPECT_GT(steps[i].step, steps[i - 1].step) << file << ": a step twice";
+      }
+      if (!steps.empty() && steps.back().step == kSteps - 1) ++done;
+    }
+    EXPECT_EQ(done, static_cast<int>(finished));
+    const std::vector<std::vector<at::Tensor>> all = testing::finals(out_);
+    ASSERT_EQ(all.size(), finished);
+    testing::expect_bitwise_equal(all);
+    testing::expect_close_to_one_process(all[0], one_process());
+  }
+
+  fs::path dir_, out_;
+};
+
+// Nothing on host k restarted: no worker started again, no round ended.
+void expect_nobody_restarted(const Result& r, int k) {
+  EXPECT_TRUE(r.exited(0)) << "host " << k << ": " << r.describe();
+  EXPECT_EQ(r.err.find("starting it again"), std::string::npos) << "host " << k << ": " << r.err;
+  EXPECT_EQ(r.err.find("another node failed"), std::string::npos) << "host " << k << ": " << r.err;
+  EXPECT_EQ(r.err.find("restarting"), std::string::npos) << "host " << k << ": " << r.err;
+}
+
+// Host 2 dies whole (its ddprun and its worker SIGKILLed, as in a power loss) at step ~60. Hosts
+// 0 and 1 lose the step in flight and train on at two replicas without a restart; host 2's
+// ddprun started again takes its place in round 0 (no round ends), and its new worker is healed
+// from the others' state at the next step boundary.
+TEST_F(FtAcrossHosts, AHostLostWholeAndStartedAgainIsHealedWhileTheOthersTrainOn) {
+  Hosts hosts(3);
+  auto h0 = node(hosts, 0);
+  auto h1 = node(hosts, 1);
+  auto h2 = node(hosts, 2);
+  const int victim = worker_past(hosts, 2, 60);
+  ASSERT_GT(victim, 0) << h0.err_so_far() << h2.err_so_far();
+  std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(2)).c_str());
+  const int64_t killed_at = unix_ms();
+  h2.wait();
+  // The others commit at two replicas before host 2 is back.
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        for (const auto& [file, steps] : committed(out_)) {
+          if (!steps.empty() && steps.back().replicas == 2 && steps.back().at_ms > killed_at) {
+            return true;
+          }
+        }
+        return false;
+      },
+      60))
+      << h0.err_so_far();
+  auto again = node(hosts, 2);
+  const Result& r2 = again.wait();
+  const Result& r0 = h0.wait();
+  const Result& r1 = h1.wait();
+  ASSERT_TRUE(r2.exited(0)) << r2.describe();
+  expect_nobody_restarted(r0, 0);
+  expect_nobody_restarted(r1, 1);
+  EXPECT_NE(r2.err.find("with --ft the other nodes' workers go on"), std::string::npos) << r2.err;
+  EXPECT_NE(r2.out.find("(healed)"), std::string::npos) << r2.out;
+
+  const auto all = committed(out_);
+  double recovered_s = -1;
+  for (const auto& [file, steps] : all) {
+    if (file == testing::steps_file(victim) || steps.empty() || steps.front().step != 0) continue;
+    const std::vector<int> sizes = testing::sizes_of(steps);
+    EXPECT_EQ(sizes, (std::vector<int>{3, 2, 3})) << file;
+    for (const Committed& c : steps) {
+      if (c.at_ms > killed_at) {
+        recovered_s = std::max(recovered_s, (c.at_ms - killed_at) / 1000.0);
+        break;
+      }
+    }
+  }
+  ASSERT_GE(recovered_s, 0);
+  std::printf("[ measured ] a host lost: the others committed their next step %.2f s later\n",
+              recovered_s);
+  expect_each_step_once_and_equal_finals(3);
+}
+
+// Host 2's link goes down at step ~60 for 20 s. Hosts 0 and 1 (node 0 hosts the quorums' store,
+// and two of three replicas are a majority) drop the step in flight and train on at two; host 2
+// commits nothing while it is cut off, and its worker waits for the quorums' store instead of
+// failing (before, each try failed within a store call's 5 s, and ddprun spent a restart on it).
+// Back on the network, the same process arrives in the next quorum, is healed, and the three
+// finish together.
+TEST_F(FtAcrossHosts, AHostCutOffNeverTrainsAloneAndIsHealedWhenTheLinkIsBack) {
+  Hosts hosts(3);
+  auto h0 = node(hosts, 0);
+  auto h1 = node(hosts, 1);
+  auto h2 = node(hosts, 2);
+  const int cut_off = worker_past(hosts, 2, 60);
+  ASSERT_GT(cut_off, 0) << h0.err_so_far() << h2.err_so_far();
+  hosts.set_link(2, false);
+  const int64_t cut_at = unix_ms();
+  std::this_thread::sleep_for(std::chrono::seconds(20));
+  const int64_t healed_at = unix_ms();
+  hosts.set_link(2, true);
+  const Result& r0 = h0.wait();
+  const Result& r1 = h1.wait();
+  const Result& r2 = h2.wait();
+  expect_nobody_restarted(r0, 0);
+  expect_nobody_restarted(r1, 1);
+  // Its worker waited for the store through the cut, the same process: not started again
+  // (each start would fail while the link is down, and spend a restart).
+  expect_nobody_restarted(r2, 2);
+  EXPECT_NE(r2.out.find("(healed)"), std::string::npos) << r2.out;
+
+  // The steps the majority committed while host 2 was away, and what host 2 committed then:
+  // at most the step in flight at the cut, committed by all three (its vote had completed).
+  const auto all = committed(out_);
+  std::set<int64_t> majority_steps_while_cut;
+  for (const auto& [file, steps] : all) {
+    if (file == testing::steps_file(cut_off)) continue;
+    for (const Committed& c : steps) {
+      if (c.at_ms > cut_at && c.at_ms < healed_at && c.replicas == 2) {
+        majority_steps_while_cut.insert(c.step);
+      }
+    }
+  }
+  EXPECT_GT(majority_steps_while_cut.size(), 20u) << "the other two trained on while it was away";
+  const auto mine = all.find(testing::steps_file(cut_off));
+  ASSERT_NE(mine, all.end());
+  EXPECT_EQ(mine->second.back().step, kSteps - 1) << "the same process finished the job";
+  int while_cut = 0;
+  for (const Committed& c : mine->second) {
+    if (c.at_ms <= cut_at || c.at_ms >= healed_at) continue;
+    ++while_cut;
+    EXPECT_EQ(c.replicas, 3) << "step " << c.step << ": host 2 trained without the others";
+    EXPECT_FALSE(majority_steps_while_cut.contains(c.step)) << "step " << c.step;
+  }
+  EXPECT_LE(while_cut, 1) << "at most the step in flight at the cut";
+  std::printf(
+      "[ measured ] a host cut off for 20 s: the other two committed %zu steps at 2 replicas, "
+      "it committed %d; sizes %s\n",
+      majority_steps_while_cut.size(), while_cut,
+      fmt::format("{}", fmt::join(testing::sizes_of(mine->second), ", ")).c_str());
+  expect_each_step_once_and_equal_finals(3);
+}
+
+}  // namespace
+}  // namespace ddp
