@@ -469,6 +469,7 @@ void expect_a_run_that_lost_a_step_not_the_run(const Result& r, const fs::path& 
       << all;
   EXPECT_NE(all.find("not committed"), std::string::npos) << all;
   EXPECT_NE(all.find(": 2 replicas, step "), std::string::npos) << all;
+  EXPECT_NE(all.find(" samples/s"), std::string::npos) << "each epoch's throughput: " << all;
   EXPECT_EQ(all.find("resumed from"), std::string::npos) << "no checkpoint is read: " << all;
   EXPECT_TRUE(fs::exists(out / "model_state.pt"));
   const size_t done = all.find("done: test accuracy ");

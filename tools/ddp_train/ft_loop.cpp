@@ -151,6 +151,7 @@ bool Run::ft_step() {
   sampler_.advance(take);  // committed with the step; a dropped step's batch comes back
   double loss = 0;
   const auto started = Clock::now();
+  if (ft_epoch_samples_ == 0) ft_epoch_started_ = started;
   try {
     for (int64_t m = 0; m < micro; ++m) {
       const auto first = rest.begin() + m * c_.batch_size;
@@ -181,6 +182,7 @@ bool Run::ft_step() {
         fmt::format("ft: the trainer counts step {}, the manager {}", step_, ft_->current_step()));
   }
   step_s_ += seconds_since(started);
+  ft_epoch_samples_ += take * pg_->size();
   pace(started);
   interval_loss_ += loss;
   ++interval_steps_;
@@ -230,12 +232,18 @@ void Run::ft_epoch_end() {
       eval_step_ = step_;
     });
     if (!ok) return;
+    // This replica's view of the epoch (a healed one saw only its part of it).
+    const double seconds = seconds_since(ft_epoch_started_);
+    const double samples_per_s = seconds > 0 ? ft_epoch_samples_ / seconds : 0;
     progress_->line(fmt::format(
-        "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), step {}, {} replica{}",
+        "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), step {}, {} replica{}, "
+        "{:.0f} samples/s",
         epoch + 1, c_.epochs, last_eval_.mean_loss(), 100 * last_eval_.accuracy(),
-        last_eval_.correct, last_eval_.count, step_, pg_->size(), pg_->size() == 1 ? "" : "s"));
-    log_test_row(epoch, 0);
+        last_eval_.correct, last_eval_.count, step_, pg_->size(), pg_->size() == 1 ? "" : "s",
+        samples_per_s));
+    log_test_row(epoch, samples_per_s);
   }
+  ft_epoch_samples_ = 0;
   sampler_.set_epoch(epoch + 1);  // a dropped step takes the sampler back to this epoch's end
   if (checkpoint_step_ != step_) {
     outside("the checkpoint", [&] {

@@ -157,6 +157,10 @@ class Run {
   int64_t dropped_ = 0, dropped_in_a_row_ = 0;
   bool ft_resumed_ = false;       // --resume was looked at (the first quorum, at step 0)
   int64_t checkpoint_step_ = -1;  // the step of the group's last checkpoint (agreed per quorum)
+  // This epoch's committed samples (every replica's) since its first step began, wall time: the
+  // epoch line's samples/s, quorums, dropped steps and healing included.
+  int64_t ft_epoch_samples_ = 0;
+  Clock::time_point ft_epoch_started_{};
   TrainingState state_;  // what a checkpoint saves: model, optimizer, sampler, rng, hook, trainer
 
   // Advanced by the loop.
