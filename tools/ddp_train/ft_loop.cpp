@@ -226,6 +226,7 @@ void Run::ft_after_commit() {
 // epoch, checkpoint there.
 void Run::ft_epoch_end() {
   const int64_t epoch = sampler_.epoch();
+  const double seconds = seconds_since(ft_epoch_started_);  // training only, as the plain loop
   if (eval_step_ != step_) {
     const bool ok = outside("the evaluation", [&] {
       last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
@@ -233,7 +234,6 @@ void Run::ft_epoch_end() {
     });
     if (!ok) return;
     // This replica's view of the epoch (a healed one saw only its part of it).
-    const double seconds = seconds_since(ft_epoch_started_);
     const double samples_per_s = seconds > 0 ? ft_epoch_samples_ / seconds : 0;
     progress_->line(fmt::format(
         "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), step {}, {} replica{}, "
