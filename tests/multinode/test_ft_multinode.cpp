@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -96,6 +97,11 @@ class FtAcrossHosts : public ::testing::Test {
                        {}, 240);
   }
 
+  // The job: ddprun on each of the three hosts.
+  std::tuple<Subprocess, Subprocess, Subprocess> start_job(const Hosts& hosts) const {
+    return {node(hosts, 0), node(hosts, 1), node(hosts, 2)};
+  }
+
   // Waits until some replica committed `step`, and host k's worker runs; returns its pid.
   int worker_past(const Hosts& hosts, int k, int64_t step) const {
     int pid = 0;
@@ -160,9 +166,7 @@ void expect_nobody_restarted(const Result& r, int k) {
 // from the others' state at the next step boundary.
 TEST_F(FtAcrossHosts, AHostLostWholeAndStartedAgainIsHealedWhileTheOthersTrainOn) {
   Hosts hosts(3);
-  auto h0 = node(hosts, 0);
-  auto h1 = node(hosts, 1);
-  auto h2 = node(hosts, 2);
+  auto [h0, h1, h2] = start_job(hosts);
   const int victim = worker_past(hosts, 2, 60);
   ASSERT_GT(victim, 0) << h0.err_so_far() << h2.err_so_far();
   std::system(fmt::format("ip netns pids {} | xargs -r kill -9", hosts.host(2)).c_str());
@@ -217,9 +221,7 @@ TEST_F(FtAcrossHosts, AHostLostWholeAndStartedAgainIsHealedWhileTheOthersTrainOn
 // finish together.
 TEST_F(FtAcrossHosts, AHostCutOffNeverTrainsAloneAndIsHealedWhenTheLinkIsBack) {
   Hosts hosts(3);
-  auto h0 = node(hosts, 0);
-  auto h1 = node(hosts, 1);
-  auto h2 = node(hosts, 2);
+  auto [h0, h1, h2] = start_job(hosts);
   const int cut_off = worker_past(hosts, 2, 60);
   ASSERT_GT(cut_off, 0) << h0.err_so_far() << h2.err_so_far();
   hosts.set_link(2, false);
