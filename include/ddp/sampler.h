@@ -131,6 +131,9 @@ class DistributedSampler {
   std::vector<int64_t> indices() const;
   // The part of indices() not consumed yet: indices()[position:].
   std::vector<int64_t> remaining() const;
+  // Its first `at_most` indices: the next batch of a loop that reads the sampler by hand, as
+  // under ft::Manager (the epoch's list is drawn once, so a call per step costs O(at_most)).
+  std::vector<int64_t> remaining(int64_t at_most) const;
   // Starts a pass (what a loader calls at begin()) and returns remaining(); restarts a finished
   // epoch first, as described in the Note.
   std::vector<int64_t> begin_pass();

@@ -2,6 +2,7 @@
 #include "ddp/sampler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <ATen/CPUGeneratorImpl.h>  // at::CPUGeneratorImpl, the generator behind torch.Generator()
 #include <ATen/ops/randperm.h>      // at::randperm, the kernel torch.randperm calls
@@ -74,10 +75,27 @@ struct DistributedSampler::Shared {
   int64_t num_samples_locked() const REQUIRES(mu) {
     return plan_num_samples(n - offset, R(), r(), options.drop_last, options.pad);
   }
-  std::vector<int64_t> indices_locked() const REQUIRES(mu) {
-    return shard_indices(epoch_order(n, options.shuffle, options.seed, epoch), offset, R(), r(),
-                         options.drop_last, options.pad);
+  // This rank's list, drawn once per epoch and split: a loop that reads remaining() at every
+  // step (ft::Manager's, ddp-train --ft) would otherwise draw the epoch's permutation each time
+  // (a millisecond at 60,000 samples). Kept: this rank's shard, n / R indices.
+  const std::vector<int64_t>& indices_locked() const REQUIRES(mu) {
+    if (drawn.epoch != epoch || drawn.offset != offset || drawn.R != R() || drawn.r != r()) {
+      drawn = {.epoch = epoch,
+               .offset = offset,
+               .R = R(),
+               .r = r(),
+               .indices = shard_indices(epoch_order(n, options.shuffle, options.seed, epoch),
+                                        offset, R(), r(), options.drop_last, options.pad)};
+    }
+    return drawn.indices;
   }
+
+  struct Drawn {  // what indices_locked() drew last, and for which epoch, offset and split
+    int64_t epoch = -1, offset = -1;
+    int R = 0, r = 0;
+    std::vector<int64_t> indices;
+  };
+  mutable Drawn drawn GUARDED_BY(mu);
 };
 
 DistributedSampler::DistributedSampler(std::shared_ptr<Shared> shared)
@@ -130,10 +148,16 @@ std::vector<int64_t> DistributedSampler::indices() const {
 }
 
 std::vector<int64_t> DistributedSampler::remaining() const {
+  return remaining(std::numeric_limits<int64_t>::max());
+}
+
+std::vector<int64_t> DistributedSampler::remaining(int64_t at_most) const {
+  DDP_CHECK(at_most >= 0, ConfigError, "DistributedSampler::remaining({}): a count is at least 0",
+            at_most);
   MutexLock lock(&shared_->mu);
-  auto all = shared_->indices_locked();
-  all.erase(all.begin(), all.begin() + shared_->position);
-  return all;
+  const std::vector<int64_t>& all = shared_->indices_locked();
+  const auto from = all.begin() + shared_->position;
+  return std::vector<int64_t>(from, from + std::min<int64_t>(at_most, all.end() - from));
 }
 
 std::vector<int64_t> DistributedSampler::begin_pass() {
@@ -145,9 +169,8 @@ std::vector<int64_t> DistributedSampler::begin_pass() {
     s.offset = 0;
   }
   s.restored = false;
-  auto all = s.indices_locked();
-  all.erase(all.begin(), all.begin() + s.position);
-  return all;
+  const std::vector<int64_t>& all = s.indices_locked();
+  return std::vector<int64_t>(all.begin() + s.position, all.end());
 }
 
 void DistributedSampler::advance(int64_t count) {

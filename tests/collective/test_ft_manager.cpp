@@ -423,8 +423,7 @@ TEST_F(FaultTolerance, DdpAndTheSamplerFollowTheQuorumsAndEachSampleTrainsOnce) 
           for (auto& p : net->parameters()) out.initial.push_back(p.detach().clone());
         }
         if (sampler.remaining().empty()) sampler.set_epoch(sampler.epoch() + 1);
-        std::vector<int64_t> mine = sampler.remaining();
-        mine.resize(std::min<size_t>(mine.size(), kPerRank));
+        const std::vector<int64_t> mine = sampler.remaining(kPerRank);
         sampler.advance(static_cast<int64_t>(mine.size()));
         const at::Tensor index = at::tensor(mine, at::kLong);
         const int64_t step = manager.current_step();

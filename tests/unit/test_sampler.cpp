@@ -286,6 +286,22 @@ TEST(Sampler, CopiesShareTheCursorAndCloneDoesNot) {
   EXPECT_EQ(c.position(), 0);
 }
 
+// remaining(k): the next k indices of the pass, what a loop that reads the sampler by hand
+// takes as its batch (ft::Manager's); fewer at the epoch's end, none past it.
+TEST(Sampler, RemainingAtMostGivesTheNextIndices) {
+  DistributedSampler s(23, {.num_replicas = 3, .rank = 2, .seed = 9});
+  const auto all = s.indices();
+  ASSERT_EQ(all.size(), 8u);
+  EXPECT_EQ(s.remaining(3), std::vector<int64_t>(all.begin(), all.begin() + 3));
+  s.advance(3);
+  EXPECT_EQ(s.remaining(3), std::vector<int64_t>(all.begin() + 3, all.begin() + 6));
+  EXPECT_EQ(s.remaining(100), s.remaining());
+  EXPECT_TRUE(s.remaining(0).empty());
+  s.advance(5);
+  EXPECT_TRUE(s.remaining(3).empty());
+  EXPECT_THROW(s.remaining(-1), ConfigError);
+}
+
 TEST(Sampler, SetEpochKeepsTheSameEpochsPositionAndResetsOnANewOne) {
   DistributedSampler s(20, {.num_replicas = 2, .rank = 1});
   s.set_epoch(2);
@@ -296,6 +312,8 @@ TEST(Sampler, SetEpochKeepsTheSameEpochsPositionAndResetsOnANewOne) {
   EXPECT_EQ(s.remaining(), std::vector<int64_t>(all.begin() + 4, all.end()));
   s.set_epoch(3);
   EXPECT_EQ(s.position(), 0);
+  EXPECT_EQ(s.remaining(), shard_indices(epoch_order(20, true, 0, 3), 0, 2, 1, false, true))
+      << "the new epoch's order, not the last";
   // A finished epoch restarts at the next pass (PyTorch repeats the order without set_epoch).
   s.advance(s.num_samples());
   EXPECT_EQ(s.begin_pass(), s.indices());
@@ -545,6 +563,7 @@ TEST(SamplerResume, ReshardInPlaceSplitsTheRestAsANewSamplerWould) {
     DistributedSampler s(n, {.num_replicas = R1, .rank = 0, .seed = 3});
     s.set_epoch(1);
     s.advance(steps1);
+    ASSERT_FALSE(s.remaining().empty());  // drawn at the old split: not to be reused after it
     const SamplerState before = s.state();
     s.reshard(R2, r2);
     DistributedSampler fresh(n, {.num_replicas = R2, .rank = r2, .seed = 3});

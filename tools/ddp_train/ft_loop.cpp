@@ -143,9 +143,8 @@ void Run::count_dropped() {
 
 bool Run::ft_step() {
   const int64_t epoch = sampler_.epoch();
-  const std::vector<int64_t> rest = sampler_.remaining();
-  const int64_t take =
-      std::min<int64_t>(static_cast<int64_t>(rest.size()), c_.batch_size * c_.grad_accum);
+  const std::vector<int64_t> rest = sampler_.remaining(c_.batch_size * c_.grad_accum);
+  const auto take = static_cast<int64_t>(rest.size());
   const int64_t micro = (take + c_.batch_size - 1) / c_.batch_size;
   const int64_t schedule_step = epoch * steps_per_epoch_ + steps_per_epoch_ - steps_left_in_epoch();
   sampler_.advance(take);  // committed with the step; a dropped step's batch comes back
@@ -307,7 +306,7 @@ int Run::execute_ft() {
       if (ft_finish()) break;
       continue;
     }
-    if (sampler_.remaining().empty()) {
+    if (samples_left_in_epoch() == 0) {
       ft_epoch_end();
       continue;
     }

@@ -85,6 +85,7 @@ class Run {
   // Optimizer steps left in the current epoch at this world size: what the sampler has left
   // of the epoch, in batches of batch_size, in steps of grad_accum.
   int64_t steps_left_in_epoch() const;
+  int64_t samples_left_in_epoch() const { return sampler_.num_samples() - sampler_.position(); }
   // Resumed from a checkpoint at or past the end (--epochs, --max-steps): nothing to train.
   bool finished() const;
   int report_finished();

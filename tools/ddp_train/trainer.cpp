@@ -508,8 +508,7 @@ void Run::resume() {
 }
 
 int64_t Run::steps_left_in_epoch() const {
-  const int64_t batches =
-      (static_cast<int64_t>(sampler_.remaining().size()) + c_.batch_size - 1) / c_.batch_size;
+  const int64_t batches = (samples_left_in_epoch() + c_.batch_size - 1) / c_.batch_size;
   return (batches + c_.grad_accum - 1) / c_.grad_accum;
 }
 
@@ -629,8 +628,7 @@ void Run::log_interval(int64_t epoch) {
 EpochEnd Run::train_epoch(int64_t epoch) {
   // What is left of the epoch (all of it, unless resumed mid-epoch): `batches` micro-batches
   // in optimizer steps of grad_accum (the last step of an epoch may have fewer).
-  const int64_t batches =
-      (static_cast<int64_t>(sampler_.remaining().size()) + c_.batch_size - 1) / c_.batch_size;
+  const int64_t batches = (samples_left_in_epoch() + c_.batch_size - 1) / c_.batch_size;
   int64_t step_in_epoch = steps_per_epoch_ - steps_left_in_epoch();
   progress_->start_epoch(epoch, c_.epochs, steps_per_epoch_, step_in_epoch);
   int64_t b = 0, micro = 0, step_samples = 0;
