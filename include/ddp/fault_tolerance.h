@@ -27,7 +27,7 @@
 //     manager.start_quorum();
 //     if (manager.job_finished()) break;
 //     if (sampler.remaining().empty()) sampler.set_epoch(sampler.epoch() + 1);
-//     auto batch = first_k(sampler.remaining(), per_rank);  sampler.advance(batch.size());
+//     auto batch = sampler.remaining(per_rank);  sampler.advance(batch.size());
 //     try { loss_of(model, batch).backward(); } catch (const std::exception& e) {
 //       manager.report_error(e.what());
 //     }
@@ -46,9 +46,11 @@
 //   group. It commits only when every member contributed a success: a dead or stuck member, or
 //   an error anywhere, fails the vote (a collective cannot complete without every member), and
 //   the optimizer step is not applied. The manager's step counts committed steps. The vote also
-//   carries whether a member saw a replica waiting to join quorum N + 1 (one store call each):
-//   then all of them re-form at the next start_quorum(), the same step boundary for every member
-//   (one that re-formed alone would leave the others waiting in a collective).
+//   carries whether a member saw a replica waiting to join quorum N + 1 (a watcher thread with
+//   its own connection looks at the store every 20 ms: the step never waits for the store; a
+//   look the store did not answer fails the next vote): then all of them re-form at the next
+//   start_quorum(), the same step boundary for every member (one that re-formed alone would
+//   leave the others waiting in a collective).
 //   Re-forming (after a failed step, or when a replica waits): every live member and every
 //   newcomer arrives in quorum N + 1 ("arrived" counter; its entry: id, committed step, the
 //   quorum it last ran in and its rank there, its process). The quorum closes, by one
@@ -84,11 +86,12 @@
 //   build the wrapper on process_group() with init_sync = false. ddp::Join, ZeRO and
 //   PowerSGD's per-rank error feedback do not follow a group yet.
 //   Stale state: each quorum's rank 0 records in the store the step it started from and each
-//   step it commits (one store call per step, under the quorum's number, so a woken rank 0 of an
-//   older quorum cannot set it back), and finish() the last; a quorum whose members all hold an
-//   older step never trains (job_finished() when the job ended meanwhile, else
-//   ddp::RendezvousError: only a checkpoint has the newer state). One case is left open: rank 0
-//   lost between a commit and its record, with every other holder lost with it.
+//   step it commits (under the quorum's number, so a woken rank 0 of an older quorum cannot set
+//   it back; the watcher sends each commit's record, the step does not wait for its answer),
+//   and finish() the last; a quorum whose members all hold an older step never trains
+//   (job_finished() when the job ended meanwhile, else ddp::RendezvousError: only a checkpoint
+//   has the newer state). One case is left open: rank 0 lost between a commit and its record
+//   (a store round trip), with every other holder lost with it.
 //   Why one store: the quorum's number grows only in the store, and "closed" is set once per
 //   number, so two quorums of one number never form; a partition that separates replicas from
 //   the store stops them (they cannot arrive: a replica asks a store that does not answer again
@@ -98,9 +101,10 @@
 //   the running round, and its new replicas are healed. Node 0's host lost takes the store and
 //   the quorums' records: the other replicas fail at their join timeout, and only a checkpoint
 //   has the state (an elastic job's moving store is not used for this yet).
-// Where ours differs from torchft: the quorum is synchronous at the step's start (torchft can
-// compute it during forward); the vote is a collective over the group, not a call to the
-// lighthouse; state moves over the group's transport, not HTTP.
+// Where ours differs from torchft: while nothing changes, no step waits for the store (torchft
+// asks its lighthouse for a quorum at every step, asynchronously during forward); a re-forming
+// quorum is synchronous at the step's start; the vote is a collective over the group, not a
+// call to the lighthouse; state moves over the group's transport, not HTTP.
 // Thread-safety: none; one thread drives a Manager.
 #pragma once
 

@@ -192,6 +192,7 @@ struct Manager::Impl {
     size = static_cast<int>(f.members.size());
     broken = false;
     if (rank == 0) quorums.formed(quorum, step);
+    quorums.watch(quorum);
   }
 
   // The whole TrainingState from rank `source` to the ranks behind, over the new group: a
@@ -226,9 +227,9 @@ struct Manager::Impl {
   }
 
   // The vote, with the news the quorum must agree on: whether a replica waits to join. Each
-  // member looks at the store at its own moment; the MIN over "nobody waits" makes all of them
-  // re-form at the same step boundary, or none (one that went alone would leave the others
-  // waiting in a collective).
+  // member's watcher looks at the store at its own moment (the step does not wait for it); the
+  // MIN over "nobody waits" makes all of them re-form at the same step boundary, or none (one
+  // that went alone would leave the others waiting in a collective).
   bool should_commit() {
     if (broken) return dropped();
     bool waits = false;
@@ -252,16 +253,10 @@ struct Manager::Impl {
     ++step;
     for (state::GroupBound* b : bound) b->committed();
     // The store learns each commit: a quorum of replicas that all missed it (every holder gone,
-    // restarted ones at step 0) is then refused (stale()), not trained from an older state. A
-    // store that fails here fails the next step's vote (someone_waits() asks it too).
-    if (rank == 0) {
-      try {
-        quorums.committed(quorum, step);
-      } catch (const Error& e) {
-        quorums.note(
-            fmt::format("step {} committed, but the store did not record it: {}", step, e.what()));
-      }
-    }
+    // restarted ones at step 0) is then refused (stale()), not trained from an older state. Sent
+    // by the watcher, not waited for; a store that fails it fails a later step's vote (the
+    // watcher's looks fail too).
+    if (rank == 0) quorums.record_commit(quorum, step);
     return true;
   }
 

@@ -14,6 +14,7 @@
 
 #include "base/log.h"
 #include "base/proc_stat.h"  // live_process, own_start_time
+#include "base/thread_annotations.h"
 #include "ddp/error.h"
 #include "store/client.h"
 
@@ -29,6 +30,9 @@ constexpr milliseconds kCallTime{5000};
 constexpr milliseconds kPoll{5};
 // Between two tries of a store that did not answer.
 constexpr milliseconds kStoreRetry{200};
+// Between two looks of the watcher for a replica waiting to enter the next quorum: how late a
+// newcomer may be seen, at most (it is admitted at the first step boundary after that).
+constexpr milliseconds kWatchEvery{20};
 
 Clock::time_point soon() { return Clock::now() + kCallTime; }
 
@@ -64,6 +68,103 @@ bool known_dead(const Arrival& a, const std::string& here) {
 
 }  // namespace
 
+// The store calls of a step, off its path: a thread with a connection of its own looks every
+// kWatchEvery whether a replica waits to enter the quorum after the watched one, and sends rank
+// 0's record of each commit. Each call bounded by kCallTime; a store that does not answer is
+// told to the step's vote (once per failed look), not waited for there.
+class Quorums::Watcher {
+ public:
+  explicit Watcher(Quorums& q)
+      : q_(q),
+        store_(store::ClientOptions{.host = q.o_.host,
+                                    .port = q.o_.port,
+                                    .key = q.o_.key,
+                                    .identity = fmt::format("fault-tolerance replica {} (watcher)",
+                                                            q.o_.replica_id),
+                                    .who = fmt::format("[{}]", q.o_.replica_id),
+                                    .owner = "the launcher (the coordination store)"}) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Watcher() {
+    {
+      MutexLock l(&mu_);
+      stopping_ = true;
+      changed_.signal_all();
+    }
+    thread_.join();  // a record still queued is sent first, bounded by kCallTime
+  }
+
+  void watch(int64_t current) EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    watched_ = current;
+    error_.clear();
+    changed_.signal_all();
+  }
+  bool waits(int64_t current) EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    if (!error_.empty()) throw RendezvousError(std::exchange(error_, ""));
+    return waits_after_ == current;
+  }
+  void record(int64_t number, int64_t step) EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    record_ = {number, step};
+    changed_.signal_all();
+  }
+
+ private:
+  void run() EXCLUDES(mu_) {
+    auto next_look = Clock::now();
+    for (;;) {
+      int64_t watched = -1;
+      std::optional<std::pair<int64_t, int64_t>> record;
+      bool stopping = false;
+      {
+        MutexLock l(&mu_);
+        while (!stopping_ && !record_ && (watched_ < 0 || Clock::now() < next_look)) {
+          if (watched_ < 0) {
+            changed_.wait();
+          } else {
+            changed_.wait_until(next_look);
+          }
+        }
+        watched = watched_;
+        record = std::exchange(record_, std::nullopt);
+        stopping = stopping_;
+      }
+      if (record) {
+        try {
+          store_.set(q_.key(record->first, "committed"), std::to_string(record->second), soon());
+        } catch (const std::exception& e) {
+          q_.note(fmt::format("step {} committed, but the store did not record it: {}",
+                              record->second, e.what()));
+        }
+      }
+      if (stopping) return;
+      if (watched < 0 || Clock::now() < next_look) continue;
+      next_look = Clock::now() + kWatchEvery;
+      try {
+        const bool waits = store_.check({q_.key(watched + 1, "arrived")}, soon());
+        MutexLock l(&mu_);
+        if (waits && watched_ == watched) waits_after_ = watched;
+      } catch (const std::exception& e) {
+        MutexLock l(&mu_);
+        if (watched_ == watched) error_ = e.what();
+      }
+    }
+  }
+
+  Quorums& q_;  // key() and note(): constant after construction
+  store::Client store_;
+  Mutex mu_;
+  CondVar changed_{&mu_};
+  int64_t watched_ GUARDED_BY(mu_) = -1;      // the quorum trained in (-1: none yet)
+  int64_t waits_after_ GUARDED_BY(mu_) = -1;  // a replica waits to enter the one after this
+  std::string error_ GUARDED_BY(mu_);         // the last look's store error, for the vote
+  std::optional<std::pair<int64_t, int64_t>> record_ GUARDED_BY(mu_);  // quorum, step
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
 Quorums::Quorums(QuorumOptions options)
     : o_(std::move(options)), prefix_(fmt::format("ft/{}/", o_.run)),
       store_(std::make_unique<store::Client>(
@@ -78,6 +179,7 @@ Quorums::Quorums(QuorumOptions options)
       throw ConfigError(fmt::format("ft: replica id '{}' has a space", o_.replica_id));
     }
   }
+  watcher_ = std::make_unique<Watcher>(*this);
 }
 
 Quorums::~Quorums() = default;
@@ -108,9 +210,11 @@ std::vector<Arrival> Quorums::members_of(int64_t quorum) {
   return arrivals(quorum, std::stoll(*closed));
 }
 
-bool Quorums::someone_waits(int64_t current) {
-  return store_->check({key(current + 1, "arrived")}, soon());
-}
+void Quorums::watch(int64_t current) { watcher_->watch(current); }
+
+bool Quorums::someone_waits(int64_t current) { return watcher_->waits(current); }
+
+void Quorums::record_commit(int64_t number, int64_t step) { watcher_->record(number, step); }
 
 void Quorums::failed(int64_t number, const std::string& why) {
   log::line(-1, fmt::format("[{}] fault tolerance: quorum {}'s group did not form or heal ({}); "

@@ -57,7 +57,12 @@ class Quorums {
   Quorums(const Quorums&) = delete;
   Quorums& operator=(const Quorums&) = delete;
 
-  // Whether a replica waits to enter the quorum after `current` (one store call).
+  // From now on this replica trains in quorum `current`: the watcher (a thread with its own
+  // store connection) looks every few milliseconds whether a replica waits to enter the quorum
+  // after it, so that the step's vote does not wait for the store.
+  void watch(int64_t current);
+  // Whether the watcher saw a replica waiting to enter the quorum after `current` (no store
+  // call). A store that did not answer the watcher's last look: ddp::RendezvousError, once.
   bool someone_waits(int64_t current);
   // Arrives in the first quorum after `after` that still admits (a newcomer, after = -1: past
   // the newest the store knows) as `me`, and waits until it closes: once every member of the
@@ -69,9 +74,11 @@ class Quorums {
   // Rank 0, once the group formed at committed step `step`: newcomers start past `number`, and
   // no later quorum may start from an older step.
   void formed(int64_t number, int64_t step);
-  // Rank 0 of quorum `number`, at each step it commits (one store call): the newest committed
-  // step, kept per quorum so that a woken rank 0 of an older quorum cannot set it back.
-  void committed(int64_t number, int64_t step);
+  // Rank 0 of quorum `number`, at each step it commits: the newest committed step, kept per
+  // quorum so that a woken rank 0 of an older quorum cannot set it back. Sent by the watcher,
+  // so the step does not wait for the store's answer; the newest step queued wins. A store that
+  // fails it: a note (the next step's vote fails on the watcher's error).
+  void record_commit(int64_t number, int64_t step);
   // The newest committed step the store knows (the newest quorum's commits, or the end), and
   // whether the job finished there.
   struct Known {
@@ -88,7 +95,10 @@ class Quorums {
   void note(const std::string& text) const;
 
  private:
+  class Watcher;
+
   std::string key(int64_t quorum, const std::string& what) const;
+  void committed(int64_t number, int64_t step);  // record_commit(), waiting for the store
   std::optional<std::string> peek(const std::string& key);
   std::vector<Arrival> arrivals(int64_t quorum, int64_t n);
   std::vector<Arrival> members_of(int64_t quorum);
@@ -103,6 +113,7 @@ class Quorums {
   QuorumOptions o_;
   std::string prefix_;
   std::unique_ptr<store::Client> store_;
+  std::unique_ptr<Watcher> watcher_;  // last: its thread starts once the rest is built
 };
 
 }  // namespace ddp::ft

@@ -334,8 +334,15 @@ TEST_F(FaultTolerance, AReplicaWaitsForAStoreThatDoesNotAnswerYet) {
   expect_close(out.params, reference(kSteps));
 }
 
+// A step of 10 ms, as a model's would take: a newcomer is seen within the watcher's 20 ms and
+// admitted at the next step boundary, before the others finish.
+bool paced(int64_t) {
+  std::this_thread::sleep_for(10ms);
+  return false;
+}
+
 // 2 replicas train; a third, with other initial weights and a fresh optimizer, arrives at
-// step 8. At the next step boundary the others admit it, it receives their state (model,
+// step 8. At a step boundary soon after, the others admit it, it receives their state (model,
 // optimizer's momentum, step) and the three go on: its weights equal theirs bit for bit from its
 // first step, and the run equals one process's.
 TEST_F(FaultTolerance, ANewcomerIsHealedLiveAndTheGroupGrows) {
@@ -348,8 +355,8 @@ TEST_F(FaultTolerance, ANewcomerIsHealedLiveAndTheGroupGrows) {
   bool healed_differs = false;
   {
     std::vector<std::thread> threads;
-    threads.emplace_back([&] { out[0] = replica("a", 1, 2, kSteps); });
-    threads.emplace_back([&] { out[1] = replica("b", 1, 2, kSteps); });
+    threads.emplace_back([&] { out[0] = replica("a", 1, 2, kSteps, paced); });
+    threads.emplace_back([&] { out[1] = replica("b", 1, 2, kSteps, paced); });
     threads.emplace_back([&] {
       while (progress("a") < 8) std::this_thread::sleep_for(1ms);
       const Net fresh(99);
@@ -453,8 +460,8 @@ TEST_F(FaultTolerance, DdpAndTheSamplerFollowTheQuorumsAndEachSampleTrainsOnce) 
   std::vector<Run> out(4);
   {
     std::vector<std::thread> threads;
-    threads.emplace_back([&] { out[0] = run("a", 1, {}); });
-    threads.emplace_back([&] { out[1] = run("b", 2, {}); });
+    threads.emplace_back([&] { out[0] = run("a", 1, paced); });
+    threads.emplace_back([&] { out[1] = run("b", 2, paced); });
     threads.emplace_back([&] {
       out[2] = run("c", 3, [](int64_t s) {
         if (s != 5) return false;
