@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "base/check.h"  // DDP_ASSERT
 #include "base/log.h"
 #include "base/proc_stat.h"  // live_process, own_start_time
 #include "base/thread_annotations.h"
@@ -30,6 +31,11 @@ constexpr milliseconds kCallTime{5000};
 constexpr milliseconds kPoll{5};
 // Between two tries of a store that did not answer.
 constexpr milliseconds kStoreRetry{200};
+// How long a counted arrival's entry may be missing before the quorum takes the arrival for
+// lost (a live replica writes it right after counting itself in).
+constexpr milliseconds kEntryGrace{2000};
+// A lost arrival's entry, once the quorum gave up on it (an entry has spaces; this has none).
+constexpr std::string_view kVoid = "void";
 // Between two looks of the watcher for a replica waiting to enter the next quorum: how late a
 // newcomer may be seen, at most (it is admitted at the first step boundary after that).
 constexpr milliseconds kWatchEvery{20};
@@ -193,12 +199,31 @@ std::optional<std::string> Quorums::peek(const std::string& k) {
   return store_->get(k, milliseconds(0), soon());
 }
 
-// Each waited for: an arrival writes its entry right after counting itself in.
+// The entries of the first n arrivals, each waited for up to kEntryGrace: an arrival writes its
+// entry right after counting itself in. One still missing then is a lost arrival, voided by one
+// compare-and-set that every reader (and the late writer itself) sees the same: an add whose
+// answer the link lost was counted, and the replica's retry counted it again (a cut's TCP
+// retransmission can deliver the first one seconds later). Before, the members waited for such
+// an entry until their join timeout, and the job failed.
 std::vector<Arrival> Quorums::arrivals(int64_t quorum, int64_t n) {
   std::vector<Arrival> out;
   for (int64_t i = 0; i < n; ++i) {
     const std::string k = key(quorum, fmt::format("member/{}", i));
-    out.push_back(decode(store_->get(k, kCallTime, soon() + kCallTime), k));
+    std::string entry;
+    try {
+      entry = store_->get(k, kEntryGrace, soon() + kEntryGrace);
+    } catch (const RendezvousError&) {  // missing after the grace, or a silent store: decide
+      entry = store_->compare_set(k, "", std::string(kVoid), soon());
+      if (entry == kVoid) {
+        note(
+            fmt::format("quorum {}: arrival {} wrote no entry within {} s (an answer lost with "
+                        "the link, its replica counted again): left out",
+                        quorum, i, std::chrono::duration<double>(kEntryGrace).count()));
+      }
+    }
+    if (entry == kVoid) continue;
+    out.push_back(decode(entry, k));
+    out.back().slot = i;
   }
   return out;
 }
@@ -255,9 +280,9 @@ void Quorums::finish(int64_t step) {
 // A store that does not answer (a cut link, its host busy) is asked again until the join
 // timeout: a replica cut off from the store waits there, it does not fail and burn a restart;
 // once the network heals it arrives in the newest quorum and is healed. A store that refuses
-// this replica (another job's) is final. Each call is asked again from where it failed: an
-// arrival counted but unanswered (the reply lost with the link) is the one case that leaves a
-// count without its entry, which the quorum's members then wait for up to the join timeout.
+// this replica (another job's) is final. Each call is asked again from where it failed; an
+// arrival counted but unanswered (the reply lost with the link) leaves a count without its
+// entry, which the quorum voids after kEntryGrace (arrivals()).
 Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
   static const std::string here = this_host();
   me.host = here;
@@ -279,7 +304,12 @@ Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
       }
       if (index < 0) index = store_->add(key(*target, "arrived"), 1, soon()) - 1;
       if (!entered) {
-        store_->set(key(*target, fmt::format("member/{}", index)), encode(me), soon());
+        const std::string mine = encode(me);
+        if (store_->compare_set(key(*target, fmt::format("member/{}", index)), "", mine, soon()) !=
+            mine) {  // voided: this replica was away between counting in and writing it
+          index = -1;
+          continue;
+        }
         entered = true;
       }
       const int64_t count = wait_closed(*target, index, me.step, why, deadline);
@@ -316,25 +346,27 @@ Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
 Formed Quorums::ranked(int64_t number, int64_t index, int64_t count) {
   Formed f;
   f.number = number;
-  const std::vector<Arrival> all = arrivals(number, count);
-  std::vector<int> order(count);
+  const std::vector<Arrival> all = arrivals(number, count);  // the lost ones left out
+  std::vector<int> order(all.size());
   std::iota(order.begin(), order.end(), 0);
   std::ranges::stable_sort(order, [&](int a, int b) {
     const bool ka = all[a].last_quorum == number - 1, kb = all[b].last_quorum == number - 1;
     if (ka != kb) return ka;
     return ka && all[a].last_rank < all[b].last_rank;
   });
-  for (int r = 0; r < count; ++r) {
+  for (size_t r = 0; r < all.size(); ++r) {
     f.members.push_back(all[order[r]]);
-    if (order[r] == index) f.rank = r;
+    if (all[order[r]].slot == index) f.rank = static_cast<int>(r);
   }
+  DDP_ASSERT(f.rank >= 0, "fault tolerance: quorum {} closed with arrival {}, whose entry is gone",
+             number, index);
   return f;
 }
 
 int64_t Quorums::wait_closed(int64_t quorum, int64_t index, int64_t step, const std::string& why,
                              Clock::time_point deadline) {
   const auto arrived_at = Clock::now();
-  bool majority = true;
+  bool majority = true, told_minority = false;
   // The last quorum's members, but those whose process is gone from this host (a worker that
   // died: nothing to wait for; one on another host is waited for up to quorum_timeout).
   std::vector<std::string> expected;
@@ -366,14 +398,24 @@ int64_t Quorums::wait_closed(int64_t quorum, int64_t index, int64_t step, const 
     // The first quorum knows nobody to wait for: it waits quorum_timeout for the replicas
     // starting together (later ones join the next quorum, healed there).
     const bool waited = Clock::now() - arrived_at >= o_.quorum_timeout;
-    if (n >= o_.min_replicas && majority && ((all_in && !expected.empty()) || waited)) {
+    const auto real = static_cast<int64_t>(ids.size());  // the lost arrivals left out
+    if (real >= o_.min_replicas && majority && ((all_in && !expected.empty()) || waited)) {
       store_->compare_set(key(quorum, "closed"), "", std::to_string(n), soon());
       continue;  // whoever won, "closed" is there now
+    }
+    if (waited && !majority && !told_minority) {  // said once: the job stalls, and why
+      note(fmt::format(
+          "quorum {} waits for a majority: {} of the {} live replica(s) of quorum {} arrived, not "
+          "a majority (the others may be cut off); it forms when more arrive, or fails in {:.0f} "
+          "s",
+          quorum, held, expected.size(), quorum - 1,
+          std::chrono::duration<double>(deadline - Clock::now()).count()));
+      told_minority = true;
     }
     if (Clock::now() > deadline) {
       throw RendezvousError(fmt::format(
           "[{}] fault tolerance: quorum {} did not form within {} s: {} replica(s) arrived, {}{}",
-          o_.replica_id, quorum, std::chrono::duration<double>(o_.join_timeout).count(), n,
+          o_.replica_id, quorum, std::chrono::duration<double>(o_.join_timeout).count(), real,
           !majority ? fmt::format("holding {} of the {} live replica(s) of quorum {}, not a "
                                   "majority (the others may train without this side)",
                                   held, expected.size(), quorum - 1)

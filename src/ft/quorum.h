@@ -16,7 +16,8 @@ class Client;
 
 namespace ddp::ft {
 
-// One replica as a quorum sees it: its entry "q<N>/member/<i>".
+// One replica as a quorum sees it: its entry "q<N>/member/<i>" (or "void": an arrival counted
+// whose entry never came, taken for lost).
 struct Arrival {
   std::string id;
   int64_t step = 0;          // committed steps
@@ -27,6 +28,7 @@ struct Arrival {
   std::string host;  // this kernel: boot id and pid namespace
   int pid = 0;
   uint64_t start_time = 0;  // with the pid, names the process (base/proc_stat.h)
+  int64_t slot = -1;        // its arrival's number in the quorum ("member/<slot>")
 };
 
 // A quorum that closed with this replica in it.
