@@ -182,9 +182,9 @@ struct Manager::Impl {
       behind |= f.members[r].step < newest;
     }
     if (newest == 0 && f.members.size() > 1) {
-      heal(source, f.rank != source);
+      heal(source, f.rank != source, f.number);
     } else if (behind) {
-      heal(source, step < newest);
+      heal(source, step < newest, f.number);
     }
     for (state::GroupBound* b : bound) b->committed();
     quorum = f.number;
@@ -197,7 +197,8 @@ struct Manager::Impl {
 
   // The whole TrainingState from rank `source` to the ranks behind, over the new group: a
   // snapshot encoded as a checkpoint's bytes, broadcast (its size first).
-  void heal(int source, bool receive) {
+  void heal(int source, bool receive, int64_t number) {
+    const auto started = std::chrono::steady_clock::now();
     std::string bytes;
     if (group->rank() == source) {
       CheckpointMeta meta;
@@ -215,6 +216,13 @@ struct Manager::Impl {
                                            payload.numel()),
                           fmt::format("the state healing {} from rank {}", o.replica_id, source));
     state.restore(got.snapshot, group->rank(), group->size());
+    if (step == 0) return;  // the first quorum's copy of rank 0's state, not a healing
+    quorums.note(
+        fmt::format("healed: step {}'s state ({:.2f} MB) from rank {} of quorum {}, in {:.0f} ms",
+                    step, static_cast<double>(payload.numel()) / 1e6, source, number,
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                              started)
+                        .count()));
   }
 
   void allreduce(at::Tensor& t) {

@@ -479,7 +479,9 @@ void Run::resume() {
     from = fs::path(c_.resume);
   }
   if (from) {
+    const auto load_started = Clock::now();
     LoadedCheckpoint got = checkpoints_->load(*from, state_, *pg_);
+    const double load_s = seconds_since(load_started);
     step_ = got.meta.step;
     ddp::set_training_step(step_);
     saved_step_ = step_;
@@ -493,8 +495,10 @@ void Run::resume() {
           "{} steps of {} left in it at this world size)",
           got.meta.world_size, pg_->size(), steps_left_in_epoch(), steps_per_epoch_);
     }
-    progress_->line(fmt::format("resumed from {} at epoch {}, step {}{}", from->string(),
-                                start_epoch_, step_, where));
+    progress_->line(
+        fmt::format("resumed from {} at epoch {}, step {}{} (read and restored in "
+                    "{:.0f} ms)",
+                    from->string(), start_epoch_, step_, where, 1000 * load_s));
   }
   // The rows an interrupted attempt wrote after this checkpoint would repeat steps.
   if (log_ && !c_.resume.empty()) {
