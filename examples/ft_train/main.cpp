@@ -19,7 +19,8 @@
 // Options: --steps N, --global-batch G (divisible by every replica count the job reaches),
 // --min-replicas N, --out DIR (each replica writes its final parameters to DIR/final.<id>.pt
 // and a line per committed step to DIR/steps.<id>.txt: "<step> <quorum> <replicas> <its rank>
-// <unix ms>"), --step-ms MS (sleep after each step: a slower run to kill in).
+// <unix ms>"), --step-ms MS (sleep after each step: a slower run to kill in), --join-timeout S
+// (how long a replica waits for its next quorum, or for the coordination store: default 60).
 #include <unistd.h>
 
 #include <chrono>
@@ -41,6 +42,7 @@ struct Options {
   int min_replicas = 1;
   std::string out;
   int step_ms = 0;
+  int join_timeout_s = 60;
 };
 
 Options parse(int argc, char** argv) {
@@ -59,6 +61,8 @@ Options parse(int argc, char** argv) {
       o.out = v;
     } else if (flag == "--step-ms") {
       o.step_ms = std::stoi(v);
+    } else if (flag == "--join-timeout") {
+      o.join_timeout_s = std::stoi(v);
     } else {
       throw ddp::ConfigError("unknown option " + flag);
     }
@@ -105,6 +109,7 @@ int main(int argc, char** argv) {
     ddp::ft::ManagerOptions mo;
     mo.replica_id = "pid" + std::to_string(::getpid());
     mo.min_replicas = o.min_replicas;
+    mo.join_timeout = std::chrono::seconds(o.join_timeout_s);
     ddp::ft::Manager manager(state, mo);
     std::ofstream steps;
     if (!o.out.empty()) {

@@ -42,6 +42,13 @@ constexpr milliseconds kWatchEvery{20};
 
 Clock::time_point soon() { return Clock::now() + kCallTime; }
 
+// A quorum that did not form by the join timeout while the store answered (too few replicas,
+// no majority): told apart from a store that never answered, whose error says what to do.
+class QuorumTimeout : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
 std::string encode(const Arrival& a) {
   return fmt::format("{} {} {} {} {} {} {}", a.id, a.step, a.last_quorum, a.last_rank, a.host,
                      a.pid, a.start_time);
@@ -327,8 +334,18 @@ Formed Quorums::join(int64_t after, Arrival me, const std::string& why) {
       return ranked(*target, index, count);
     } catch (const store::RefusedError&) {
       throw;
+    } catch (const QuorumTimeout&) {
+      throw;
     } catch (const RendezvousError& e) {
-      if (Clock::now() >= deadline) throw;  // wait_closed's own timeout, or the store's at the end
+      if (Clock::now() >= deadline) {
+        throw RendezvousError(fmt::format(
+            "[{}] fault tolerance: the coordination store did not answer within the join timeout "
+            "({} s): {}. The quorums' records are kept there, so the replicas cannot go on "
+            "without it: its host (under ddprun --ft, node 0's, whose ddprun hosts it) is lost "
+            "or cut off. Start the job again and resume it from its last checkpoint (ddp-train: "
+            "--resume auto)",
+            o_.replica_id, std::chrono::duration<double>(o_.join_timeout).count(), e.what()));
+      }
       if (!waiting_for_store) {
         note(
             fmt::format("the coordination store did not answer ({}); asking again until the "
@@ -413,7 +430,7 @@ int64_t Quorums::wait_closed(int64_t quorum, int64_t index, int64_t step, const 
       told_minority = true;
     }
     if (Clock::now() > deadline) {
-      throw RendezvousError(fmt::format(
+      throw QuorumTimeout(fmt::format(
           "[{}] fault tolerance: quorum {} did not form within {} s: {} replica(s) arrived, {}{}",
           o_.replica_id, quorum, std::chrono::duration<double>(o_.join_timeout).count(), real,
           !majority ? fmt::format("holding {} of the {} live replica(s) of quorum {}, not a "
