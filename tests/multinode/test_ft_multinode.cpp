@@ -11,8 +11,8 @@
 //   - Two hosts of two workers split evenly: neither side trains until the link is back.
 //   - The store's host lost (node 0's): the others end within their join timeout and ddprun's
 //     restarts, saying to resume from the last checkpoint; none trains on alone.
-//   - ddp-train --ft on two hosts of two workers, one worker SIGKILLed: the job goes on at three
-//     and heals the restarted one; it ends with the accuracy of a run without failures.
+//   - ddp-train --ft on two hosts of two workers, one worker SIGKILLed: the others go on and
+//     heal the restarted one; the job ends with the accuracy of a run without failures.
 // Each case: every replica commits each step once, and every replica that finishes ends bitwise
 // equal to the others and, to float tolerance, to one process on the same batches.
 #include <signal.h>
@@ -286,7 +286,8 @@ TEST_F(FtAcrossHosts, AHostCutOffNeverTrainsAloneAndIsHealedWhenTheLinkIsBack) {
 // but holds two of the four replicas, not a majority, so it must not train on alone (the side
 // without the store cannot form a quorum at all). Nobody commits while the link is down but the
 // step in flight at the cut; when it is back, the four re-form in the same processes, without a
-// restart, and finish together: every step committed at four replicas.
+// restart (the first three to arrive may form first and heal the fourth), and finish together;
+// no step is ever committed by two.
 TEST_F(FtAcrossHosts, AnEvenSplitTrainsOnNeitherSideUntilTheLinkIsBack) {
   Hosts hosts(2);
   Subprocess h0 = node(hosts, 0, 2, 2), h1 = node(hosts, 1, 2, 2);
@@ -308,7 +309,9 @@ TEST_F(FtAcrossHosts, AnEvenSplitTrainsOnNeitherSideUntilTheLinkIsBack) {
   int while_cut = 0;
   std::set<int64_t> steps_while_cut;
   for (const auto& [file, steps] : all) {
-    EXPECT_EQ(testing::sizes_of(steps), (std::vector<int>{4})) << file << ": always four";
+    // Back on the network, the first majority to arrive may form (three: quorum_timeout has long
+    // passed) and heal the fourth at the next boundary; two never do.
+    for (const int size : testing::sizes_of(steps)) EXPECT_GE(size, 3) << file;
     for (const Committed& c : steps) {
       if (c.at_ms > cut_at && c.at_ms < healed_at) {
         ++while_cut;
@@ -373,10 +376,11 @@ TEST_F(FtAcrossHosts, TheStoresHostLostEndsTheJobInBoundedTimeSayingWhatToDo) {
 
 // The main job, `ddp-train --ft`, on two hosts of two workers (the shm+gloo hierarchy), a
 // worker on host 1 SIGKILLed at step ~20 of 141: host 1's ddprun starts that worker alone
-// again, the other three train on meanwhile, the new one is healed from them (across hosts) at
-// a step boundary, and the job ends at its accuracy (a run without failures: 81.9 % at 2
+// again, the other three go on in their own processes (at three, if they re-form before it is
+// back), the new one is healed from them (across hosts) at a step boundary, and the job ends at
+// its accuracy (a run without failures: 81.9 % at 2
 // epochs; 3 here). The run folder is the one rank 0 holds throughout.
-TEST_F(FtAcrossHosts, DdpTrainLosesAWorkerTrainsOnAtThreeAndHealsIt) {
+TEST_F(FtAcrossHosts, DdpTrainLosesAWorkerAndHealsItsReplacementAcrossHosts) {
   Hosts hosts(2);
   const std::vector<std::string> train =
       {kTrain,           "--ft", "--model",       "mlp",  "--epochs",     "3",
@@ -420,17 +424,19 @@ TEST_F(FtAcrossHosts, DdpTrainLosesAWorkerTrainsOnAtThreeAndHealsIt) {
   ASSERT_TRUE(r1.exited(0)) << r1.describe();
   EXPECT_NE(r1.err.find("starting it again alone, the others go on"), std::string::npos) << r1.err;
   const std::string all = r0.out + r0.err + r1.out + r1.err;
-  EXPECT_NE(all.find("3 replicas"), std::string::npos) << "the other three trained on: " << all;
   EXPECT_NE(all.find("healed: step"), std::string::npos) << all;
   const size_t done = all.find("done: test accuracy ");
   ASSERT_NE(done, std::string::npos) << all;
   const double accuracy = std::stod(all.substr(done + 20));
   EXPECT_GE(accuracy, 78.0) << all.substr(done, 200);
-  EXPECT_NE(all.find("4 replicas", all.find("3 replicas")), std::string::npos)
-      << "the group grew back to four";
   EXPECT_TRUE(fs::exists(out_ / "model_state.pt"));
-  std::printf("[ measured ] ddp-train --ft across hosts, a worker killed: %s\n",
-              all.substr(done, all.find('\n', done) - done).c_str());
+  // Whether the three trained at three before the new worker arrived depends on how soon they
+  // saw the loss against how soon it started again: either way it is healed, nobody restarted.
+  std::printf("[ measured ] ddp-train --ft across hosts, a worker killed: %s; %s\n",
+              all.substr(done, all.find('\n', done) - done).c_str(),
+              all.find("3 replicas") != std::string::npos
+                  ? "the other three trained at three meanwhile"
+                  : "its replacement was back before the three re-formed");
 }
 
 }  // namespace
