@@ -76,9 +76,10 @@ class FtAcrossHosts : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
-  // ddprun --ft on host k of `nnodes`, `nproc` workers, host 0's ddprun hosting the store.
-  Subprocess node(const Hosts& hosts, int k, int nnodes = 3, int nproc = 1,
-                  const std::vector<std::string>& more = {}) const {
+  // ddprun --ft on host k of `nnodes`, `nproc` workers of `program`, host 0's ddprun hosting
+  // the store.
+  Subprocess launch(const Hosts& hosts, int k, int nnodes, int nproc,
+                    const std::vector<std::string>& program) const {
     std::vector<std::string> argv = {kDdprun,
                                      "--ft",
                                      "--nnodes",
@@ -94,16 +95,18 @@ class FtAcrossHosts : public ::testing::Test {
                                      "--max-restarts",
                                      "3",
                                      "--collective-timeout",
-                                     "5",
-                                     kFtTrain,
-                                     "--steps",
-                                     std::to_string(kSteps),
-                                     "--out",
-                                     out_.string(),
-                                     "--step-ms",
-                                     std::to_string(kStepMs)};
-    argv.insert(argv.end(), more.begin(), more.end());
+                                     "5"};
+    argv.insert(argv.end(), program.begin(), program.end());
     return hosts.start(k, argv, {}, 240);
+  }
+
+  // The same with ft_train's workers (`more`: ft_train flags).
+  Subprocess node(const Hosts& hosts, int k, int nnodes = 3, int nproc = 1,
+                  const std::vector<std::string>& more = {}) const {
+    std::vector<std::string> program = {kFtTrain,      "--steps",   std::to_string(kSteps), "--out",
+                                        out_.string(), "--step-ms", std::to_string(kStepMs)};
+    program.insert(program.end(), more.begin(), more.end());
+    return launch(hosts, k, nnodes, nproc, program);
   }
 
   // The job: ddprun on each of the three hosts.
@@ -339,7 +342,7 @@ TEST_F(FtAcrossHosts, AnEvenSplitTrainsOnNeitherSideUntilTheLinkIsBack) {
 // store up to its join timeout (8 s here), then fails saying what happened and what to do, and
 // ddprun's tries to start it again fail the same way until the restarts are spent. Bounded and
 // clear, and no replica trains on alone from there.
-TEST_F(FtAcrossHosts, TheStoresHostLostEndsTheJobInBoundedTimeSayingWhatToDo) {
+TEST_F(FtAcrossHosts, TheStoresHostLostEndsTheJobInBoundedTimeNamingTheRemedy) {
   Hosts hosts(3);
   const std::vector<std::string> more = {"--join-timeout", "8"};
   Subprocess h0 = node(hosts, 0, 3, 1, more), h1 = node(hosts, 1, 3, 1, more),
@@ -387,27 +390,7 @@ TEST_F(FtAcrossHosts, DdpTrainLosesAWorkerAndHealsItsReplacementAcrossHosts) {
        "--train-subset", "6000", "--test-subset", "1000", "--batch-size", "32",
        "--min-step-ms",  "50",   "--log-every",   "5",    "--no-plots",   "--output-dir",
        out_.string()};
-  auto node_of = [&](int k) {
-    std::vector<std::string> argv = {kDdprun,
-                                     "--ft",
-                                     "--nnodes",
-                                     "2",
-                                     "--node-rank",
-                                     std::to_string(k),
-                                     "--nproc-per-node",
-                                     "2",
-                                     "--master-addr",
-                                     hosts.address(0),
-                                     "--master-port",
-                                     "29600",
-                                     "--max-restarts",
-                                     "3",
-                                     "--collective-timeout",
-                                     "5"};
-    argv.insert(argv.end(), train.begin(), train.end());
-    return hosts.start(k, argv, {}, 240);
-  };
-  Subprocess h0 = node_of(0), h1 = node_of(1);
+  Subprocess h0 = launch(hosts, 0, 2, 2, train), h1 = launch(hosts, 1, 2, 2, train);
   ASSERT_TRUE(testing::wait_until(
       [&] {
         const std::string all = h0.out_so_far() + h1.out_so_far();
