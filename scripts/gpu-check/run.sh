@@ -17,7 +17,8 @@
 #   vs-pytorch   GPU, world size 1: our DDP vs PyTorch's DDP (step-time ratio) and vs no DDP
 #                (our overhead; goal <= 3%): benchmarks/vs_pytorch/compare.py --device cuda
 #   train-cuda   ddp-train --device cuda --epochs 1: accuracy, samples/s
-#   train-cpu    the same with --device cpu (DDP_BACKEND=shm: on a GPU machine auto is NCCL)
+#   train-cpu    the same with --device cpu (DDP_BACKEND=shm: auto on a GPU machine binds a GPU
+#                per rank, Note [auto on a GPU])
 #   collectives  CPU: ddp-bench collectives, all_reduce over gloo, shm, shm-inplace at 2-16 ranks
 #   scaling      CPU: ddp-bench train --compare at 2-16 ranks (scaling efficiency, vs 1 process x
 #                N threads, share of the communication-free ceiling)
@@ -424,11 +425,13 @@ train_on() {
     --data-dir "$GC_DATA" --output-dir "$out" --no-plots "${args[@]}"
   local rc=$?
   cp "$out/metrics.csv" "$R/$STEP-metrics.csv" 2>/dev/null
-  local done_line epoch_line
+  local done_line epoch_line header_line
+  header_line=$(grep -E "^ddp-train: .* over " "$R/$STEP.log" | head -1 | sed -E 's/, batch .*//')
   done_line=$(grep -E "done: test accuracy" "$R/$STEP.log" | tail -1)
   epoch_line=$(grep -E "epoch 1/1: test loss" "$R/$STEP.log" | tail -1)
   md "\`ddp-train --device $dev --epochs 1${args[*]:+ ${args[*]}}\`$([[ $dev == cpu ]] && echo " (DDP_BACKEND=shm)"):"
   md ""
+  md "    ${header_line:-no header line}"
   md "    ${epoch_line:-no epoch line}"
   md "    ${done_line:-no final line (exit $rc)}"
   local acc sps wall

@@ -25,9 +25,7 @@
 #include "process_group/transport/transports.h"
 #include "rendezvous/rendezvous.h"
 
-#if DDP_WITH_NCCL
-#include <torch/cuda.h>
-#endif
+#include <torch/cuda.h>  // is_available: Note [auto on a GPU]
 
 namespace ddp {
 namespace {
@@ -131,9 +129,9 @@ enum class Backend {
   kShm,      // "shm": one shared-memory group (every rank on this host), or an error
   kGloo,     // "gloo"
   kShmGloo,  // "shm+gloo": the hierarchy (shm when every rank is on this host), or an error
-  kNccl,     // "nccl"; "auto" or "tuned" on a CUDA build with a GPU
-  kAuto,     // "auto" on the CPU: shm on one host, else the hierarchy where it forms, else gloo
-  kTuned,    // "tuned" on the CPU: auto, the hierarchy's all_reduce route measured
+  kNccl,     // "nccl"
+  kAuto,   // "auto" for CPU tensors: shm on one host, else the hierarchy where it forms, else gloo
+  kTuned,  // "tuned" for CPU tensors: auto, the hierarchy's all_reduce route measured
 };
 
 // One backend's name (no device prefix).
@@ -152,9 +150,6 @@ Backend choose_backend(const std::string& requested) {
             "'shm+gloo' (CPU, shm inside hosts and Gloo between), 'nccl' (CUDA), 'auto' or "
             "'tuned' (auto, the all_reduce route across hosts measured)",
             requested);
-#if DDP_WITH_NCCL
-  if (torch::cuda::is_available()) return Backend::kNccl;
-#endif
   return requested == "tuned" ? Backend::kTuned : Backend::kAuto;
 }
 
@@ -192,16 +187,31 @@ std::optional<BackendPair> split_by_device(const std::string& requested) {
   return pair;
 }
 
-// What a group asks for: one backend (`cpu`, which is NCCL for "nccl" and "auto" on a GPU
-// machine), or a pair whose CUDA side is `cuda`.
+// What a group asks for: one backend (`cpu`, which is NCCL for "nccl"), or a pair whose CUDA
+// side is `cuda`.
 struct BackendSpec {
   Backend cpu = Backend::kAuto;
   std::optional<Backend> cuda;  // kNccl or kGloo
 };
 
+// Note [auto on a GPU]
+// "auto" (and "tuned") on a CUDA build with a GPU visible bind a backend per device type, as
+// PyTorch 2.x's init_process_group does without a backend ("cpu:gloo,cuda:nccl"): NCCL for CUDA
+// tensors, and for CPU tensors what auto chooses on a CPU machine (shm on one host, the
+// hierarchy or Gloo across hosts). A GPU job's CPU collectives (metrics, flags, the checkpoint's
+// and the fault-tolerance manager's small exchanges, the user's own) then go over shared memory
+// or Gloo as they are, instead of being staged through the GPU for NCCL (Note [Staging
+// tensors]), and backend() says "cpu:shm,cuda:nccl". "nccl" alone still means NCCL for both.
 BackendSpec choose_backends(const std::string& requested) {
   const std::optional<BackendPair> pair = split_by_device(requested);
-  if (!pair) return {choose_backend(requested), std::nullopt};
+  if (!pair) {
+    const Backend one = choose_backend(requested);
+    if ((one == Backend::kAuto || one == Backend::kTuned) && DDP_WITH_NCCL &&
+        torch::cuda::is_available()) {
+      return {one, Backend::kNccl};
+    }
+    return {one, std::nullopt};
+  }
   BackendSpec spec;
   if (!pair->cuda.empty()) {
     DDP_CHECK(pair->cuda == "nccl" || pair->cuda == "gloo", ConfigError,

@@ -296,6 +296,65 @@ TEST(Gpu, DdpOnCudaMatchesSingleProcessTraining) {
   }
 }
 
+// Note [auto on a GPU]: with a GPU visible, "auto" binds NCCL for CUDA tensors and the CPU's own
+// choice (shm at world 1) for CPU tensors, as PyTorch 2.x's default group binds
+// "cpu:gloo,cuda:nccl". CPU tensors are not staged through the GPU, a subgroup inherits the pair,
+// and DDP on CUDA trains over it as over NCCL alone (one DDP step, a CPU metric between).
+TEST(Gpu, AutoOnAGpuPairsNcclWithTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  if (!DDP_WITH_NCCL) GTEST_SKIP() << "this build has no NCCL backend";
+  InitOptions o = one_rank_options();
+  o.backend = "auto";
+  auto pg = make_process_group(o);
+  EXPECT_EQ(pg->backend(), "cpu:shm,cuda:nccl");
+  ASSERT_TRUE(pg->bound_device_id().has_value());
+  EXPECT_EQ(*pg->bound_device_id(), 0);
+  EXPECT_TRUE(pg->is_comm_buffer(pg->comm_buffer(4, torch::kFloat)));  // shm's, in place
+  at::Tensor c = torch::arange(5, torch::kDouble);
+  pg->all_reduce(c, ReduceOp::kAvg).wait();
+  EXPECT_TRUE(c.device().is_cpu());
+  EXPECT_TRUE(torch::equal(c, torch::arange(5, torch::kDouble)));
+  at::Tensor g = torch::arange(8, torch::dtype(torch::kFloat).device(kCuda0));
+  pg->all_reduce(g, ReduceOp::kSum).wait();
+  torch::cuda::synchronize();
+  EXPECT_TRUE(torch::equal(g.cpu(), torch::arange(8, torch::kFloat)));
+  auto sub = pg->new_group({0});
+  ASSERT_TRUE(sub);
+  EXPECT_EQ(sub->backend(), "cpu:shm,cuda:nccl");
+
+  torch::manual_seed(5);
+  Net plain;
+  Net wrapped;
+  plain->to(kCuda0);
+  wrapped->to(kCuda0);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < plain->parameters().size(); ++i)
+      wrapped->parameters()[i].copy_(plain->parameters()[i]);
+  }
+  DistributedDataParallel<NetImpl> model(wrapped.ptr(), {.process_group = pg, .device_ids = {0}});
+  torch::optim::SGD opt_plain(plain->parameters(), 0.1);
+  torch::optim::SGD opt_ddp(model.parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor x = torch::randn({16, 8}, kCuda0);
+    const at::Tensor y = torch::randn({16, 4}, kCuda0);
+    opt_plain.zero_grad();
+    torch::mse_loss(plain->forward(x), y).backward();
+    opt_plain.step();
+    opt_ddp.zero_grad();
+    at::Tensor loss = torch::mse_loss(model(x), y);
+    loss.backward();
+    opt_ddp.step();
+    at::Tensor metric = loss.detach().cpu().reshape({1});
+    pg->all_reduce(metric, ReduceOp::kSum).wait();  // a CPU metric, as ddp-train's
+  }
+  for (size_t i = 0; i < plain->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::allclose(plain->parameters()[i], model.parameters()[i], 1e-6, 1e-6))
+        << "parameter " << i;
+  }
+  ASSERT_TRUE(all_completed(*pg));
+}
+
 // DDP across two real processes sharing cuda:0 (device_ids {0}), over Gloo (CUDA tensors
 // natively) and shm (staged): after 20 steps, the parameters one process gets on the whole batch.
 TEST(Gpu, DdpAcrossTwoProcessesOnOneGpuEqualsOneProcess) {
