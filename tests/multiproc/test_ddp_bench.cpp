@@ -29,14 +29,26 @@ const std::string kBench = testing::env_or_die("DDP_BENCH");
 
 bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
 
-// The CSV's rows as cells, header first.
+// The CSV's rows as cells, header first (RFC 4180 quoting: "a,b" is one cell, "" a quote).
 std::vector<std::vector<std::string>> read_csv(const fs::path& path) {
   std::ifstream in(path);
   std::vector<std::vector<std::string>> rows;
   for (std::string line; std::getline(in, line);) {
-    std::vector<std::string> cells;
-    std::stringstream ss(line);
-    for (std::string cell; std::getline(ss, cell, ',');) cells.push_back(cell);
+    std::vector<std::string> cells(1);
+    bool quoted = false;
+    for (size_t i = 0; i < line.size(); ++i) {
+      const char c = line[i];
+      if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        cells.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = !quoted;
+      } else if (c == ',' && !quoted) {
+        cells.emplace_back();
+      } else {
+        cells.back() += c;
+      }
+    }
     rows.push_back(cells);
   }
   return rows;
@@ -176,6 +188,23 @@ TEST_F(BenchTest, TrainTwoRanksWithCompare) {
   EXPECT_EQ(rows[4][3], "2");
   for (size_t i = 1; i < rows.size(); ++i) EXPECT_GT(std::stod(rows[i][7]), 0) << "samples/s";
   if (have_gnuplot()) EXPECT_TRUE(fs::exists(dir_ / "t.png")) << r.out;
+}
+
+// A backend per device type holds a comma ("cpu:shm,cuda:gloo"): the CSV quotes it, so the
+// columns after it stay in place (the first GPU run with auto's pair read `steps` as samples/s).
+TEST_F(BenchTest, TrainOverABackendPairKeepsTheCsvColumns) {
+  const fs::path csv = dir_ / "pair.csv";
+  Result r = run_command(
+      bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps", "3", "--warmup",
+                "1", "--backend", "cpu:shm,cuda:gloo", "--csv", csv.string()}));
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  const auto rows = read_csv(csv);
+  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_EQ(rows[1].size(), rows[0].size()) << "a row's cells against the header's";
+  EXPECT_EQ(rows[1][2], "cpu:shm,cuda:gloo");
+  EXPECT_EQ(rows[1][3], "2");  // world size
+  EXPECT_EQ(rows[1][6], "3");  // steps
+  EXPECT_GT(std::stod(rows[1][7]), 0) << "samples/s";
 }
 
 // DDPOptions from the command line: gradients as views into the buckets, a smaller cap.

@@ -24,6 +24,19 @@ std::ofstream open_or_throw(const std::string& path, std::ios::openmode mode) {
   return out;
 }
 
+// `text` as one CSV field (RFC 4180): quoted, quotes doubled, when it holds a comma, a quote or a
+// line break. A backend per device type ("cpu:shm,cuda:nccl") holds a comma: unquoted, it shifted
+// every later column (the first GPU run with auto's pair read 200 samples/s from them).
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (char c : text) {
+    if (c == '"') quoted += '"';
+    quoted += c;
+  }
+  return quoted + '"';
+}
+
 // The plot's script lives next to it: results.png -> results.gp.
 fs::path script_for(const std::string& png) { return fs::path(png).replace_extension(".gp"); }
 
@@ -43,9 +56,9 @@ void write_collectives_csv(const std::string& path, const std::vector<Collective
   auto out = open_or_throw(path, std::ios::trunc);
   out << "backend,op,dtype,ranks,bytes,count,iters,time_us,algbw_gbps,busbw_gbps,wrong\n";
   for (const auto& r : rows) {
-    out << fmt::format("{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{}\n", r.backend, r.op, r.dtype,
-                       r.ranks, r.bytes, r.count, r.iters, r.time_us, r.algbw_gbps, r.busbw_gbps,
-                       r.wrong);
+    out << fmt::format("{},{},{},{},{},{},{},{:.3f},{:.6f},{:.6f},{}\n", csv_field(r.backend), r.op,
+                       r.dtype, r.ranks, r.bytes, r.count, r.iters, r.time_us, r.algbw_gbps,
+                       r.busbw_gbps, r.wrong);
   }
   if (!out) throw Error(fmt::format("cannot write {}", path));
 }
@@ -139,9 +152,9 @@ void append_train_csv(const std::string& path, const std::vector<TrainRow>& rows
   }
   for (const auto& r : rows) {
     out << fmt::format("{},{},{},{},{},{},{},{:.2f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
-                       r.label, r.model, r.backend, r.world_size, r.threads, r.global_batch,
-                       r.steps, r.samples_per_s, r.step_ms, r.data_ms, r.forward_ms, r.backward_ms,
-                       r.comm_ms, r.optimizer_ms);
+                       csv_field(r.label), csv_field(r.model), csv_field(r.backend), r.world_size,
+                       r.threads, r.global_batch, r.steps, r.samples_per_s, r.step_ms, r.data_ms,
+                       r.forward_ms, r.backward_ms, r.comm_ms, r.optimizer_ms);
   }
   if (!out) throw Error(fmt::format("cannot write {}", path));
 }
