@@ -86,7 +86,7 @@ def main():
                         "PyTorch's (user-program sets it either way, as the README's example)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where both sides train (cuda: PyTorch over NCCL, ours on its auto "
-                   "or named backend)")
+                   "backend, cpu:shm,cuda:nccl on a GPU, or the one named)")
     p.add_argument("--data-dir", default="", help="Fashion-MNIST folder (default: Debian's)")
     p.add_argument("--csv", default="vs_pytorch.csv", help="every run, one row each")
     p.add_argument("--summary-csv", default="", help="medians and ratios (default: "

@@ -40,8 +40,10 @@ namespace ddp {
 struct InitOptions {
   // "shm" (CPU tensors, every rank on this host), "gloo" (CPU tensors, any hosts), "shm+gloo"
   // (shared memory inside each host, Gloo between hosts: the same number > 1 of ranks on each),
-  // "nccl" (CUDA builds) or "auto": nccl when compiled in and a GPU is visible; else shm when
-  // every rank shares this host; else shm+gloo where it can form; else gloo. "tuned": auto, and
+  // "nccl" (CUDA builds) or "auto": for CPU tensors shm when every rank shares this host, else
+  // shm+gloo where it can form, else gloo; in a CUDA build with a GPU visible, paired with nccl
+  // for CUDA tensors ("cpu:shm,cuda:nccl", as PyTorch 2.x's default group; Note [auto on a GPU]
+  // in src/process_group/make.cpp), one GPU per local rank. "tuned": auto, and
   // shm+gloo's large all_reduces over flat Gloo where that measured faster as the group formed
   // (not reproducible bit for bit: a timed choice may differ from run to run, and the two routes
   // sum in different orders). Or a backend per device type, as PyTorch 2.x takes it:

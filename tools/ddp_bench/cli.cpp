@@ -69,7 +69,8 @@ void add_train(CLI::App& app, TrainOptions& t) {
                   "(default: DDP_BACKEND, else auto)");
   sub->add_option("--device", t.device,
                   "auto (cuda:LOCAL_RANK when CUDA is available, as ddp-train) | cpu | cuda; "
-                  "on a GPU machine the auto backend is NCCL, so CPU training there needs "
+                  "on a GPU machine the auto backend pairs NCCL with the CPU's choice and binds "
+                  "a GPU per rank, so CPU training there with more ranks than GPUs needs "
                   "--backend shm or gloo")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_option("--threads", t.threads,
