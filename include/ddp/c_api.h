@@ -42,8 +42,9 @@ extern "C" {
 
 /* 1: the first surface; 2: ddp_send, ddp_recv, ddp_tensor_send, ddp_tensor_recv; 3: ddp_gather,
  * ddp_scatter, ddp_all_to_all, ddp_group_new, ddp_checkpoint_save, ddp_checkpoint_load and
- * DDP_E_CHECKPOINT. */
-#define DDP_C_API_VERSION 3
+ * DDP_E_CHECKPOINT; 4: ddp_tensor_all_gather, ddp_tensor_reduce_scatter, ddp_tensor_reduce,
+ * ddp_tensor_gather, ddp_tensor_scatter, ddp_tensor_all_to_all. */
+#define DDP_C_API_VERSION 4
 
 /* Status codes. */
 #define DDP_OK 0
@@ -151,10 +152,32 @@ int ddp_recv(ddp_group* group, void* data, size_t count, ddp_dtype dtype, int sr
 
 /* --- collectives on tensors (blocking) --------------------------------------------------- */
 
+/* The collectives above on tensor handles, with torch.distributed's semantics, on any device the
+ * group's backend takes (CUDA tensors over nccl, gloo or a backend pair). Results are written in
+ * place into the caller's tensors. */
 int ddp_tensor_all_reduce(ddp_group* group, ddp_tensor tensor, ddp_reduce_op op);
 int ddp_tensor_broadcast(ddp_group* group, ddp_tensor tensor, int root);
 int ddp_tensor_send(ddp_group* group, ddp_tensor tensor, int dst, int tag);
 int ddp_tensor_recv(ddp_group* group, ddp_tensor tensor, int src, int tag);
+/* Version 4. `output` holds size x input's elements, one dtype, contiguous; shaped
+ * [size * d0, ...] or [size, ...] for all_gather (PyTorch's all_gather_into_tensor), any shape
+ * for gather (root's output; NULL on the other ranks). Rank r's part is the r-th block of
+ * input.numel() elements, in rank order. */
+int ddp_tensor_all_gather(ddp_group* group, ddp_tensor output, ddp_tensor input);
+int ddp_tensor_gather(ddp_group* group, ddp_tensor output, ddp_tensor input, int root);
+/* Version 4. `input` holds size x output's elements, contiguous: size blocks, block r for rank r.
+ * reduce_scatter: output receives the reduction over ranks of their block `rank`
+ * (reduce_scatter_tensor); scatter: output receives root's block `rank` (input NULL on the
+ * other ranks). */
+int ddp_tensor_reduce_scatter(ddp_group* group, ddp_tensor output, ddp_tensor input,
+                              ddp_reduce_op op);
+int ddp_tensor_scatter(ddp_group* group, ddp_tensor output, ddp_tensor input, int root);
+/* Version 4. root's `tensor` receives the reduction; the others' is left unspecified. */
+int ddp_tensor_reduce(ddp_group* group, ddp_tensor tensor, ddp_reduce_op op, int root);
+/* Version 4. all_to_all_single with equal splits: `input` and `output` have the same number of
+ * rows along dim 0, divisible by size; rows block j of input go to rank j, and output's block i
+ * comes from rank i. */
+int ddp_tensor_all_to_all(ddp_group* group, ddp_tensor output, ddp_tensor input);
 
 /* --- the distributed sampler (PyTorch's DistributedSampler) ----------------------------- */
 

@@ -185,6 +185,28 @@ at::Tensor& tensor_of(ddp_tensor t) {
   return tensor;
 }
 
+// `t`'s elements as `parts` equal consecutive blocks, each shaped `shape` (views that write
+// into `t`): a gather's output or a scatter's input, checked against the other side.
+std::vector<at::Tensor> blocks_of(const at::Tensor& t, int parts, const at::Tensor& other,
+                                  const char* what) {
+  if (!t.is_contiguous()) throw InvalidArgument(fmt::format("the {} must be contiguous", what));
+  if (t.scalar_type() != other.scalar_type()) {
+    throw InvalidArgument(fmt::format("the {} is {}, the other tensor {}", what,
+                                      c10::toString(t.scalar_type()),
+                                      c10::toString(other.scalar_type())));
+  }
+  const int64_t n = other.numel();
+  if (t.numel() != n * parts) {
+    throw InvalidArgument(
+        fmt::format("the {} has {} elements; it needs {} (the group's {} ranks x {})", what,
+                    t.numel(), n * parts, parts, n));
+  }
+  std::vector<at::Tensor> blocks;
+  const at::Tensor flat = t.view({-1});
+  for (int r = 0; r < parts; ++r) blocks.push_back(flat.narrow(0, r * n, n).view(other.sizes()));
+  return blocks;
+}
+
 // The `count` named tensors of a checkpoint call, checked.
 std::vector<std::pair<std::string, at::Tensor>> named_tensors(const char* const* names,
                                                               const ddp_tensor* tensors,
@@ -408,6 +430,53 @@ int ddp_tensor_send(ddp_group* group, ddp_tensor tensor, int dst, int tag) {
 int ddp_tensor_recv(ddp_group* group, ddp_tensor tensor, int src, int tag) {
   return guarded("ddp_tensor_recv",
                  [&] { need(group, "group").pg->recv(tensor_of(tensor), src, tag); });
+}
+
+int ddp_tensor_all_gather(ddp_group* group, ddp_tensor output, ddp_tensor input) {
+  return guarded("ddp_tensor_all_gather", [&] {
+    ddp::ProcessGroup& pg = *need(group, "group").pg;
+    pg.all_gather_into_tensor(tensor_of(output), tensor_of(input)).wait();
+  });
+}
+
+int ddp_tensor_gather(ddp_group* group, ddp_tensor output, ddp_tensor input, int root) {
+  return guarded("ddp_tensor_gather", [&] {
+    ddp::ProcessGroup& pg = *need(group, "group").pg;
+    const at::Tensor& in = tensor_of(input);
+    std::vector<at::Tensor> outs;
+    if (pg.rank() == root) outs = blocks_of(tensor_of(output), pg.size(), in, "output");
+    pg.gather(outs, in, root).wait();
+  });
+}
+
+int ddp_tensor_reduce_scatter(ddp_group* group, ddp_tensor output, ddp_tensor input,
+                              ddp_reduce_op op) {
+  return guarded("ddp_tensor_reduce_scatter", [&] {
+    ddp::ProcessGroup& pg = *need(group, "group").pg;
+    pg.reduce_scatter_tensor(tensor_of(output), tensor_of(input), reduce_op(op)).wait();
+  });
+}
+
+int ddp_tensor_scatter(ddp_group* group, ddp_tensor output, ddp_tensor input, int root) {
+  return guarded("ddp_tensor_scatter", [&] {
+    ddp::ProcessGroup& pg = *need(group, "group").pg;
+    at::Tensor& out = tensor_of(output);
+    std::vector<at::Tensor> ins;
+    if (pg.rank() == root) ins = blocks_of(tensor_of(input), pg.size(), out, "input");
+    pg.scatter(out, ins, root).wait();
+  });
+}
+
+int ddp_tensor_reduce(ddp_group* group, ddp_tensor tensor, ddp_reduce_op op, int root) {
+  return guarded("ddp_tensor_reduce", [&] {
+    need(group, "group").pg->reduce(tensor_of(tensor), root, reduce_op(op)).wait();
+  });
+}
+
+int ddp_tensor_all_to_all(ddp_group* group, ddp_tensor output, ddp_tensor input) {
+  return guarded("ddp_tensor_all_to_all", [&] {
+    need(group, "group").pg->all_to_all_single(tensor_of(output), tensor_of(input)).wait();
+  });
 }
 
 int ddp_sampler_create(const ddp_group* group, int64_t dataset_size, int shuffle, uint64_t seed,

@@ -167,6 +167,68 @@ TEST(CApi, GatherScatterAllToAllAndSubgroups) {
   }
 }
 
+// Version 4: the rest of the collectives on tensor handles, with torch.distributed's layouts, and
+// a tensor that does not fit is DDP_E_INVALID naming the sizes (nothing is sent).
+TEST(CApi, EveryCollectiveOnTensorHandles) {
+  constexpr int kWorld = 3;
+  const int port = testing::free_port();
+  auto errors = run_threads(kWorld, [&](int rank) {
+    ddp_group* g = c_group(rank, kWorld, port);
+    const float me = static_cast<float>(rank);
+    // all_gather_into_tensor: [world * 2, 3] from [2, 3] each.
+    at::Tensor in = torch::full({2, 3}, me);
+    at::Tensor all = torch::empty({kWorld * 2, 3});
+    ok(ddp_tensor_all_gather(g, &all, &in));
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_TRUE(torch::equal(all.narrow(0, 2 * r, 2), torch::full({2, 3}, float(r)))) << r;
+    }
+    // gather to rank 2 into [world, 2, 3]; the others pass NULL.
+    at::Tensor gathered = torch::empty({kWorld, 2, 3});
+    ok(ddp_tensor_gather(g, rank == 2 ? &gathered : nullptr, &in, 2));
+    if (rank == 2) {
+      for (int r = 0; r < kWorld; ++r)
+        EXPECT_TRUE(torch::equal(gathered[r], torch::full({2, 3}, float(r)))) << r;
+    }
+    // reduce_scatter_tensor: block b of rank r holds 10 r + b; rank b gets the sum over r.
+    at::Tensor blocks = torch::arange(kWorld, torch::kDouble).repeat_interleave(4) + 10.0 * rank;
+    at::Tensor mine = torch::empty({4}, torch::kDouble);
+    ok(ddp_tensor_reduce_scatter(g, &mine, &blocks, DDP_SUM));
+    EXPECT_TRUE(torch::equal(mine, torch::full({4}, 3.0 * rank + 30.0, torch::kDouble)));
+    // scatter from rank 1: rank r gets block r of [world * 2] int64.
+    at::Tensor parts = torch::arange(2 * kWorld, torch::kLong);
+    at::Tensor part = torch::empty({2}, torch::kLong);
+    ok(ddp_tensor_scatter(g, &part, rank == 1 ? &parts : nullptr, 1));
+    EXPECT_TRUE(torch::equal(part, torch::arange(2 * rank, 2 * rank + 2, torch::kLong)));
+    // reduce to rank 0, max.
+    at::Tensor peak = torch::full({3}, me);
+    ok(ddp_tensor_reduce(g, &peak, DDP_MAX, 0));
+    if (rank == 0) EXPECT_TRUE(torch::equal(peak, torch::full({3}, float(kWorld - 1))));
+    // all_to_all_single, equal splits along dim 0: row block j goes to rank j.
+    at::Tensor send =
+        (torch::arange(kWorld, torch::kInt) + 10 * rank).repeat_interleave(2).view({-1, 1});
+    at::Tensor recv = torch::empty({2 * kWorld, 1}, torch::kInt);
+    ok(ddp_tensor_all_to_all(g, &recv, &send));
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_EQ(recv[2 * r][0].item<int>(), 10 * r + rank) << r;
+      EXPECT_EQ(recv[2 * r + 1][0].item<int>(), 10 * r + rank) << r;
+    }
+    // A gather output of the wrong size: refused on the root before any rank sends (the root
+    // checks its own output; every rank then agrees through the next collective as before).
+    if (rank == 0) {
+      at::Tensor small = torch::empty({kWorld});
+      EXPECT_EQ(ddp_tensor_gather(g, &small, &in, 0), DDP_E_INVALID);
+      EXPECT_NE(std::string(ddp_last_error()).find("has 3 elements; it needs 18"),
+                std::string::npos)
+          << ddp_last_error();
+      EXPECT_EQ(ddp_tensor_all_gather(g, nullptr, &in), DDP_E_INVALID);
+    }
+    ddp_group_destroy(g);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << testing::message_of(errors[r]);
+  }
+}
+
 TEST(CApi, CheckpointsOfNamedTensorHandles) {
   constexpr int kWorld = 2;
   const int port = testing::free_port();

@@ -8,7 +8,7 @@
 
 #include "ddp/c_api.h"
 
-_Static_assert(DDP_C_API_VERSION == 3, "a new ABI version: pin its additions here");
+_Static_assert(DDP_C_API_VERSION == 4, "a new ABI version: pin its additions here");
 _Static_assert(DDP_OK == 0 && DDP_E_ERROR == 1 && DDP_E_CONFIG == 2 && DDP_E_RENDEZVOUS == 3 &&
                    DDP_E_COLLECTIVE == 4 && DDP_E_TIMEOUT == 5 && DDP_E_INVALID == 6 &&
                    DDP_E_ABI == 7 && DDP_E_INTERNAL == 8 && DDP_E_CHECKPOINT == 9,
@@ -65,6 +65,14 @@ int (*const p_checkpoint_save)(ddp_group*, const char*, const char* const*, cons
                                size_t, int64_t, int64_t) = ddp_checkpoint_save;
 int (*const p_checkpoint_load)(ddp_group*, const char*, const char* const*, const ddp_tensor*,
                                size_t, int64_t*, int64_t*) = ddp_checkpoint_load;
+/* Version 4. */
+int (*const p_tensor_all_gather)(ddp_group*, ddp_tensor, ddp_tensor) = ddp_tensor_all_gather;
+int (*const p_tensor_gather)(ddp_group*, ddp_tensor, ddp_tensor, int) = ddp_tensor_gather;
+int (*const p_tensor_reduce_scatter)(ddp_group*, ddp_tensor, ddp_tensor,
+                                     ddp_reduce_op) = ddp_tensor_reduce_scatter;
+int (*const p_tensor_scatter)(ddp_group*, ddp_tensor, ddp_tensor, int) = ddp_tensor_scatter;
+int (*const p_tensor_reduce)(ddp_group*, ddp_tensor, ddp_reduce_op, int) = ddp_tensor_reduce;
+int (*const p_tensor_all_to_all)(ddp_group*, ddp_tensor, ddp_tensor) = ddp_tensor_all_to_all;
 
 int main(void) {
   if (ddp_abi_version() != DDP_C_API_VERSION) {
@@ -72,6 +80,6 @@ int main(void) {
     return 1;
   }
   if (strcmp(ddp_last_error(), "") != 0) return 1;
-  printf("ddp-cpp %s, C ABI %d: 36 functions pinned\n", ddp_version(), ddp_abi_version());
+  printf("ddp-cpp %s, C ABI %d: 42 functions pinned\n", ddp_version(), ddp_abi_version());
   return 0;
 }
