@@ -12,6 +12,7 @@
 #include "ddp/distributed_data_parallel.h"  // DistributedDataParallel, DDPOptions
 #include "ddp/error.h"                      // ddp::Error and its subclasses
 #include "ddp/fault_tolerance.h"            // ft::Manager: a failure costs a step, not a restart
+#include "ddp/fully_sharded_data_parallel.h"  // FullyShardedDataParallel, FSDPOptions: ZeRO-2
 #include "ddp/join.h"                       // Join: uneven inputs across ranks
 #include "ddp/metrics.h"                    // EvalStats, all_reduce(EvalStats): exact evaluation
 #include "ddp/process_group.h"              // ProcessGroup, Work, ReduceOp, InitOptions

@@ -1,0 +1,138 @@
+// FullyShardedDataParallel: each rank keeps 1/world of every parameter, of its gradient and of
+// the optimizer's state between steps, for models whose DDP replica does not fit a device.
+//
+//   auto net = std::make_shared<Net>();                 // fc1, fc2, fc3 submodules
+//   ddp::FullyShardedDataParallel model(net);           // a unit per child: fc1, fc2, fc3
+//   torch::optim::Adam opt(model.parameters(), 1e-3);   // this rank's shards, one per unit
+//   auto loss = torch::nll_loss(model(x), y);           // every unit's parameters gathered
+//   loss.backward();       // each unit's gradient reduce-scattered as soon as it is complete
+//   opt.step();            // steps the shards; the next forward gathers them again
+//
+// Names follow PyTorch's FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel): a *unit* is a
+// wrapped submodule whose parameters are flattened into one flat parameter, padded to a multiple
+// of the world size and split into equal shards, rank r keeping shard r (Note [FSDP units] in
+// src/parallel/fsdp.cpp). Between steps each parameter of the module is a 1-D view of the part
+// of it that lies in this rank's shard (possibly empty), as FSDP1's use_orig_params shows them;
+// full_parameters() gathers them whole.
+//
+// Strategy: ShardingStrategy::kShardGradOp (ZeRO-2, PyTorch's SHARD_GRAD_OP). The forward
+// gathers every unit's parameters (the all-gathers all in flight at once), keeps them through
+// the backward and frees them when it ends; the backward reduce-scatters each unit's gradient
+// in reverse unit order while it goes on, so each rank holds the average gradient of its shard
+// only. Not yet: kFullShard (ZeRO-3: free after forward, gather again before each unit's
+// backward; LibTorch's C++ modules have no forward hooks, so it needs the units' calls to pass
+// through a wrapper), mixed precision, no_sync, clip_grad_norm over shards and sharded
+// checkpoints.
+//
+// Construction is a collective (every rank, the same module structure); with sync_module_states
+// rank 0's parameters go to every rank. Every parameter of a unit must have one dtype and
+// device. A unit's parameters that get no gradient in a backward count as zeros, on every rank,
+// so every rank always issues the same reduce-scatters. Each forward is followed by at most one
+// backward. Buffers are not synchronised (no broadcast_buffers yet): BatchNorm's running stats
+// stay per rank.
+//
+// Thread-safety: one wrapper is driven by one training thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+enum class ShardingStrategy {
+  // ZeRO-2 (PyTorch's SHARD_GRAD_OP): parameters gathered for forward and backward, freed after.
+  kShardGradOp,
+};
+
+struct FSDPOptions {
+  // The group to shard over; null means the default group (init_process_group()).
+  std::shared_ptr<ProcessGroup> process_group;
+  ShardingStrategy sharding_strategy = ShardingStrategy::kShardGradOp;
+  // The units: submodules of the wrapped module whose parameters are sharded, gathered and
+  // reduced together (FSDP1's wrapped submodules). A parameter inside several (nested) units
+  // belongs to the innermost. Empty: one unit per direct child that has parameters. Parameters
+  // no unit holds form the root unit.
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  // Copy rank 0's parameters to every rank at construction (PyTorch's sync_module_states).
+  bool sync_module_states = true;
+};
+
+namespace detail {
+class FsdpCore;
+}
+
+class FullyShardedDataParallelBase {
+ public:
+  FullyShardedDataParallelBase(const FullyShardedDataParallelBase&) = delete;
+  FullyShardedDataParallelBase& operator=(const FullyShardedDataParallelBase&) = delete;
+  virtual ~FullyShardedDataParallelBase();
+
+  // This rank's shards, one flat tensor per unit: what the optimizer steps.
+  std::vector<at::Tensor> parameters() const;
+  // Every parameter of the module, whole, by name, on every rank (a collective; outside a
+  // forward-backward): PyTorch's FULL_STATE_DICT of the parameters.
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  // The units in forward order: a name ("fc1", or "(root)") and how many parameters it holds.
+  std::vector<std::pair<std::string, size_t>> units() const;
+  ProcessGroup& process_group();
+
+ protected:
+  FullyShardedDataParallelBase(const std::shared_ptr<torch::nn::Module>& module,
+                               FSDPOptions options);
+  // Gathers every unit's parameters and, with grad mode on, arms the reduction of the next
+  // backward.
+  void before_forward();
+  // After a forward without grad mode (evaluation), or one that threw: back to the shards.
+  void after_forward() noexcept;
+
+ private:
+  std::unique_ptr<detail::FsdpCore> core_;
+};
+
+template <typename ModuleType>
+class FullyShardedDataParallel : public FullyShardedDataParallelBase {
+ public:
+  FullyShardedDataParallel(std::shared_ptr<ModuleType> module, FSDPOptions options = {})
+      : FullyShardedDataParallelBase(module, std::move(options)), module_(std::move(module)) {}
+  FullyShardedDataParallel(torch::nn::ModuleHolder<ModuleType> holder, FSDPOptions options = {})
+      : FullyShardedDataParallel(holder.ptr(), std::move(options)) {}
+
+  // Forward through the wrapper: gathers the parameters, then calls the module's own forward.
+  // Without grad mode (evaluation) the parameters return to their shards when it returns.
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    before_forward();
+    struct After {
+      FullyShardedDataParallel* self;
+      ~After() { self->after_forward(); }
+    } after{this};
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  const std::shared_ptr<ModuleType>& module() const { return module_; }
+  ModuleType* operator->() const { return module_.get(); }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+
+ private:
+  std::shared_ptr<ModuleType> module_;
+};
+
+template <typename M>
+FullyShardedDataParallel(std::shared_ptr<M>, FSDPOptions = {}) -> FullyShardedDataParallel<M>;
+template <typename M>
+FullyShardedDataParallel(torch::nn::ModuleHolder<M>, FSDPOptions = {})
+    -> FullyShardedDataParallel<M>;
+
+}  // namespace ddp

@@ -1,0 +1,244 @@
+// FullyShardedDataParallel (ZeRO-2), ranks as threads: training equals one process on the global
+// batch at world sizes 1-4 (SGD with momentum and Adam, shards not divisible by the world size),
+// every rank's gathered parameters bitwise alike, each rank holding only its shard between
+// steps, nested units, and mistakes named.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "ddp/error.h"
+#include "ddp/fully_sharded_data_parallel.h"
+#include "support/ranks.h"
+
+namespace ddp {
+namespace {
+
+// Three units by default (a, b, c), sized so that no unit divides evenly by 3 or 4.
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    a = register_module("a", torch::nn::Linear(6, 13));
+    b = register_module("b", torch::nn::Linear(13, 7));
+    c = register_module("c", torch::nn::Linear(7, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) { return c(torch::tanh(b(torch::relu(a(x))))); }
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+enum class Opt { kSgdMomentum, kAdam };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt o, std::vector<at::Tensor> params) {
+  if (o == Opt::kAdam) {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
+  }
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+constexpr int kSteps = 4;
+std::mutex g_rng;  // the global generator is shared by the thread-ranks: seed and draw under it
+constexpr int kGlobalBatch = 24;  // divisible by 1, 2, 3 and 4
+
+at::Tensor inputs(int step) {
+  return torch::randn({kGlobalBatch, 6}, at::TensorOptions().dtype(torch::kFloat))
+      .mul_(1.0 + step);  // a different batch per step, the same on every rank (seeded below)
+}
+
+// `world` thread-ranks, each on its slice of the global batch; every rank's gathered parameters.
+std::vector<std::map<std::string, at::Tensor>> sharded(Opt o, int world) {
+  std::vector<std::map<std::string, at::Tensor>> finals(static_cast<size_t>(world));
+  const int port = testing::free_port();
+  auto errors = testing::run_threads(world, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, world, port));
+    // Rank 0 starts from the reference's values; the others from other values, which the
+    // construction replaces with rank 0's (sync_module_states).
+    Mlp net{nullptr};
+    {
+      std::lock_guard<std::mutex> lock(g_rng);
+      torch::manual_seed(r == 0 ? 11 : 100 + r);
+      net = Mlp();
+    }
+    FullyShardedDataParallel model(net, {.process_group = pg});
+    auto opt = make_optimizer(o, model.parameters());
+    const int per_rank = kGlobalBatch / world;
+    for (int s = 0; s < kSteps; ++s) {
+      at::Tensor x;
+      {
+        std::lock_guard<std::mutex> lock(g_rng);
+        torch::manual_seed(12 + 1000 * s);
+        x = inputs(s);
+      }
+      opt->zero_grad();
+      model(x.narrow(0, r * per_rank, per_rank)).pow(2).mean().backward();
+      opt->step();
+    }
+    for (auto& [name, t] : model.full_parameters()) finals[r][name] = t;
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < world; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+  return finals;
+}
+
+// One process on the global batch, from the same seeds: the reference.
+std::map<std::string, at::Tensor> single_process(Opt o) {
+  std::lock_guard<std::mutex> lock(g_rng);
+  torch::manual_seed(11);
+  Mlp net;
+  auto opt = make_optimizer(o, net->parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    torch::manual_seed(12 + 1000 * s);
+    const at::Tensor x = inputs(s);
+    opt->zero_grad();
+    net->forward(x).pow(2).mean().backward();
+    opt->step();
+  }
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : net->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+TEST(Fsdp, TrainingEqualsOneProcessOnTheGlobalBatchAtEveryWorldSize) {
+  for (Opt o : {Opt::kSgdMomentum, Opt::kAdam}) {
+    const auto want = single_process(o);
+    for (int world : {1, 2, 3, 4}) {
+      SCOPED_TRACE(fmt::format("{} at world {}", o == Opt::kAdam ? "Adam" : "SGD", world));
+      const auto got = sharded(o, world);
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(got[r].size(), want.size());
+        for (const auto& [name, w] : want) {
+          const at::Tensor& g = got[r].at(name);
+          ASSERT_EQ(g.sizes(), w.sizes()) << name;
+          EXPECT_TRUE(torch::allclose(g, w, 1e-5, 1e-6))
+              << name << " on rank " << r << ": max |diff| " << (g - w).abs().max().item<double>();
+          // Every rank gathers the same shards: bitwise alike.
+          EXPECT_TRUE(torch::equal(g, got[0].at(name))) << name << " on rank " << r;
+        }
+      }
+    }
+  }
+}
+
+// Between steps a rank holds its shard only: each unit's flat shard is padded / world elements,
+// and each parameter of the module is a 1-D view of its part inside that shard.
+TEST(Fsdp, BetweenStepsEachRankHoldsItsShardOnly) {
+  constexpr int kWorld = 4;
+  const int port = testing::free_port();
+  auto errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    Mlp net;
+    FullyShardedDataParallel model(net, {.process_group = pg});
+    const auto units = model.units();
+    ASSERT_EQ(units.size(), 3u);
+    EXPECT_EQ(units[0], (std::pair<std::string, size_t>{"a", 2}));
+    EXPECT_EQ(units[2], (std::pair<std::string, size_t>{"c", 2}));
+    // Unit sizes: a 6*13+13 = 91 -> 92 padded, 23 a rank; b 13*7+7 = 98 -> 100, 25;
+    // c 7*3+3 = 24 -> 24, 6.
+    const std::vector<int64_t> shard_sizes{23, 25, 6};
+    const auto shards = model.parameters();
+    ASSERT_EQ(shards.size(), 3u);
+    int64_t held = 0;
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(shards[k].numel(), shard_sizes[k]) << k;
+      EXPECT_TRUE(shards[k].is_leaf() && shards[k].requires_grad());
+    }
+    for (const at::Tensor& p : net->parameters()) {
+      EXPECT_EQ(p.dim(), 1);
+      held += p.numel();
+    }
+    // What this rank's views cover: its shards less the padding (only the last rank pads).
+    const int64_t padding = r == kWorld - 1 ? (92 - 91) + (100 - 98) : 0;
+    EXPECT_EQ(held, 23 + 25 + 6 - padding);
+    // A step: full shapes during forward and backward, shards again after.
+    at::Tensor y = model(torch::randn({2, 6}));
+    EXPECT_EQ(net->a->weight.sizes(), (std::vector<int64_t>{13, 6}));
+    y.sum().backward();
+    EXPECT_EQ(net->a->weight.dim(), 1);
+    EXPECT_FALSE(net->a->weight.grad().defined()) << "the full gradient is dropped";
+    for (const at::Tensor& s : model.parameters()) {
+      ASSERT_TRUE(s.grad().defined());
+      EXPECT_EQ(s.grad().sizes(), s.sizes());
+    }
+    // Evaluation (no grad mode): gathered for the forward only.
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_EQ(model(torch::randn({2, 6})).sizes(), (std::vector<int64_t>{2, 3}));
+    }
+    EXPECT_EQ(net->a->weight.dim(), 1);
+    EXPECT_EQ(model.full_parameters().size(), 6u);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+}
+
+struct NestedImpl : torch::nn::Module {
+  NestedImpl() {
+    outer = register_module("outer", torch::nn::Sequential(torch::nn::Linear(4, 5),
+                                                           torch::nn::Linear(5, 4)));
+    head = register_module("head", torch::nn::Linear(4, 2));
+    scale = register_parameter("scale", torch::ones({2}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return head(outer->forward(x)) * scale; }
+  torch::nn::Sequential outer{nullptr};
+  torch::nn::Linear head{nullptr};
+  at::Tensor scale;
+};
+TORCH_MODULE(Nested);
+
+// The innermost unit holds a parameter; what no unit holds is the root unit.
+TEST(Fsdp, NestedUnitsAndTheRoot) {
+  constexpr int kWorld = 2;
+  const int port = testing::free_port();
+  auto errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    Nested net;
+    FullyShardedDataParallel model(net, {.process_group = pg,
+                                         .units = {net->outer.ptr(), net->outer->ptr(1)}});
+    const auto units = model.units();
+    ASSERT_EQ(units.size(), 3u);
+    // In the order of module->parameters(), which lists a module's own parameters (scale)
+    // before its children's.
+    EXPECT_EQ(units[0], (std::pair<std::string, size_t>{"(root)", 3}));  // scale and head's
+    EXPECT_EQ(units[1], (std::pair<std::string, size_t>{"outer", 2}));   // outer.0's
+    EXPECT_EQ(units[2], (std::pair<std::string, size_t>{"outer.1", 2}));
+    model(torch::randn({3, 4})).sum().backward();
+    const auto full = model.full_parameters();
+    EXPECT_EQ(full.size(), 7u);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+}
+
+TEST(Fsdp, MistakesAreNamed) {
+  auto pg = make_process_group(testing::one_rank_options());
+  Nested net;
+  torch::nn::Linear stranger(2, 2);
+  try {
+    FullyShardedDataParallel model(net, {.process_group = pg, .units = {stranger.ptr()}});
+    ADD_FAILURE() << "a unit outside the module was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a submodule of the wrapped module"),
+              std::string::npos)
+        << e.what();
+  }
+  Nested mixed;
+  mixed->outer->ptr(1)->to(torch::kDouble);
+  try {
+    FullyShardedDataParallel model(mixed, {.process_group = pg});
+    ADD_FAILURE() << "a unit of float and double was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("need one dtype and device"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ddp
