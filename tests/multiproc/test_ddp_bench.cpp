@@ -207,6 +207,25 @@ TEST_F(BenchTest, TrainOverABackendPairKeepsTheCsvColumns) {
   EXPECT_GT(std::stod(rows[1][7]), 0) << "samples/s";
 }
 
+// --fsdp: FullyShardedDataParallel instead of DDP; each of 2 ranks holds half the parameters,
+// gradients and optimizer state (mlp-1024: 1.86 M float parameters, 7.455 MB each).
+TEST_F(BenchTest, TrainWithFsdpShardsWhatEachRankHolds) {
+  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",
+                                   "3", "--warmup", "1", "--fsdp"}));
+  ASSERT_TRUE(r.exited(0)) << r.describe();
+  for (const char* s :
+       {"2 ranks x 1 thread (shm, fsdp)", "FullyShardedDataParallel (ZeRO-2) instead of DDP",
+        "optimizer state 3.727 MB on the fullest rank, 7.455 MB over 2 ranks (FSDP, ZeRO-2)",
+        "parameters and gradients 7.455 MB on the fullest rank between steps"}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  }
+  Result both = run_command(bench(1, {"train", "--steps", "1", "--fsdp", "--zero"}));
+  EXPECT_FALSE(both.exited(0)) << both.describe();
+  EXPECT_NE(both.err.find("--fsdp shards parameters, gradients and optimizer state itself"),
+            std::string::npos)
+      << both.describe();
+}
+
 // DDPOptions from the command line: gradients as views into the buckets, a smaller cap.
 TEST_F(BenchTest, TrainWithBucketViewsAndASmallerCap) {
   Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",

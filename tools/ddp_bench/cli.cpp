@@ -111,6 +111,10 @@ void add_train(CLI::App& app, TrainOptions& t) {
                 "--zero with ZeroOptions::overlap_with_ddp: each DDP bucket's owner steps it "
                 "inside the comm hook (comm_hooks::hook_with_zero_step), no update in the first "
                 "two steps");
+  sub->add_flag("--fsdp", t.fsdp,
+                "ddp::FullyShardedDataParallel (ZeRO-2, a unit per child module) instead of DDP: "
+                "parameters, gradients and SGD's state sharded over the ranks; prints the bytes "
+                "each rank holds");
   sub->add_option("--comm-hook", t.comm_hook,
                   "none | fp16 | bf16 | powersgd[:RANK] (PyTorch's PowerSGD, compressing from "
                   "the third step; prints the compression rate)")

@@ -131,7 +131,10 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   // pg is ours to keep alive; DDP needs a shared_ptr, so wrap it without ownership.
   std::shared_ptr<ProcessGroup> group(std::shared_ptr<ProcessGroup>{}, &pg);
   std::optional<DistributedDataParallel<ModelImpl>> ddp;
-  if (!local) {
+  std::optional<FullyShardedDataParallel<ModelImpl>> fsdp;
+  if (!local && o.fsdp) {
+    fsdp.emplace(net, FSDPOptions{.process_group = group});
+  } else if (!local) {
     ddp.emplace(net, DDPOptions{.process_group = group,
                                 .bucket_cap_mb = o.bucket_cap_mb,
                                 .gradient_as_bucket_view = o.gradient_as_bucket_view});
@@ -145,7 +148,9 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
         .matrix_approximation_rank = o.powersgd_rank, .start_powerSGD_iter = 2});
     hook = comm_hooks::powerSGD_hook(powersgd);
   }
-  auto model = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : net->forward(x); };
+  auto model = [&](const torch::Tensor& x) {
+    return ddp ? (*ddp)(x) : fsdp ? (*fsdp)(x) : net->forward(x);
+  };
   const auto sgd = torch::optim::SGDOptions(o.lr).momentum(o.momentum);
   std::optional<torch::optim::SGD> opt;
   // --zero, with DDP (Note [ZeRO-1]); --zero-overlap steps it in the hook (Note [ZeRO
@@ -159,7 +164,7 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
       hook = comm_hooks::hook_with_zero_step(hook ? hook : comm_hooks::allreduce(), zero);
     }
   } else {
-    opt.emplace(net->parameters(), sgd);
+    opt.emplace(fsdp ? fsdp->parameters() : net->parameters(), sgd);
   }
   if (ddp && hook) ddp->register_comm_hook(hook);
   BatchStream batches(std::move(data), pg, per_rank, o, device);
@@ -223,7 +228,7 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   pg.all_reduce(wall, ReduceOp::kMax).wait();
   sums = sums.cpu();
   const double w = wall.item<double>();
-  if (ddp) {  // the optimizer state this rank holds: with --zero about 1/world of it
+  if (ddp || fsdp) {  // the state this rank holds: with --zero or --fsdp about 1/world of it
     int64_t bytes = 0;
     if (zero) {
       bytes = zero->state_bytes();
@@ -238,10 +243,23 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
     at::Tensor most = total.clone();
     pg.all_reduce(total, ReduceOp::kSum).wait();
     pg.all_reduce(most, ReduceOp::kMax).wait();
+    // Parameters and gradients held between steps: whole under DDP, a shard under FSDP.
+    int64_t held = 0;
+    for (const at::Tensor& p : fsdp ? fsdp->parameters() : net->parameters()) {
+      held += static_cast<int64_t>(p.nbytes());
+      if (p.grad().defined()) held += static_cast<int64_t>(p.grad().nbytes());
+    }
+    at::Tensor held_most = at::full({1}, static_cast<double>(held), at::kDouble).to(device);
+    pg.all_reduce(held_most, ReduceOp::kMax).wait();
     if (pg.rank() == 0) {
       std::printf("# %s: optimizer state %.3f MB on the fullest rank, %.3f MB over %d rank%s%s\n",
                   label.c_str(), most.item<double>() / 1e6, total.item<double>() / 1e6, n,
-                  n > 1 ? "s" : "", zero ? " (ZeRO-1)" : "");
+                  n > 1 ? "s" : "",
+                  zero   ? " (ZeRO-1)"
+                  : fsdp ? " (FSDP, ZeRO-2)"
+                         : "");
+      std::printf("# %s: parameters and gradients %.3f MB on the fullest rank between steps\n",
+                  label.c_str(), held_most.item<double>() / 1e6);
     }
   }
   if (ddp && n > 1 && pg.rank() == 0) print_bucket_profile(label, *ddp, *net, launch_sum,
@@ -321,6 +339,12 @@ int run_train(const TrainOptions& o) {
                     o.global_batch, n));
   }
   if (o.compare && o.no_ddp) throw ConfigError("--compare and --no-ddp exclude each other");
+  if (o.fsdp && (o.zero || o.zero_overlap || o.comm_hook != "none" || o.no_ddp ||
+                 o.gradient_as_bucket_view)) {
+    throw ConfigError(
+        "--fsdp shards parameters, gradients and optimizer state itself: it takes none of "
+        "--zero, --zero-overlap, --comm-hook, --no-ddp or --gradient-as-bucket-view");
+  }
   if (o.lockstep && !o.no_ddp && !o.compare) {
     throw ConfigError("--lockstep is a ceiling: give it with --no-ddp (or --compare, which adds it)");
   }
@@ -354,17 +378,20 @@ int run_train(const TrainOptions& o) {
   say(
       fmt::format("# ddp-bench train: {} on Fashion-MNIST, global batch {} ({} per rank), {} "
                   "rank{} x {} thread{} on {}, backend {}, SGD lr {} momentum {}, {} steps after "
-                  "{} warm-up{}; DDP buckets of {} MB{}{}{}",
+                  "{} warm-up{}{}{}{}{}",
                   o.model, o.global_batch, o.global_batch / n, n, n > 1 ? "s" : "", threads,
                   threads > 1 ? "s" : "", device.str(), pg->backend(), o.lr, o.momentum, o.steps,
                   o.warmup, o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : "",
-                  o.bucket_cap_mb, o.gradient_as_bucket_view ? ", gradients as bucket views" : "",
+                  o.fsdp ? "" : fmt::format("; DDP buckets of {} MB", o.bucket_cap_mb),
+                  o.gradient_as_bucket_view ? ", gradients as bucket views" : "",
                   o.zero_overlap ? "; optimizer: ZeroRedundancyOptimizer(SGD) stepped in DDP's hook"
                   : o.zero       ? "; optimizer: ZeroRedundancyOptimizer(SGD)"
+                  : o.fsdp       ? "; FullyShardedDataParallel (ZeRO-2) instead of DDP"
                                  : "",
-                  o.comm_hook == "none"       ? ""
-                  : o.comm_hook == "powersgd" ? fmt::format("; comm hook powersgd:{}", o.powersgd_rank)
-                                              : "; comm hook " + o.comm_hook));
+                  o.comm_hook == "none" ? ""
+                  : o.comm_hook == "powersgd"
+                      ? fmt::format("; comm hook powersgd:{}", o.powersgd_rank)
+                      : "; comm hook " + o.comm_hook));
   say("# ms per step: data, forward, backward compute, exposed communication (DDP's wait after "
       "backward), optimizer");
   say(train_table_header());
@@ -396,8 +423,11 @@ int run_train(const TrainOptions& o) {
   };
   for (int r = 0; r < o.repeats; ++r) {
     add(rounds[0],
-        o.no_ddp ? ceiling(o.lockstep)
-                 : measure(*pg, data, o, threads, config_label(n, threads, pg->backend()), device),
+        o.no_ddp
+            ? ceiling(o.lockstep)
+            : measure(*pg, data, o, threads,
+                      config_label(n, threads, o.fsdp ? pg->backend() + ", fsdp" : pg->backend()),
+                      device),
         r);
     if (!o.compare) continue;
     add(rounds[3], ceiling(false), r);
