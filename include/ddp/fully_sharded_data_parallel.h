@@ -15,14 +15,31 @@
 // of it that lies in this rank's shard (possibly empty), as FSDP1's use_orig_params shows them;
 // full_parameters() gathers them whole.
 //
-// Strategy: ShardingStrategy::kShardGradOp (ZeRO-2, PyTorch's SHARD_GRAD_OP). The forward
-// gathers every unit's parameters (the all-gathers all in flight at once), keeps them through
-// the backward and frees them when it ends; the backward reduce-scatters each unit's gradient
-// in reverse unit order while it goes on, so each rank holds the average gradient of its shard
-// only. Not yet: kFullShard (ZeRO-3: free after forward, gather again before each unit's
-// backward; LibTorch's C++ modules have no forward hooks, so it needs the units' calls to pass
-// through a wrapper), mixed precision, no_sync, clip_grad_norm over shards and sharded
-// checkpoints.
+// Strategies:
+//   - ShardingStrategy::kShardGradOp (ZeRO-2, PyTorch's SHARD_GRAD_OP): the forward gathers every
+//     unit's parameters (the all-gathers all in flight at once), keeps them through the backward
+//     and frees them when it ends;
+//   - ShardingStrategy::kFullShard (ZeRO-3, PyTorch's FULL_SHARD): a unit's parameters are
+//     gathered when its forward starts (the next unit's all-gather already in flight), freed
+//     when it returns, gathered again when the backward reaches it (the next one's prefetched)
+//     and freed once its gradient is reduce-scattered. LibTorch's C++ modules have no forward
+//     hooks, so such a unit is a ddp::Sharded<M> in the model (below): its forward is the hook.
+// Either way the backward reduce-scatters each unit's gradient in reverse unit order while it
+// goes on, so each rank holds the average gradient of its shard only. Not yet: mixed precision,
+// no_sync, clip_grad_norm over shards and sharded checkpoints.
+//
+// ZeRO-3 units in a model:
+//   struct NetImpl : torch::nn::Module {
+//     ddp::Sharded<torch::nn::LinearImpl> fc1{nullptr}, fc2{nullptr};
+//     NetImpl() {
+//       fc1 = register_module("fc1", ddp::Sharded<torch::nn::LinearImpl>(784, 1024));
+//       fc2 = register_module("fc2", ddp::Sharded<torch::nn::LinearImpl>(1024, 10));
+//     }
+//     at::Tensor forward(at::Tensor x) { return fc2(torch::relu(fc1(x))); }
+//   };
+//   ddp::FullyShardedDataParallel model(net, {.sharding_strategy = ddp::ShardingStrategy::kFullShard});
+// A Sharded<M> holds its M as the child "module" (FSDP1's wrapped module); full_parameters()
+// names parameters without it ("fc1.weight"). Outside a FullyShardedDataParallel it is M.
 //
 // Construction is a collective (every rank, the same module structure); with sync_module_states
 // rank 0's parameters go to every rank. Every parameter of a unit must have one dtype and
@@ -49,6 +66,9 @@ namespace ddp {
 enum class ShardingStrategy {
   // ZeRO-2 (PyTorch's SHARD_GRAD_OP): parameters gathered for forward and backward, freed after.
   kShardGradOp,
+  // ZeRO-3 (PyTorch's FULL_SHARD): each ddp::Sharded unit gathered for its forward and again for
+  // its backward, freed after each. Units that are not Sharded are gathered as in ZeRO-2.
+  kFullShard,
 };
 
 struct FSDPOptions {
@@ -56,9 +76,10 @@ struct FSDPOptions {
   std::shared_ptr<ProcessGroup> process_group;
   ShardingStrategy sharding_strategy = ShardingStrategy::kShardGradOp;
   // The units: submodules of the wrapped module whose parameters are sharded, gathered and
-  // reduced together (FSDP1's wrapped submodules). A parameter inside several (nested) units
-  // belongs to the innermost. Empty: one unit per direct child that has parameters. Parameters
-  // no unit holds form the root unit.
+  // reduced together (FSDP1's wrapped submodules). Every ddp::Sharded submodule is one as well.
+  // A parameter inside several (nested) units belongs to the innermost. Empty, and no Sharded
+  // submodule: one unit per direct child that has parameters. Parameters no unit holds form the
+  // root unit.
   std::vector<std::shared_ptr<torch::nn::Module>> units;
   // Copy rank 0's parameters to every rank at construction (PyTorch's sync_module_states).
   bool sync_module_states = true;
@@ -66,7 +87,56 @@ struct FSDPOptions {
 
 namespace detail {
 class FsdpCore;
-}
+
+// What FullyShardedDataParallel sees of a ddp::Sharded unit.
+class ShardedBase : public torch::nn::Module {
+ public:
+  // Before the wrapped module's forward: its parameters gathered (a no-op when not bound).
+  void before_unit_forward();
+  // After it: `out` marked so that its backward gathers them again; freed (ZeRO-3).
+  at::Tensor after_unit_forward(at::Tensor out);
+  // After a forward that threw: back to the shards.
+  void unit_forward_failed() noexcept;
+
+ private:
+  friend class FsdpCore;
+  FsdpCore* core_ = nullptr;  // set by the FullyShardedDataParallel that holds it
+  size_t unit_ = 0;
+};
+}  // namespace detail
+
+// A ZeRO-3 unit: M, whose parameters a FullyShardedDataParallel gathers when its forward starts
+// and frees when it returns (Note [FSDP units]). Use Sharded<M> where M would go; its forward
+// takes one tensor and returns one, as M's must (a module taking more: wrap its parts).
+template <typename M>
+class ShardedImpl : public detail::ShardedBase {
+ public:
+  template <typename... Args>
+  explicit ShardedImpl(Args&&... args)
+      : module(register_module("module", std::make_shared<M>(std::forward<Args>(args)...))) {}
+  explicit ShardedImpl(torch::nn::ModuleHolder<M> holder)
+      : module(register_module("module", holder.ptr())) {}
+
+  at::Tensor forward(const at::Tensor& input) {
+    before_unit_forward();
+    at::Tensor out;
+    try {
+      out = module->forward(input);
+    } catch (...) {
+      unit_forward_failed();
+      throw;
+    }
+    return after_unit_forward(std::move(out));
+  }
+
+  std::shared_ptr<M> module;
+};
+
+template <typename M>
+class Sharded : public torch::nn::ModuleHolder<ShardedImpl<M>> {
+ public:
+  using torch::nn::ModuleHolder<ShardedImpl<M>>::ModuleHolder;
+};
 
 class FullyShardedDataParallelBase {
  public:

@@ -7,22 +7,33 @@
 // shards of `padded / W`; rank r keeps shard r as a leaf tensor of its own (`shard`), which is
 // what the optimizer steps. The module's parameters stay the autograd leaves the module's code
 // uses, but their data moves (set_data, which keeps each one's identity, version counter and
-// gradient accumulator):
+// gradient accumulator; the accumulators are made first, while the parameters have their full
+// shapes, since an accumulator checks gradients against the shape it was made with):
 //   - between steps, each is a 1-D view of the part of it inside this rank's shard (empty when
 //     none is), as FSDP1 with use_orig_params shows them: reading one never touches freed
 //     memory, and the optimizer's updates show through;
-//   - before a forward, `full` (padded elements) receives every rank's shard (all_gather, every
-//     unit's in flight at once), and each parameter becomes its full-shaped view of `full`;
+//   - gathered, each is its full-shaped view of `full` (padded elements), which an all_gather
+//     of every rank's shard fills. `full` is one tensor for the unit's life; freeing it frees
+//     its storage's bytes in place (the StorageImpl stays, with no memory), and gathering again
+//     gives the same storage new bytes, as FSDP1 resizes its flat parameter's storage. That
+//     matters for ZeRO-3: the autograd graph keeps views of the parameters made in the forward
+//     (a Linear's weight.t()), which share that storage, so they see the values again when the
+//     backward gathers the unit, and keep no memory alive while it is freed;
 //   - in the backward, a post hook on each parameter's gradient accumulator counts the unit's
 //     gradients; a complete unit is flattened into `padded` elements and reduce-scattered (sum,
-//     then divided by W: the average, as DDP's), the full-size gradients dropped at once. Units
-//     are launched in reverse unit order only, so that every rank issues the same collectives in
-//     the same order whatever order its gradients arrive in; a unit still incomplete when the
-//     backward ends (a parameter unused on this rank) is launched then, its missing gradients as
-//     zeros, on every rank alike;
+//     then divided by W: the average, as DDP's), the full-size gradients dropped at once, and a
+//     ZeRO-3 unit freed. Units are launched in reverse unit order only, so that every rank
+//     issues the same collectives in the same order whatever order its gradients arrive in; a
+//     unit still incomplete when the backward ends (a parameter unused on this rank) is launched
+//     then, its missing gradients as zeros, on every rank alike;
 //   - when the backward ends (an engine callback), the averaged shard gradients are added to the
-//     shards' .grad and the parameters return to their sharded views, which frees `full` once the
-//     autograd graph has released it (ZeRO-2).
+//     shards' .grad and every unit is back on its shard (ZeRO-2's free).
+// ZeRO-3 (a ddp::Sharded unit under kFullShard): its forward gathers it (the next Sharded unit's
+// all_gather started first, so it runs during this unit's compute), then frees it and returns
+// its output through PreBackward, an identity whose backward gathers the unit again (the
+// previous Sharded unit's all_gather started) before the unit's own backward runs. All of it
+// happens in the same order on every rank: the forward's order, and the autograd engine's,
+// which is the same for the same graph.
 // Unit order is forward order as far as registration order tells it: units sorted by the
 // position of their first parameter in module->parameters().
 #include "ddp/fully_sharded_data_parallel.h"
@@ -36,6 +47,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -48,16 +60,20 @@ namespace ddp {
 namespace detail {
 
 struct FsdpUnit {
+  enum class State { kSharded, kGathering, kGathered };
   std::string name;
-  std::vector<std::string> param_names;  // as module->named_parameters() names them
+  std::vector<std::string> param_names;  // full_parameters()' names (no Sharded "module.")
   std::vector<at::Tensor> params;        // the module's own parameter tensors
   std::vector<std::vector<int64_t>> shapes;
   std::vector<int64_t> offsets;  // into the flat parameter
   int64_t numel = 0;
   int64_t padded = 0;
   int64_t shard_numel = 0;
+  ShardedBase* sharded = nullptr;  // a ddp::Sharded unit: gathers itself (ZeRO-3)
   at::Tensor shard;  // [shard_numel], a leaf: this rank's part, stepped by the optimizer
-  at::Tensor full;   // [padded] while gathered, else undefined
+  at::Tensor full;   // [padded]: its storage has bytes only while gathered
+  State state = State::kSharded;
+  std::optional<Work> gathering;
   // This backward's state.
   size_t ready = 0;
   bool launched = false;
@@ -73,6 +89,10 @@ class FsdpCore {
 
   void before_forward();
   void after_forward() noexcept;
+  void before_unit_forward(size_t k);
+  at::Tensor after_unit_forward(size_t k, at::Tensor out);
+  void unit_forward_failed(size_t k) noexcept;
+  void before_unit_backward(size_t k);
   std::vector<at::Tensor> shards() const;
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   std::vector<std::pair<std::string, size_t>> units() const;
@@ -82,8 +102,14 @@ class FsdpCore {
   void form_units(const std::shared_ptr<torch::nn::Module>& module,
                   const std::vector<std::shared_ptr<torch::nn::Module>>& wrapped);
   void shard_unit(FsdpUnit& u, bool sync);
-  void gather();  // every unit's full parameters, in place
-  void use_sharded_views(FsdpUnit& u);
+  void start_gather(FsdpUnit& u);
+  void finish_gather(FsdpUnit& u);
+  void reshard(FsdpUnit& u) noexcept;
+  bool zero3(const FsdpUnit& u) const {
+    return u.sharded != nullptr && options_.sharding_strategy == ShardingStrategy::kFullShard;
+  }
+  // The Sharded unit after (+1) or before (-1) unit k, in unit order; nullptr at either end.
+  FsdpUnit* neighbour(size_t k, int direction);
   void on_gradient(size_t unit);
   void launch(FsdpUnit& u);
   void finalize();
@@ -96,14 +122,57 @@ class FsdpCore {
   // The gradient hooks: one per parameter, removed at destruction.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::pair<size_t, uintptr_t>> hooks_;  // (accumulator, key)
-  bool armed_ = false;                               // a forward ran and its backward has not ended
-  bool in_backward_ = false;                         // the end-of-backward callback is queued
-  int next_launch_ = -1;                             // the unit to reduce-scatter next (descending)
+  bool armed_ = false;        // a forward ran with grad mode and its backward has not ended
+  bool in_backward_ = false;  // the end-of-backward callback is queued
+  int next_launch_ = -1;      // the unit to reduce-scatter next (descending)
 };
 
 namespace {
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// `t`'s storage without bytes, and with `bytes` again (Note [FSDP units]): in place, so that
+// every view of it, the autograd graph's included, follows. Any device: its own allocator.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, s->device()));
+  s->set_nbytes(static_cast<size_t>(0));
+}
+void allocate_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
+}
+
+// ZeRO-3's pre-backward hook: an identity on a Sharded unit's output whose backward gathers the
+// unit's parameters before the unit's own backward uses them.
+struct PreBackward : public torch::autograd::Function<PreBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out,
+                            int64_t core, int64_t unit) {
+    ctx->saved_data["core"] = core;
+    ctx->saved_data["unit"] = unit;
+    return out.view_as(out);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* core = reinterpret_cast<FsdpCore*>(ctx->saved_data["core"].toInt());
+    core->before_unit_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// `key` without the "module." that each Sharded unit (paths in `sharded`) puts before its
+// module's names: "fc1.module.weight" -> "fc1.weight". The innermost first.
+std::string clean_name(std::string key, const std::vector<std::string>& sharded) {
+  for (const std::string& path : sharded) {
+    const std::string prefix = path.empty() ? "module." : path + ".module.";
+    if (key.rfind(prefix, 0) == 0) {
+      key = (path.empty() ? "" : path + ".") + key.substr(prefix.size());
+    }
+  }
+  return key;
+}
 
 // The parameters `m` holds (recursively), keyed by TensorImpl.
 std::unordered_map<const void*, size_t> count_of(const torch::nn::Module& m) {
@@ -121,6 +190,23 @@ FsdpCore::FsdpCore(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions
   world_ = group_->size();
   rank_ = group_->rank();
   form_units(module, options_.units);
+  bool any_sharded = false;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    if (units_[k].sharded != nullptr) {
+      DDP_CHECK(units_[k].sharded->core_ == nullptr, ConfigError,
+                "FullyShardedDataParallel: unit '{}' is already in another "
+                "FullyShardedDataParallel",
+                units_[k].name);
+      units_[k].sharded->core_ = this;
+      units_[k].sharded->unit_ = k;
+      any_sharded = true;
+    }
+  }
+  DDP_CHECK(any_sharded || options_.sharding_strategy != ShardingStrategy::kFullShard, ConfigError,
+            "FullyShardedDataParallel: ShardingStrategy::kFullShard (ZeRO-3) frees a unit's "
+            "parameters when its forward returns, which needs that forward to pass through "
+            "ddp::Sharded<M> (LibTorch's modules have no forward hooks); the module has no "
+            "Sharded unit. Build its units as ddp::Sharded<M>, or use kShardGradOp");
   // The gradient accumulators first, while every parameter has its full shape: an accumulator
   // checks incoming gradients against the shape its parameter had when it was made.
   for (size_t k = 0; k < units_.size(); ++k) {
@@ -144,6 +230,13 @@ FsdpCore::FsdpCore(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions
 FsdpCore::~FsdpCore() {
   for (const auto& [i, key] : hooks_) accumulators_[i]->del_post_hook(key);
   for (FsdpUnit& u : units_) {
+    if (u.sharded != nullptr) u.sharded->core_ = nullptr;
+    if (u.gathering) {
+      try {
+        u.gathering->wait();
+      } catch (...) {
+      }
+    }
     if (u.work) {
       try {
         u.work->wait();
@@ -156,24 +249,34 @@ FsdpCore::~FsdpCore() {
 void FsdpCore::form_units(const std::shared_ptr<torch::nn::Module>& module,
                           const std::vector<std::shared_ptr<torch::nn::Module>>& wrapped) {
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> candidates;
-  if (wrapped.empty()) {
+  // Names from the module tree; every Sharded submodule is a unit.
+  std::map<const torch::nn::Module*, std::string> names;
+  std::vector<std::string> sharded_paths;
+  for (const auto& item : module->named_modules("", /*include_self=*/true)) {
+    names.emplace(item.value().get(), item.key());
+    if (dynamic_cast<ShardedBase*>(item.value().get()) != nullptr) {
+      sharded_paths.push_back(item.key());
+      if (item.value() != module) candidates.emplace_back(item.key(), item.value());
+    }
+  }
+  // The innermost first (the longest path), for clean_name.
+  std::sort(sharded_paths.begin(), sharded_paths.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  if (wrapped.empty() && candidates.empty()) {
     for (const auto& child : module->named_children()) {
       if (!child.value()->parameters().empty()) candidates.emplace_back(child.key(), child.value());
     }
   } else {
-    // Names from the module tree; a unit outside it is a mistake.
-    std::map<const torch::nn::Module*, std::string> names;
-    for (const auto& item : module->named_modules("", /*include_self=*/false)) {
-      names.emplace(item.value().get(), item.key());
-    }
     for (const auto& m : wrapped) {
       DDP_CHECK(m != nullptr, ConfigError, "FullyShardedDataParallel: a unit is null");
       auto it = names.find(m.get());
-      DDP_CHECK(it != names.end(), ConfigError,
+      DDP_CHECK(it != names.end() && m != module, ConfigError,
                 "FullyShardedDataParallel: a unit ({}) is not a submodule of the wrapped module; "
                 "pass submodules of it (or nothing: one unit per child)",
                 m->name());
-      candidates.emplace_back(it->second, m);
+      bool listed = false;
+      for (const auto& c : candidates) listed = listed || c.second == m;
+      if (!listed) candidates.emplace_back(it->second, m);
     }
   }
   // Each parameter goes to the smallest unit holding it: the innermost of nested units.
@@ -199,6 +302,9 @@ void FsdpCore::form_units(const std::shared_ptr<torch::nn::Module>& module,
     if (fresh) {
       units_.emplace_back();
       units_.back().name = owner[i] == kRoot ? "(root)" : candidates[owner[i]].first;
+      if (owner[i] != kRoot) {
+        units_.back().sharded = dynamic_cast<ShardedBase*>(candidates[owner[i]].second.get());
+      }
     }
     FsdpUnit& u = units_[it->second];
     const at::Tensor& p = named[i].value();
@@ -212,7 +318,7 @@ void FsdpCore::form_units(const std::shared_ptr<torch::nn::Module>& module,
                 u.param_names.front(), c10::toString(p.scalar_type()), p.device().str(),
                 named[i].key(), named[i].key());
     }
-    u.param_names.push_back(named[i].key());
+    u.param_names.push_back(clean_name(named[i].key(), sharded_paths));
     u.params.push_back(p);
     u.shapes.push_back(p.sizes().vec());
     u.offsets.push_back(u.numel);
@@ -232,20 +338,48 @@ void FsdpCore::shard_unit(FsdpUnit& u, bool sync) {
   const at::Tensor& first = u.params.front();
   u.padded = std::max<int64_t>(round_up(u.numel, world_), world_);
   u.shard_numel = u.padded / world_;
-  at::Tensor flat = at::zeros({u.padded}, first.options().requires_grad(false));
+  u.full = at::zeros({u.padded}, first.options().requires_grad(false));
   {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < u.params.size(); ++i) {
-      flat.narrow(0, u.offsets[i], c10::multiply_integers(u.shapes[i]))
+      u.full.narrow(0, u.offsets[i], c10::multiply_integers(u.shapes[i]))
           .copy_(u.params[i].reshape({-1}));
     }
   }
-  if (sync) group_->broadcast(flat, 0).wait();
-  u.shard = flat.narrow(0, rank_ * u.shard_numel, u.shard_numel).clone().set_requires_grad(true);
-  use_sharded_views(u);
+  if (sync) group_->broadcast(u.full, 0).wait();
+  u.shard = u.full.narrow(0, rank_ * u.shard_numel, u.shard_numel).clone().set_requires_grad(true);
+  u.state = FsdpUnit::State::kGathered;
+  reshard(u);
 }
 
-void FsdpCore::use_sharded_views(FsdpUnit& u) {
+void FsdpCore::start_gather(FsdpUnit& u) {
+  if (u.state != FsdpUnit::State::kSharded) return;
+  allocate_storage(u.full);
+  u.gathering = group_->all_gather_into_tensor(u.full, u.shard.detach());
+  u.state = FsdpUnit::State::kGathering;
+}
+
+void FsdpCore::finish_gather(FsdpUnit& u) {
+  start_gather(u);
+  if (u.state != FsdpUnit::State::kGathering) return;
+  u.gathering->wait();
+  u.gathering.reset();
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    const int64_t n = c10::multiply_integers(u.shapes[i]);
+    u.params[i].set_data(u.full.narrow(0, u.offsets[i], n).view(u.shapes[i]));
+  }
+  u.state = FsdpUnit::State::kGathered;
+}
+
+void FsdpCore::reshard(FsdpUnit& u) noexcept {
+  if (u.state == FsdpUnit::State::kGathering) {
+    try {
+      u.gathering->wait();
+    } catch (...) {  // the group failed: the next collective says so
+    }
+    u.gathering.reset();
+  }
+  if (u.state == FsdpUnit::State::kSharded) return;
   const int64_t begin = rank_ * u.shard_numel;
   const int64_t end = begin + u.shard_numel;
   const at::Tensor data = u.shard.detach();
@@ -254,28 +388,32 @@ void FsdpCore::use_sharded_views(FsdpUnit& u) {
     const int64_t b = std::min(end, u.offsets[i] + c10::multiply_integers(u.shapes[i]));
     u.params[i].set_data(b > a ? data.narrow(0, a - begin, b - a) : data.narrow(0, 0, 0));
   }
-  u.full = at::Tensor();
+  free_storage(u.full);
+  u.state = FsdpUnit::State::kSharded;
 }
 
-void FsdpCore::gather() {
-  std::vector<Work> works;
-  for (FsdpUnit& u : units_) {
-    u.full = at::empty({u.padded}, u.shard.options().requires_grad(false));
-    works.push_back(group_->all_gather_into_tensor(u.full, u.shard.detach()));
+FsdpUnit* FsdpCore::neighbour(size_t k, int direction) {
+  for (auto j = static_cast<int64_t>(k) + direction;
+       j >= 0 && j < static_cast<int64_t>(units_.size()); j += direction) {
+    if (units_[static_cast<size_t>(j)].sharded != nullptr) return &units_[static_cast<size_t>(j)];
   }
-  for (Work& w : works) w.wait();
-  for (FsdpUnit& u : units_) {
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      const int64_t n = c10::multiply_integers(u.shapes[i]);
-      u.params[i].set_data(u.full.narrow(0, u.offsets[i], n).view(u.shapes[i]));
-    }
-  }
+  return nullptr;
 }
 
 void FsdpCore::before_forward() {
   DDP_CHECK(!in_backward_, Error,
             "[rank {}] FullyShardedDataParallel: a forward started inside a backward", rank_);
-  gather();
+  // What the forward needs first: every unit (ZeRO-2), or the units that do not gather
+  // themselves and the first Sharded one (ZeRO-3); all in flight at once.
+  std::vector<FsdpUnit*> now;
+  for (FsdpUnit& u : units_) {
+    if (!zero3(u)) now.push_back(&u);
+  }
+  for (FsdpUnit* u : now) start_gather(*u);
+  if (FsdpUnit* first = neighbour(static_cast<size_t>(-1), +1); first != nullptr && zero3(*first)) {
+    start_gather(*first);
+  }
+  for (FsdpUnit* u : now) finish_gather(*u);
   for (FsdpUnit& u : units_) {
     u.ready = 0;
     u.launched = false;
@@ -285,9 +423,41 @@ void FsdpCore::before_forward() {
 }
 
 void FsdpCore::after_forward() noexcept {
-  if (armed_ && std::uncaught_exceptions() == 0) return;  // the backward frees them (ZeRO-2)
+  if (armed_ && std::uncaught_exceptions() == 0) return;  // the backward frees them
   armed_ = false;
-  for (FsdpUnit& u : units_) use_sharded_views(u);
+  for (FsdpUnit& u : units_) reshard(u);
+}
+
+void FsdpCore::before_unit_forward(size_t k) {
+  FsdpUnit& u = units_[k];
+  start_gather(u);
+  if (zero3(u)) {
+    if (FsdpUnit* next = neighbour(k, +1); next != nullptr) start_gather(*next);  // prefetch
+  }
+  finish_gather(u);
+}
+
+at::Tensor FsdpCore::after_unit_forward(size_t k, at::Tensor out) {
+  FsdpUnit& u = units_[k];
+  if (!zero3(u)) return out;  // gathered until the backward ends (ZeRO-2)
+  if (armed_ && out.requires_grad()) {
+    out = PreBackward::apply(out, reinterpret_cast<int64_t>(this), static_cast<int64_t>(k));
+  }
+  reshard(u);
+  return out;
+}
+
+void FsdpCore::unit_forward_failed(size_t k) noexcept {
+  if (zero3(units_[k])) reshard(units_[k]);
+}
+
+void FsdpCore::before_unit_backward(size_t k) {
+  FsdpUnit& u = units_[k];
+  start_gather(u);
+  if (FsdpUnit* previous = neighbour(k, -1); previous != nullptr && zero3(*previous)) {
+    start_gather(*previous);  // prefetch: the backward reaches it next
+  }
+  finish_gather(u);
 }
 
 void FsdpCore::on_gradient(size_t unit) {
@@ -311,12 +481,13 @@ void FsdpCore::launch(FsdpUnit& u) {
     at::Tensor& g = u.params[i].mutable_grad();
     if (g.defined()) {
       u.grad_in.narrow(0, u.offsets[i], g.numel()).copy_(g.reshape({-1}));
-      g = at::Tensor();  // the full-size gradient is not kept (ZeRO-2)
+      g = at::Tensor();  // the full-size gradient is not kept
     }
   }
   u.grad_out = at::empty({u.shard_numel}, u.grad_in.options());
   u.work = group_->reduce_scatter_tensor(u.grad_out, u.grad_in, ReduceOp::kSum);
   u.launched = true;
+  if (zero3(u)) reshard(u);  // its backward is over: every gradient of it has arrived
 }
 
 void FsdpCore::finalize() {
@@ -335,7 +506,7 @@ void FsdpCore::finalize() {
       g = u.grad_out;
     }
     u.grad_out = at::Tensor();
-    use_sharded_views(u);
+    reshard(u);
   }
 }
 
@@ -350,13 +521,14 @@ std::vector<std::pair<std::string, at::Tensor>> FsdpCore::full_parameters() {
             "[rank {}] FullyShardedDataParallel::full_parameters() between a forward and its "
             "backward; call it between steps",
             rank_);
-  gather();
+  for (FsdpUnit& u : units_) start_gather(u);
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (FsdpUnit& u : units_) {
+    finish_gather(u);
     for (size_t i = 0; i < u.params.size(); ++i) {
       out.emplace_back(u.param_names[i], u.params[i].detach().clone());
     }
-    use_sharded_views(u);
+    reshard(u);
   }
   return out;
 }
@@ -365,6 +537,18 @@ std::vector<std::pair<std::string, size_t>> FsdpCore::units() const {
   std::vector<std::pair<std::string, size_t>> out;
   for (const FsdpUnit& u : units_) out.emplace_back(u.name, u.params.size());
   return out;
+}
+
+void ShardedBase::before_unit_forward() {
+  if (core_ != nullptr) core_->before_unit_forward(unit_);
+}
+
+at::Tensor ShardedBase::after_unit_forward(at::Tensor out) {
+  return core_ != nullptr ? core_->after_unit_forward(unit_, std::move(out)) : out;
+}
+
+void ShardedBase::unit_forward_failed() noexcept {
+  if (core_ != nullptr) core_->unit_forward_failed(unit_);
 }
 
 }  // namespace detail

@@ -4,6 +4,7 @@
 // steps, nested units, and mistakes named.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -217,6 +218,141 @@ TEST(Fsdp, NestedUnitsAndTheRoot) {
   }
 }
 
+// ZeRO-3: the same three layers as ddp::Sharded units (each gathers itself for its forward and
+// again for its backward), a root parameter beside them, and `a` called twice per forward.
+struct ShardedMlpImpl : torch::nn::Module {
+  ShardedMlpImpl() {
+    a = register_module("a", Sharded<torch::nn::LinearImpl>(6, 6));
+    b = register_module("b", Sharded<torch::nn::LinearImpl>(6, 7));
+    c = register_module("c", Sharded<torch::nn::LinearImpl>(7, 3));
+    gain = register_parameter("gain", torch::full({3}, 1.5));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = torch::relu(a(x));
+    if (probe) probe(h);
+    return c(torch::tanh(b(a(h)))) * gain;
+  }
+  Sharded<torch::nn::LinearImpl> a{nullptr}, b{nullptr}, c{nullptr};
+  at::Tensor gain;
+  std::function<void(at::Tensor&)> probe;  // sees a's first output in the forward
+};
+TORCH_MODULE(ShardedMlp);
+
+std::vector<at::Tensor> values_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, t] : named) out.push_back(t);
+  return out;
+}
+
+TEST(Fsdp, ZeroThreeEqualsOneProcessOnTheGlobalBatch) {
+  for (Opt o : {Opt::kSgdMomentum, Opt::kAdam}) {
+    // The reference: the same model, not wrapped (a Sharded<M> alone is M).
+    std::vector<at::Tensor> want;
+    {
+      std::lock_guard<std::mutex> lock(g_rng);
+      torch::manual_seed(21);
+      ShardedMlp net;
+      auto opt = make_optimizer(o, net->parameters());
+      for (int s = 0; s < kSteps; ++s) {
+        torch::manual_seed(12 + 1000 * s);
+        const at::Tensor x = inputs(s);
+        opt->zero_grad();
+        net->forward(x).pow(2).mean().backward();
+        opt->step();
+      }
+      for (const at::Tensor& p : net->parameters()) want.push_back(p.detach().clone());
+    }
+    for (int world : {1, 2, 3, 4}) {
+      SCOPED_TRACE(fmt::format("{} at world {}", o == Opt::kAdam ? "Adam" : "SGD", world));
+      std::vector<std::vector<at::Tensor>> got(static_cast<size_t>(world));
+      const int port = testing::free_port();
+      auto errors = testing::run_threads(world, [&](int r) {
+        auto pg = make_process_group(testing::thread_rank(r, world, port));
+        ShardedMlp net{nullptr};
+        {
+          std::lock_guard<std::mutex> lock(g_rng);
+          torch::manual_seed(r == 0 ? 21 : 300 + r);
+          net = ShardedMlp();
+        }
+        FullyShardedDataParallel model(net, {.process_group = pg,
+                                             .sharding_strategy = ShardingStrategy::kFullShard});
+        auto opt = make_optimizer(o, model.parameters());
+        const int per_rank = kGlobalBatch / world;
+        for (int s = 0; s < kSteps; ++s) {
+          at::Tensor x;
+          {
+            std::lock_guard<std::mutex> lock(g_rng);
+            torch::manual_seed(12 + 1000 * s);
+            x = inputs(s);
+          }
+          opt->zero_grad();
+          model(x.narrow(0, r * per_rank, per_rank)).pow(2).mean().backward();
+          opt->step();
+        }
+        const auto full = model.full_parameters();
+        EXPECT_EQ(full.front().first, "gain");  // the root unit's, own parameters first
+        EXPECT_EQ(full[1].first, "a.weight") << "named without Sharded's \"module.\"";
+        got[r] = values_of(full);
+        pg->barrier().wait();
+      });
+      for (int r = 0; r < world; ++r) {
+        if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+      }
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(got[r].size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          EXPECT_TRUE(torch::allclose(got[r][i], want[i], 1e-5, 1e-6))
+              << "parameter " << i << " on rank " << r << ": max |diff| "
+              << (got[r][i] - want[i]).abs().max().item<double>();
+          EXPECT_TRUE(torch::equal(got[r][i], got[0][i])) << i << " on rank " << r;
+        }
+      }
+    }
+  }
+}
+
+// ZeRO-3's lifetimes: a Sharded unit is whole only inside its own forward and backward.
+TEST(Fsdp, ZeroThreeHoldsAUnitWholeOnlyInsideItsForwardAndBackward) {
+  constexpr int kWorld = 2;
+  const int port = testing::free_port();
+  auto errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    ShardedMlp net;
+    FullyShardedDataParallel model(net, {.process_group = pg,
+                                         .sharding_strategy = ShardingStrategy::kFullShard});
+    const auto units = model.units();
+    ASSERT_EQ(units.size(), 4u);
+    EXPECT_EQ(units[0].first, "(root)");
+    EXPECT_EQ(units[1].first, "a");
+    auto whole = [](const Sharded<torch::nn::LinearImpl>& unit) {
+      return unit->module->weight.dim() == 2;
+    };
+    bool checked_forward = false, checked_backward = false;
+    net->probe = [&](at::Tensor& h) {
+      // a has returned: freed; b and c not yet gathered (b's all_gather may be in flight).
+      EXPECT_FALSE(whole(net->a));
+      EXPECT_FALSE(whole(net->c));
+      checked_forward = true;
+      h.register_hook([&](const at::Tensor&) {
+        // The backward reached a's first output: b and c are done and freed, a's first use
+        // is next; a itself is whole, gathered for its second use's backward.
+        EXPECT_FALSE(whole(net->b));
+        EXPECT_FALSE(whole(net->c));
+        checked_backward = true;
+      });
+    };
+    at::Tensor y = model(torch::randn({4, 6}));
+    EXPECT_FALSE(whole(net->a) || whole(net->b) || whole(net->c)) << "after the forward";
+    y.sum().backward();
+    EXPECT_TRUE(checked_forward && checked_backward);
+    EXPECT_FALSE(whole(net->a) || whole(net->b) || whole(net->c)) << "after the backward";
+    for (const at::Tensor& s : model.parameters()) EXPECT_TRUE(s.grad().defined());
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+}
+
 TEST(Fsdp, MistakesAreNamed) {
   auto pg = make_process_group(testing::one_rank_options());
   Nested net;
@@ -236,6 +372,16 @@ TEST(Fsdp, MistakesAreNamed) {
     ADD_FAILURE() << "a unit of float and double was taken";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("need one dtype and device"), std::string::npos)
+        << e.what();
+  }
+  Mlp plain;
+  try {
+    FullyShardedDataParallel model(plain, {.process_group = pg,
+                                           .sharding_strategy = ShardingStrategy::kFullShard});
+    ADD_FAILURE() << "ZeRO-3 without a Sharded unit was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs that forward to pass through ddp::Sharded<M>"),
+              std::string::npos)
         << e.what();
   }
 }
