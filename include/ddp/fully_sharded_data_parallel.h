@@ -85,6 +85,16 @@ struct FSDPOptions {
   bool sync_module_states = true;
 };
 
+// What a rank holds of the parameters (bytes), for memory reports.
+struct FSDPMemoryStats {
+  int64_t shard_bytes = 0;  // this rank's shards: all it keeps between steps (plus their .grad)
+  int64_t full_bytes = 0;   // every unit whole: what each rank of DDP keeps
+  // The most parameter bytes gathered at once since construction or the last reset: every unit
+  // under ZeRO-2; under ZeRO-3 the non-Sharded units and at most a Sharded unit or two (the one
+  // computing and the one prefetched).
+  int64_t peak_gathered_bytes = 0;
+};
+
 namespace detail {
 class FsdpCore;
 
@@ -151,6 +161,8 @@ class FullyShardedDataParallelBase {
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   // The units in forward order: a name ("fc1", or "(root)") and how many parameters it holds.
   std::vector<std::pair<std::string, size_t>> units() const;
+  FSDPMemoryStats memory_stats() const;
+  void reset_peak_memory_stats();
   ProcessGroup& process_group();
 
  protected:

@@ -96,6 +96,8 @@ class FsdpCore {
   std::vector<at::Tensor> shards() const;
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   std::vector<std::pair<std::string, size_t>> units() const;
+  FSDPMemoryStats memory_stats() const;
+  void reset_peak() { peak_gathered_ = gathered_; }
   ProcessGroup& group() { return *group_; }
 
  private:
@@ -125,6 +127,8 @@ class FsdpCore {
   bool armed_ = false;        // a forward ran with grad mode and its backward has not ended
   bool in_backward_ = false;  // the end-of-backward callback is queued
   int next_launch_ = -1;      // the unit to reduce-scatter next (descending)
+  int64_t gathered_ = 0;      // bytes of the units' flat storages that hold bytes now
+  int64_t peak_gathered_ = 0;
 };
 
 namespace {
@@ -349,12 +353,16 @@ void FsdpCore::shard_unit(FsdpUnit& u, bool sync) {
   if (sync) group_->broadcast(u.full, 0).wait();
   u.shard = u.full.narrow(0, rank_ * u.shard_numel, u.shard_numel).clone().set_requires_grad(true);
   u.state = FsdpUnit::State::kGathered;
+  gathered_ += static_cast<int64_t>(u.full.nbytes());
   reshard(u);
+  peak_gathered_ = 0;
 }
 
 void FsdpCore::start_gather(FsdpUnit& u) {
   if (u.state != FsdpUnit::State::kSharded) return;
   allocate_storage(u.full);
+  gathered_ += static_cast<int64_t>(u.full.nbytes());
+  peak_gathered_ = std::max(peak_gathered_, gathered_);
   u.gathering = group_->all_gather_into_tensor(u.full, u.shard.detach());
   u.state = FsdpUnit::State::kGathering;
 }
@@ -388,6 +396,7 @@ void FsdpCore::reshard(FsdpUnit& u) noexcept {
     const int64_t b = std::min(end, u.offsets[i] + c10::multiply_integers(u.shapes[i]));
     u.params[i].set_data(b > a ? data.narrow(0, a - begin, b - a) : data.narrow(0, 0, 0));
   }
+  gathered_ -= static_cast<int64_t>(u.full.nbytes());
   free_storage(u.full);
   u.state = FsdpUnit::State::kSharded;
 }
@@ -533,6 +542,16 @@ std::vector<std::pair<std::string, at::Tensor>> FsdpCore::full_parameters() {
   return out;
 }
 
+FSDPMemoryStats FsdpCore::memory_stats() const {
+  FSDPMemoryStats s;
+  for (const FsdpUnit& u : units_) {
+    s.shard_bytes += static_cast<int64_t>(u.shard.nbytes());
+    s.full_bytes += u.numel * static_cast<int64_t>(u.shard.element_size());
+  }
+  s.peak_gathered_bytes = peak_gathered_;
+  return s;
+}
+
 std::vector<std::pair<std::string, size_t>> FsdpCore::units() const {
   std::vector<std::pair<std::string, size_t>> out;
   for (const FsdpUnit& u : units_) out.emplace_back(u.name, u.params.size());
@@ -568,6 +587,10 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallelBase::fu
 std::vector<std::pair<std::string, size_t>> FullyShardedDataParallelBase::units() const {
   return core_->units();
 }
+
+FSDPMemoryStats FullyShardedDataParallelBase::memory_stats() const { return core_->memory_stats(); }
+
+void FullyShardedDataParallelBase::reset_peak_memory_stats() { core_->reset_peak(); }
 
 ProcessGroup& FullyShardedDataParallelBase::process_group() { return core_->group(); }
 

@@ -173,6 +173,11 @@ TEST(Fsdp, BetweenStepsEachRankHoldsItsShardOnly) {
     }
     EXPECT_EQ(net->a->weight.dim(), 1);
     EXPECT_EQ(model.full_parameters().size(), 6u);
+    // ZeRO-2 gathers every unit at once: its peak is the whole model.
+    const FSDPMemoryStats m = model.memory_stats();
+    EXPECT_EQ(m.shard_bytes, (23 + 25 + 6) * 4);
+    EXPECT_EQ(m.full_bytes, (91 + 98 + 24) * 4);
+    EXPECT_EQ(m.peak_gathered_bytes, (92 + 100 + 24) * 4);
   });
   for (int r = 0; r < kWorld; ++r) {
     if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
@@ -347,6 +352,11 @@ TEST(Fsdp, ZeroThreeHoldsAUnitWholeOnlyInsideItsForwardAndBackward) {
     EXPECT_TRUE(checked_forward && checked_backward);
     EXPECT_FALSE(whole(net->a) || whole(net->b) || whole(net->c)) << "after the backward";
     for (const at::Tensor& s : model.parameters()) EXPECT_TRUE(s.grad().defined());
+    // Never every unit at once: root (3 -> 4 floats) with a (42) and b (49 -> 50) prefetched is
+    // the most; the whole model is 3 + 42 + 49 + 24 floats.
+    const FSDPMemoryStats m = model.memory_stats();
+    EXPECT_EQ(m.full_bytes, (3 + 42 + 49 + 24) * 4);
+    EXPECT_EQ(m.peak_gathered_bytes, (4 + 42 + 50) * 4);
   });
   for (int r = 0; r < kWorld; ++r) {
     if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
