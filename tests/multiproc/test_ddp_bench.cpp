@@ -208,18 +208,28 @@ TEST_F(BenchTest, TrainOverABackendPairKeepsTheCsvColumns) {
 }
 
 // --fsdp: FullyShardedDataParallel instead of DDP; each of 2 ranks holds half the parameters,
-// gradients and optimizer state (mlp-1024: 1.86 M float parameters, 7.455 MB each).
+// gradients and optimizer state (mlp-1024: 1.86 M float parameters, 7.455 MB each). ZeRO-2
+// gathers the whole model at once; ZeRO-3 at most fc1 and fc2 (the one computing and the one
+// prefetched).
 TEST_F(BenchTest, TrainWithFsdpShardsWhatEachRankHolds) {
-  Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32", "--steps",
-                                   "3", "--warmup", "1", "--fsdp"}));
-  ASSERT_TRUE(r.exited(0)) << r.describe();
-  for (const char* s :
-       {"2 ranks x 1 thread (shm, fsdp)", "FullyShardedDataParallel (ZeRO-2) instead of DDP",
-        "optimizer state 3.727 MB on the fullest rank, 7.455 MB over 2 ranks (FSDP, ZeRO-2)",
-        "parameters and gradients 7.455 MB on the fullest rank between steps"}) {
-    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  for (const std::string strategy : {"zero2", "zero3"}) {
+    Result r = run_command(bench(2, {"train", "--model", "mlp-1024", "--batch-size", "32",
+                                     "--steps", "3", "--warmup", "1", "--fsdp", strategy}));
+    ASSERT_TRUE(r.exited(0)) << r.describe();
+    const bool z3 = strategy == "zero3";
+    for (const std::string s :
+         {"2 ranks x 1 thread (shm, " + strategy + ")",
+          std::string("FullyShardedDataParallel (ZeRO-") + (z3 ? "3" : "2") + ") instead of DDP",
+          std::string("optimizer state 3.727 MB on the fullest rank, 7.455 MB over 2 ranks "
+                      "(FSDP, ZeRO-") +
+              (z3 ? "3)" : "2)"),
+          std::string("parameters and gradients 7.455 MB on the fullest rank between steps; "
+                      "parameters whole at once at most ") +
+              (z3 ? "7.414 MB" : "7.455 MB")}) {
+      EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+    }
   }
-  Result both = run_command(bench(1, {"train", "--steps", "1", "--fsdp", "--zero"}));
+  Result both = run_command(bench(1, {"train", "--steps", "1", "--fsdp", "zero2", "--zero"}));
   EXPECT_FALSE(both.exited(0)) << both.describe();
   EXPECT_NE(both.err.find("--fsdp shards parameters, gradients and optimizer state itself"),
             std::string::npos)

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "ddp/error.h"
+#include "ddp/fully_sharded_data_parallel.h"
 #include "ddp/sync_batch_norm.h"
 
 namespace ddp::tools {
@@ -15,43 +16,56 @@ torch::nn::AnyModule norm2d(int64_t channels, bool sync) {
   return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
 }
 
+// M(args...) registered in `parent` as `name`: M itself, or with `sharded` a ZeRO-3 unit
+// ddp::Sharded<M> (which is M outside a FullyShardedDataParallel).
+template <typename M, typename... Args>
+torch::nn::AnyModule layer(torch::nn::Module& parent, const std::string& name, bool sharded,
+                           Args&&... args) {
+  if (sharded) {
+    return torch::nn::AnyModule(parent.register_module(name, std::make_shared<ShardedImpl<M>>(
+                                                                 std::forward<Args>(args)...)));
+  }
+  return torch::nn::AnyModule(
+      parent.register_module(name, std::make_shared<M>(std::forward<Args>(args)...)));
+}
+
 // 784 -> hidden1 -> hidden2 -> 10 with ReLU: mlp (256, 128) and mlp-1024 (1024, 1024).
 struct Mlp : ModelImpl {
-  Mlp(int64_t hidden1, int64_t hidden2) {
-    fc1 = register_module("fc1", torch::nn::Linear(784, hidden1));
-    fc2 = register_module("fc2", torch::nn::Linear(hidden1, hidden2));
-    fc3 = register_module("fc3", torch::nn::Linear(hidden2, 10));
+  Mlp(int64_t hidden1, int64_t hidden2, bool sharded) {
+    fc1 = layer<torch::nn::LinearImpl>(*this, "fc1", sharded, 784, hidden1);
+    fc2 = layer<torch::nn::LinearImpl>(*this, "fc2", sharded, hidden1, hidden2);
+    fc3 = layer<torch::nn::LinearImpl>(*this, "fc3", sharded, hidden2, 10);
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(fc1(x.flatten(1)));
-    return fc3(torch::relu(fc2(x)));
+    x = torch::relu(fc1.forward(x.flatten(1)));
+    return fc3.forward(torch::relu(fc2.forward(x)));
   }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  torch::nn::AnyModule fc1, fc2, fc3;
 };
 
 struct Cnn : ModelImpl {
-  explicit Cnn(bool sync_bn) {
-    conv1 = register_module("conv1", torch::nn::Conv2d(1, 32, 3));
+  Cnn(bool sync_bn, bool sharded) {
+    conv1 = layer<torch::nn::Conv2dImpl>(*this, "conv1", sharded, 1, 32, 3);
     bn1 = norm2d(32, sync_bn);
     register_module("bn1", bn1.ptr());
-    conv2 = register_module("conv2", torch::nn::Conv2d(32, 64, 3));
+    conv2 = layer<torch::nn::Conv2dImpl>(*this, "conv2", sharded, 32, 64, 3);
     bn2 = norm2d(64, sync_bn);
     register_module("bn2", bn2.ptr());
     drop1 = register_module("drop1", torch::nn::Dropout(0.25));
-    fc1 = register_module("fc1", torch::nn::Linear(9216, 128));  // 64 x 12 x 12
+    fc1 = layer<torch::nn::LinearImpl>(*this, "fc1", sharded, 9216, 128);  // 64 x 12 x 12
     drop2 = register_module("drop2", torch::nn::Dropout(0.5));
-    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+    fc2 = layer<torch::nn::LinearImpl>(*this, "fc2", sharded, 128, 10);
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(bn1.forward(conv1(x)));         // [B, 32, 26, 26]
-    x = torch::relu(bn2.forward(conv2(x)));         // [B, 64, 24, 24]
-    x = drop1(torch::max_pool2d(x, 2)).flatten(1);  // [B, 9216]
-    return fc2(drop2(torch::relu(fc1(x))));
+    x = torch::relu(bn1.forward(conv1.forward(x)));  // [B, 32, 26, 26]
+    x = torch::relu(bn2.forward(conv2.forward(x)));  // [B, 64, 24, 24]
+    x = drop1(torch::max_pool2d(x, 2)).flatten(1);   // [B, 9216]
+    return fc2.forward(drop2(torch::relu(fc1.forward(x))));
   }
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::AnyModule conv1, conv2;
   torch::nn::AnyModule bn1, bn2;
   torch::nn::Dropout drop1{nullptr}, drop2{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::AnyModule fc1, fc2;
 };
 
 struct BasicBlock : torch::nn::Module {
@@ -110,23 +124,23 @@ struct ResNet : ModelImpl {
 // PyTorch's MNIST example (examples/mnist/main.py), returning logits instead of log-softmax:
 // cross_entropy(logits) computes what nll_loss(log_softmax) does there.
 struct ClassicCnn : ModelImpl {
-  ClassicCnn() {
-    conv1 = register_module("conv1", torch::nn::Conv2d(1, 32, 3));
-    conv2 = register_module("conv2", torch::nn::Conv2d(32, 64, 3));
+  explicit ClassicCnn(bool sharded) {
+    conv1 = layer<torch::nn::Conv2dImpl>(*this, "conv1", sharded, 1, 32, 3);
+    conv2 = layer<torch::nn::Conv2dImpl>(*this, "conv2", sharded, 32, 64, 3);
     drop1 = register_module("drop1", torch::nn::Dropout(0.25));
-    fc1 = register_module("fc1", torch::nn::Linear(9216, 128));  // 64 x 12 x 12
+    fc1 = layer<torch::nn::LinearImpl>(*this, "fc1", sharded, 9216, 128);  // 64 x 12 x 12
     drop2 = register_module("drop2", torch::nn::Dropout(0.5));
-    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+    fc2 = layer<torch::nn::LinearImpl>(*this, "fc2", sharded, 128, 10);
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(conv1(x));                      // [B, 32, 26, 26]
-    x = torch::relu(conv2(x));                      // [B, 64, 24, 24]
+    x = torch::relu(conv1.forward(x));              // [B, 32, 26, 26]
+    x = torch::relu(conv2.forward(x));              // [B, 64, 24, 24]
     x = drop1(torch::max_pool2d(x, 2)).flatten(1);  // [B, 9216]
-    return fc2(drop2(torch::relu(fc1(x))));
+    return fc2.forward(drop2(torch::relu(fc1.forward(x))));
   }
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::AnyModule conv1, conv2;
   torch::nn::Dropout drop1{nullptr}, drop2{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::AnyModule fc1, fc2;
 };
 
 }  // namespace
@@ -136,16 +150,21 @@ const std::vector<std::string>& model_names() {
   return names;
 }
 
-std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn) {
+std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn, bool sharded) {
   const bool has_bn = name == "cnn" || name == "resnet";
   if (sync_bn && !has_bn) {
     throw ConfigError("--sync-bn: model " + name + " has no BatchNorm layers");
   }
-  if (name == "mlp") return std::make_shared<Mlp>(256, 128);
-  if (name == "cnn") return std::make_shared<Cnn>(sync_bn);
+  if (sharded && name == "resnet") {
+    throw ConfigError(
+        "model resnet has no ZeRO-3 units (ddp::Sharded layers) yet: use mlp, cnn, classic-cnn "
+        "or mlp-1024, or ZeRO-2");
+  }
+  if (name == "mlp") return std::make_shared<Mlp>(256, 128, sharded);
+  if (name == "cnn") return std::make_shared<Cnn>(sync_bn, sharded);
   if (name == "resnet") return std::make_shared<ResNet>(sync_bn);
-  if (name == "classic-cnn") return std::make_shared<ClassicCnn>();
-  if (name == "mlp-1024") return std::make_shared<Mlp>(1024, 1024);
+  if (name == "classic-cnn") return std::make_shared<ClassicCnn>(sharded);
+  if (name == "mlp-1024") return std::make_shared<Mlp>(1024, 1024, sharded);
   throw ConfigError("unknown model '" + name +
                     "': choose mlp, cnn, resnet, classic-cnn or mlp-1024");
 }

@@ -33,6 +33,10 @@ struct ModelImpl : torch::nn::Module {
 const std::vector<std::string>& model_names();
 
 // Throws ddp::ConfigError for an unknown name, or sync_bn on a model without BatchNorm.
-std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn = false);
+// `sharded`: the layers with parameters (Linear, Conv2d) as ddp::Sharded units, ZeRO-3's units
+// under a FullyShardedDataParallel (their parameters are then named "fc1.module.weight"; the
+// same model otherwise, drawn from the generator in the same order).
+std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn = false,
+                                      bool sharded = false);
 
 }  // namespace ddp::tools

@@ -111,10 +111,13 @@ void add_train(CLI::App& app, TrainOptions& t) {
                 "--zero with ZeroOptions::overlap_with_ddp: each DDP bucket's owner steps it "
                 "inside the comm hook (comm_hooks::hook_with_zero_step), no update in the first "
                 "two steps");
-  sub->add_flag("--fsdp", t.fsdp,
-                "ddp::FullyShardedDataParallel (ZeRO-2, a unit per child module) instead of DDP: "
-                "parameters, gradients and SGD's state sharded over the ranks; prints the bytes "
-                "each rank holds");
+  sub->add_option("--fsdp", t.fsdp,
+                  "zero2 | zero3: ddp::FullyShardedDataParallel instead of DDP, parameters, "
+                  "gradients and SGD's state sharded over the ranks (zero2: a unit per child "
+                  "module, gathered for forward and backward; zero3: each layer a ddp::Sharded "
+                  "unit, whole only inside its own forward and backward); prints the bytes each "
+                  "rank holds")
+      ->check(CLI::IsMember({"zero2", "zero3"}));
   sub->add_option("--comm-hook", t.comm_hook,
                   "none | fp16 | bf16 | powersgd[:RANK] (PyTorch's PowerSGD, compressing from "
                   "the third step; prints the compression rate)")

@@ -55,7 +55,9 @@ struct TrainOptions {
   double bucket_cap_mb = 25;             // DDPOptions' (PyTorch's default: 25)
   bool zero = false;  // SGD as a ZeroRedundancyOptimizer: its state sharded over the ranks
   bool zero_overlap = false;  // the same, stepped in DDP's hook (overlap_with_ddp)
-  bool fsdp = false;  // FullyShardedDataParallel (ZeRO-2) instead of DDP: one unit per child
+  // FullyShardedDataParallel instead of DDP: "" (DDP), "zero2" (a unit per child) or "zero3"
+  // (the model's layers as ddp::Sharded units).
+  std::string fsdp;
   // none | fp16 | bf16 | powersgd (matrix_approximation_rank powersgd_rank, compressing from
   // the third step: every timed step once --warmup >= 2)
   std::string comm_hook = "none";

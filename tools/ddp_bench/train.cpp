@@ -123,7 +123,8 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   const int n = pg.size();
   const int64_t per_rank = o.global_batch / n;
   torch::manual_seed(o.seed);
-  auto net = tools::make_model(o.model);
+  auto net = tools::make_model(o.model, /*sync_bn=*/false,
+                               /*sharded=*/!local && o.fsdp == "zero3");
   net->to(device);
   auto sync = [&] {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -132,8 +133,11 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   std::shared_ptr<ProcessGroup> group(std::shared_ptr<ProcessGroup>{}, &pg);
   std::optional<DistributedDataParallel<ModelImpl>> ddp;
   std::optional<FullyShardedDataParallel<ModelImpl>> fsdp;
-  if (!local && o.fsdp) {
-    fsdp.emplace(net, FSDPOptions{.process_group = group});
+  if (!local && !o.fsdp.empty()) {
+    fsdp.emplace(net, FSDPOptions{.process_group = group,
+                                  .sharding_strategy = o.fsdp == "zero3"
+                                                           ? ShardingStrategy::kFullShard
+                                                           : ShardingStrategy::kShardGradOp});
   } else if (!local) {
     ddp.emplace(net, DDPOptions{.process_group = group,
                                 .bucket_cap_mb = o.bucket_cap_mb,
@@ -251,15 +255,22 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
     }
     at::Tensor held_most = at::full({1}, static_cast<double>(held), at::kDouble).to(device);
     pg.all_reduce(held_most, ReduceOp::kMax).wait();
+    // The most parameter bytes whole at once during the steps: the model under DDP.
+    const double peak = fsdp ? static_cast<double>(fsdp->memory_stats().peak_gathered_bytes)
+                             : static_cast<double>(held) / 2;  // DDP: parameters, always whole
+    at::Tensor peak_most = at::full({1}, peak, at::kDouble).to(device);
+    pg.all_reduce(peak_most, ReduceOp::kMax).wait();
     if (pg.rank() == 0) {
       std::printf("# %s: optimizer state %.3f MB on the fullest rank, %.3f MB over %d rank%s%s\n",
                   label.c_str(), most.item<double>() / 1e6, total.item<double>() / 1e6, n,
                   n > 1 ? "s" : "",
                   zero   ? " (ZeRO-1)"
-                  : fsdp ? " (FSDP, ZeRO-2)"
+                  : fsdp ? (o.fsdp == "zero3" ? " (FSDP, ZeRO-3)" : " (FSDP, ZeRO-2)")
                          : "");
-      std::printf("# %s: parameters and gradients %.3f MB on the fullest rank between steps\n",
-                  label.c_str(), held_most.item<double>() / 1e6);
+      std::printf(
+          "# %s: parameters and gradients %.3f MB on the fullest rank between steps; "
+          "parameters whole at once at most %.3f MB\n",
+          label.c_str(), held_most.item<double>() / 1e6, peak_most.item<double>() / 1e6);
     }
   }
   if (ddp && n > 1 && pg.rank() == 0) print_bucket_profile(label, *ddp, *net, launch_sum,
@@ -339,8 +350,8 @@ int run_train(const TrainOptions& o) {
                     o.global_batch, n));
   }
   if (o.compare && o.no_ddp) throw ConfigError("--compare and --no-ddp exclude each other");
-  if (o.fsdp && (o.zero || o.zero_overlap || o.comm_hook != "none" || o.no_ddp ||
-                 o.gradient_as_bucket_view)) {
+  if (!o.fsdp.empty() && (o.zero || o.zero_overlap || o.comm_hook != "none" || o.no_ddp ||
+                          o.gradient_as_bucket_view)) {
     throw ConfigError(
         "--fsdp shards parameters, gradients and optimizer state itself: it takes none of "
         "--zero, --zero-overlap, --comm-hook, --no-ddp or --gradient-as-bucket-view");
@@ -382,12 +393,13 @@ int run_train(const TrainOptions& o) {
                   o.model, o.global_batch, o.global_batch / n, n, n > 1 ? "s" : "", threads,
                   threads > 1 ? "s" : "", device.str(), pg->backend(), o.lr, o.momentum, o.steps,
                   o.warmup, o.repeats > 1 ? fmt::format(", median of {} rounds", o.repeats) : "",
-                  o.fsdp ? "" : fmt::format("; DDP buckets of {} MB", o.bucket_cap_mb),
+                  !o.fsdp.empty() ? "" : fmt::format("; DDP buckets of {} MB", o.bucket_cap_mb),
                   o.gradient_as_bucket_view ? ", gradients as bucket views" : "",
                   o.zero_overlap ? "; optimizer: ZeroRedundancyOptimizer(SGD) stepped in DDP's hook"
                   : o.zero       ? "; optimizer: ZeroRedundancyOptimizer(SGD)"
-                  : o.fsdp       ? "; FullyShardedDataParallel (ZeRO-2) instead of DDP"
-                                 : "",
+                  : o.fsdp == "zero2" ? "; FullyShardedDataParallel (ZeRO-2) instead of DDP"
+                  : o.fsdp == "zero3" ? "; FullyShardedDataParallel (ZeRO-3) instead of DDP"
+                                      : "",
                   o.comm_hook == "none" ? ""
                   : o.comm_hook == "powersgd"
                       ? fmt::format("; comm hook powersgd:{}", o.powersgd_rank)
@@ -426,7 +438,8 @@ int run_train(const TrainOptions& o) {
         o.no_ddp
             ? ceiling(o.lockstep)
             : measure(*pg, data, o, threads,
-                      config_label(n, threads, o.fsdp ? pg->backend() + ", fsdp" : pg->backend()),
+                      config_label(n, threads,
+                                   o.fsdp.empty() ? pg->backend() : pg->backend() + ", " + o.fsdp),
                       device),
         r);
     if (!o.compare) continue;
