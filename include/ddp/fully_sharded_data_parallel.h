@@ -159,6 +159,13 @@ class FullyShardedDataParallelBase {
   // Every parameter of the module, whole, by name, on every rank (a collective; outside a
   // forward-backward): PyTorch's FULL_STATE_DICT of the parameters.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  // The other way: each rank takes its shards from whole parameters by name (full_parameters()'
+  // names and shapes, saved at any world size). Not a collective. check_full_parameters() says
+  // why they do not fit ("" when they do); load_full_parameters() throws IncompatibleStateError
+  // then, changing nothing. A checkpoint does both through TrainingState::add(key, model).
+  std::string check_full_parameters(
+      const std::vector<std::pair<std::string, at::Tensor>>& full) const;
+  void load_full_parameters(const std::vector<std::pair<std::string, at::Tensor>>& full);
   // The units in forward order: a name ("fc1", or "(root)") and how many parameters it holds.
   std::vector<std::pair<std::string, size_t>> units() const;
   FSDPMemoryStats memory_stats() const;

@@ -47,6 +47,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -55,6 +56,7 @@
 #include "base/check.h"
 #include "ddp/distributed.h"
 #include "ddp/error.h"
+#include "ddp/stateful.h"  // IncompatibleStateError
 
 namespace ddp {
 namespace detail {
@@ -95,6 +97,8 @@ class FsdpCore {
   void before_unit_backward(size_t k);
   std::vector<at::Tensor> shards() const;
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  std::string check_full(const std::vector<std::pair<std::string, at::Tensor>>& full) const;
+  void load_full(const std::vector<std::pair<std::string, at::Tensor>>& full);
   std::vector<std::pair<std::string, size_t>> units() const;
   FSDPMemoryStats memory_stats() const;
   void reset_peak() { peak_gathered_ = gathered_; }
@@ -542,6 +546,62 @@ std::vector<std::pair<std::string, at::Tensor>> FsdpCore::full_parameters() {
   return out;
 }
 
+std::string FsdpCore::check_full(
+    const std::vector<std::pair<std::string, at::Tensor>>& full) const {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : full) by_name[name] = &t;
+  std::vector<std::string> why;
+  size_t mine = 0;
+  for (const FsdpUnit& u : units_) {
+    for (size_t i = 0; i < u.params.size(); ++i, ++mine) {
+      auto it = by_name.find(u.param_names[i]);
+      if (it == by_name.end() || !it->second->defined()) {
+        why.push_back(fmt::format("'{}' is missing", u.param_names[i]));
+      } else if (it->second->sizes().vec() != u.shapes[i] ||
+                 it->second->scalar_type() != u.shard.scalar_type()) {
+        why.push_back(fmt::format("'{}' is {} {} there, {} {} here", u.param_names[i],
+                                  c10::str(it->second->sizes()),
+                                  c10::toString(it->second->scalar_type()),
+                                  c10::str(c10::IntArrayRef(u.shapes[i])),
+                                  c10::toString(u.shard.scalar_type())));
+      }
+    }
+  }
+  if (by_name.size() > mine) {
+    why.push_back(
+        fmt::format("{} parameter(s) there that this model does not have", by_name.size() - mine));
+  }
+  return why.empty() ? "" : fmt::format("{}", fmt::join(why, "; "));
+}
+
+void FsdpCore::load_full(const std::vector<std::pair<std::string, at::Tensor>>& full) {
+  DDP_CHECK(!armed_, Error,
+            "[rank {}] FullyShardedDataParallel: parameters loaded between a forward and its "
+            "backward",
+            rank_);
+  if (std::string why = check_full(full); !why.empty()) {
+    throw IncompatibleStateError(
+        fmt::format("[rank {}] FullyShardedDataParallel: the parameters do not fit: {}", rank_,
+                    why));
+  }
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : full) by_name[name] = &t;
+  at::NoGradGuard no_grad;
+  for (FsdpUnit& u : units_) {
+    reshard(u);
+    const int64_t begin = rank_ * u.shard_numel;
+    const int64_t end = begin + u.shard_numel;
+    u.shard.detach().zero_();  // the padding stays zero
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const int64_t a = std::max(begin, u.offsets[i]);
+      const int64_t b = std::min(end, u.offsets[i] + c10::multiply_integers(u.shapes[i]));
+      if (b <= a) continue;
+      const at::Tensor flat = by_name.at(u.param_names[i])->reshape({-1});
+      u.shard.detach().narrow(0, a - begin, b - a).copy_(flat.narrow(0, a - u.offsets[i], b - a));
+    }
+  }
+}
+
 FSDPMemoryStats FsdpCore::memory_stats() const {
   FSDPMemoryStats s;
   for (const FsdpUnit& u : units_) {
@@ -589,6 +649,16 @@ std::vector<std::pair<std::string, size_t>> FullyShardedDataParallelBase::units(
 }
 
 FSDPMemoryStats FullyShardedDataParallelBase::memory_stats() const { return core_->memory_stats(); }
+
+std::string FullyShardedDataParallelBase::check_full_parameters(
+    const std::vector<std::pair<std::string, at::Tensor>>& full) const {
+  return core_->check_full(full);
+}
+
+void FullyShardedDataParallelBase::load_full_parameters(
+    const std::vector<std::pair<std::string, at::Tensor>>& full) {
+  core_->load_full(full);
+}
 
 void FullyShardedDataParallelBase::reset_peak_memory_stats() { core_->reset_peak(); }
 

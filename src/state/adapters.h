@@ -19,6 +19,7 @@ class Optimizer;
 namespace ddp {
 
 class DistributedDataParallelBase;
+class FullyShardedDataParallelBase;
 class DistributedSampler;
 class ZeroRedundancyOptimizer;
 namespace comm_hooks {
@@ -31,6 +32,8 @@ std::shared_ptr<Stateful> module_state(torch::nn::Module& module);
 std::shared_ptr<Stateful> ddp_state(DistributedDataParallelBase& model);
 std::shared_ptr<Stateful> optimizer_state(torch::optim::Optimizer& optimizer);
 std::shared_ptr<Stateful> zero_state(ZeroRedundancyOptimizer& optimizer);
+std::shared_ptr<Stateful> fsdp_state(FullyShardedDataParallelBase& model);
+std::shared_ptr<Stateful> fsdp_optimizer_state(torch::optim::Optimizer& optimizer);
 std::shared_ptr<Stateful> sampler_state(DistributedSampler& sampler);
 std::shared_ptr<Stateful> powersgd_state(comm_hooks::PowerSGDState& state);
 

@@ -158,6 +158,13 @@ void TrainingState::add(std::string key, torch::optim::Optimizer& optimizer, Add
 void TrainingState::add(std::string key, ZeroRedundancyOptimizer& optimizer, AddOptions options) {
   add(std::move(key), state::zero_state(optimizer), options);
 }
+void TrainingState::add(std::string key, FullyShardedDataParallelBase& model, AddOptions options) {
+  add(std::move(key), state::fsdp_state(model), options);
+}
+void TrainingState::add(std::string key, torch::optim::Optimizer& optimizer,
+                        const FullyShardedDataParallelBase& /*sharded_by*/, AddOptions options) {
+  add(std::move(key), state::fsdp_optimizer_state(optimizer), options);
+}
 void TrainingState::add(std::string key, DistributedSampler& sampler, AddOptions options) {
   add(std::move(key), state::sampler_state(sampler), options);
 }

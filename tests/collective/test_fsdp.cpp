@@ -15,6 +15,7 @@
 
 #include "ddp/error.h"
 #include "ddp/fully_sharded_data_parallel.h"
+#include "ddp/training_state.h"
 #include "support/ranks.h"
 
 namespace ddp {
@@ -359,6 +360,116 @@ TEST(Fsdp, ZeroThreeHoldsAUnitWholeOnlyInsideItsForwardAndBackward) {
     EXPECT_EQ(m.peak_gathered_bytes, (4 + 42 + 50) * 4);
   });
   for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+}
+
+// Through TrainingState: the model whole (kCollective) and the optimizer over the shards (each
+// rank's own). A run restored from a snapshot continues bit for bit as the uninterrupted one; the
+// model alone loads at another world size, the optimizer refuses it, saying what to do.
+TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
+  constexpr int kWorld = 2;
+  Snapshot saved;  // rank 0's, after 2 steps
+  std::vector<at::Tensor> uninterrupted, resumed;
+  auto train = [&](FullyShardedDataParallel<ShardedMlpImpl>& model, torch::optim::Optimizer& opt,
+                   int r, int world, int first, int last) {
+    const int per_rank = kGlobalBatch / world;
+    for (int s = first; s < last; ++s) {
+      at::Tensor x;
+      {
+        std::lock_guard<std::mutex> lock(g_rng);
+        torch::manual_seed(12 + 1000 * s);
+        x = inputs(s);
+      }
+      opt.zero_grad();
+      model(x.narrow(0, r * per_rank, per_rank)).pow(2).mean().backward();
+      opt.step();
+    }
+  };
+  auto make = [&](int r, int seed) {
+    std::lock_guard<std::mutex> lock(g_rng);
+    torch::manual_seed(seed + r);
+    return ShardedMlp();
+  };
+  int port = testing::free_port();
+  auto errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    ShardedMlp net = make(0, 21);
+    FullyShardedDataParallel model(net, {.process_group = pg,
+                                         .sharding_strategy = ShardingStrategy::kFullShard});
+    torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
+    TrainingState state;
+    state.add("model", model);
+    state.add("optimizer", opt, model);
+    train(model, opt, r, kWorld, 0, 2);
+    Snapshot snap = state.snapshot(*pg);
+    if (r == 0) saved = std::move(snap);
+    train(model, opt, r, kWorld, 2, 4);
+    const auto full = values_of(model.full_parameters());
+    if (r == 0) uninterrupted = full;
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+  ASSERT_FALSE(uninterrupted.empty());
+  // Resumed at the same world size, from other initial values: the same bits.
+  port = testing::free_port();
+  errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    ShardedMlp net = make(r, 500);
+    FullyShardedDataParallel model(net, {.process_group = pg,
+                                         .sharding_strategy = ShardingStrategy::kFullShard});
+    torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
+    TrainingState state;
+    state.add("model", model);
+    state.add("optimizer", opt, model);
+    state.restore(saved, r, kWorld);
+    train(model, opt, r, kWorld, 2, 4);
+    const auto full = values_of(model.full_parameters());
+    if (r == 0) resumed = full;
+    pg->barrier().wait();
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+  ASSERT_EQ(resumed.size(), uninterrupted.size());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i])) << "parameter " << i;
+  }
+  // At world size 3: the model loads (the saved parameters, bit for bit), the optimizer refuses.
+  const Snapshot::Entry* saved_model = saved.find("model");
+  ASSERT_NE(saved_model, nullptr);
+  port = testing::free_port();
+  errors = testing::run_threads(3, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 3, port));
+    ShardedMlp net = make(r, 700);
+    FullyShardedDataParallel model(net, {.process_group = pg,
+                                         .sharding_strategy = ShardingStrategy::kFullShard});
+    torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
+    TrainingState both;
+    both.add("model", model);
+    both.add("optimizer", opt, model);
+    try {
+      both.restore(saved, r, 3);
+      ADD_FAILURE() << "the optimizer's shards loaded at another world size";
+    } catch (const IncompatibleStateError& e) {
+      EXPECT_NE(std::string(e.what()).find("was saved at world size 2, not 3: resume at 2 ranks"),
+                std::string::npos)
+          << e.what();
+    }
+    TrainingState model_only;
+    model_only.add("model", model);
+    model_only.restore(saved, r, 3);
+    const auto full = model.full_parameters();
+    ASSERT_EQ(full.size(), saved_model->ranks[0].tensors.size());
+    for (size_t i = 0; i < full.size(); ++i) {
+      EXPECT_EQ(full[i].first, saved_model->ranks[0].tensors[i].first);
+      EXPECT_TRUE(torch::equal(full[i].second, saved_model->ranks[0].tensors[i].second))
+          << full[i].first;
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
     if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
   }
 }
