@@ -329,6 +329,52 @@ TEST_F(TrainTest, PowerSGDTrainsAndItsCheckpointsResumeBitwise) {
   EXPECT_NE(mixed.err.find("it holds no PowerSGD state"), std::string::npos) << mixed.describe();
 }
 
+// --fsdp zero3 (FullyShardedDataParallel, each layer a Sharded unit): it learns, its final model
+// is saved whole under the plain model's names (python3-torch gets the reported count from it);
+// stopped and resumed at the same size it ends on the uninterrupted run's bytes; at another
+// size the optimizer's shards are refused, saying what to do; flags it cannot take are refused.
+TEST_F(TrainTest, FsdpTrainsSavesTheWholeModelAndResumesBitwise) {
+  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1",    "--no-plots",
+                                           "--seed",  "6",   "--fsdp",   "zero3"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = common;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  Result whole = run_command(train("fsdp", common));
+  ASSERT_TRUE(whole.exited(0)) << whole.describe();
+  EXPECT_NE(whole.out.find("(FullyShardedDataParallel, ZeRO-3: each layer a unit)"),
+            std::string::npos)
+      << whole.out;
+  const auto [correct, total] = reported_accuracy(whole.out);
+  EXPECT_GE(correct, 500) << "accuracy below 50% after one epoch";
+  Result py = run_command(
+      {.argv = {"/usr/bin/python3", kEvalScript, "mlp", (dir_ / "fsdp" / "model_state.pt").string(),
+                kData, std::to_string(total)},
+       .timeout_s = 120});
+  ASSERT_TRUE(py.exited(0)) << py.describe();
+  EXPECT_NE(py.out.find(fmt::format("correct {} total {}", correct, total)), std::string::npos)
+      << py.out << " vs ddp-train's " << correct;
+
+  ASSERT_TRUE(run_command(train("cut", with({"--max-steps", "10"}))).exited(0));
+  Result rest = run_command(train("cut", with({"--resume", "auto"})));
+  ASSERT_TRUE(rest.exited(0)) << rest.describe();
+  EXPECT_NE(rest.out.find("resumed from"), std::string::npos) << rest.out;
+  ddp::testing::expect_same_weights(dir_ / "fsdp" / "model_state.pt",
+                                    dir_ / "cut" / "model_state.pt");
+
+  ASSERT_TRUE(run_command(train("three", with({"--max-steps", "10"}))).exited(0));
+  Result three = run_command(train("three", with({"--resume", "auto"}), 3));
+  EXPECT_FALSE(three.exited(0)) << three.describe();
+  EXPECT_NE(three.err.find("was saved at world size 2, not 3: resume at 2 ranks"),
+            std::string::npos)
+      << three.describe();
+
+  Result both = run_command(train("both", with({"--zero"})));
+  EXPECT_FALSE(both.exited(0)) << both.describe();
+  EXPECT_NE(both.err.find("--fsdp with --zero"), std::string::npos) << both.describe();
+}
+
 TEST_F(TrainTest, ResumingAFinishedRunReportsItAndTrainsNothing) {
   const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1", "--no-plots"};
   Result done = run_command(train("run", common));

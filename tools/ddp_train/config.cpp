@@ -118,6 +118,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"precision", to_string(precision)},
           {"sync_bn", sync_bn},
           {"zero", zero},
+          {"fsdp", fsdp},
           {"seed", seed},
           {"max_steps", max_steps},
           {"min_step_ms", min_step_ms},
@@ -183,6 +184,13 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   app.add_flag("--zero", c.zero,
                "shard the optimizer state over the ranks (ddp::ZeroRedundancyOptimizer, ZeRO-1); "
                "its checkpoints resume at any world size");
+  app.add_option("--fsdp", c.fsdp,
+                 "zero2 | zero3: ddp::FullyShardedDataParallel instead of DDP, parameters, "
+                 "gradients and optimizer state sharded over the ranks (zero2: a unit per child "
+                 "module; zero3: each Linear/Conv2d layer a unit, whole only inside its own "
+                 "forward and backward; mlp, cnn). Checkpoints: the model whole, loadable at any "
+                 "world size; the optimizer's shards at the same world size")
+      ->check(CLI::IsMember({"zero2", "zero3"}));
   app.add_option("--seed", c.seed, "seed for initialisation, shuffling and dropout")
       ->check(integer_at_least<int64_t>(0));
   app.add_option("--max-steps", c.max_steps, "stop after N optimizer steps (0: all epochs)")
@@ -252,6 +260,20 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   if (powersgd_start->count() > 0 && c.comm_hook != CommHook::kPowerSGD) {
     throw ConfigError(
         "--powersgd-start applies to --comm-hook powersgd[:RANK] only (see ddp-train --help)");
+  }
+  if (!c.fsdp.empty()) {
+    const char* refused = c.zero                           ? "--zero"
+                          : c.ft                           ? "--ft"
+                          : c.comm_hook != CommHook::kNone ? "--comm-hook"
+                          : c.grad_accum > 1               ? "--grad-accum above 1"
+                                                           : nullptr;
+    if (refused != nullptr) {
+      throw ConfigError(fmt::format(
+          "--fsdp with {}: FullyShardedDataParallel shards the optimizer state itself and has "
+          "no comm hooks, fault-tolerance manager or no_sync accumulation yet; leave one of "
+          "them out",
+          refused));
+    }
   }
   if (c.ft) {
     // What does not follow a re-formed group yet (Note [Per-step fault tolerance]).

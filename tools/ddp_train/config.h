@@ -58,6 +58,9 @@ struct TrainConfig {
   Precision precision = Precision::kFp32;  // bf16: autocast; fp16: CUDA, grad scaler
   bool sync_bn = false;                    // BatchNorm statistics over all ranks
   bool zero = false;  // optimizer state sharded over the ranks (ddp::ZeroRedundancyOptimizer)
+  // FullyShardedDataParallel instead of DDP: "" (DDP), "zero2" or "zero3" (the model's layers
+  // as ddp::Sharded units).
+  std::string fsdp;
   uint64_t seed = 0;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: run all epochs)
   // Each optimizer step lasts at least this long: the rank sleeps out the rest (0: no floor). A

@@ -228,7 +228,7 @@ void Run::ft_epoch_end() {
   const double seconds = seconds_since(ft_epoch_started_);  // training only, as the plain loop
   if (eval_step_ != step_) {
     const bool ok = outside("the evaluation", [&] {
-      last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
+      last_eval_ = evaluate(*net_, model_forward(), *test_set_, *pg_, device_, 256);
       eval_step_ = step_;
     });
     if (!ok) return;
@@ -257,7 +257,7 @@ void Run::ft_epoch_end() {
 // quorum re-forms and this is tried again.
 bool Run::ft_finish() {
   if (eval_step_ != step_ && !outside("the final evaluation", [&] {
-        last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
+        last_eval_ = evaluate(*net_, model_forward(), *test_set_, *pg_, device_, 256);
         eval_step_ = step_;
       })) {
     return false;

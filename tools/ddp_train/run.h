@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,9 +36,10 @@ double seconds_since(Clock::time_point t);
 fs::path pick_run_dir(const TrainConfig& c);
 // Rank 0's text on every rank (a length, then the bytes).
 std::string broadcast_text(ProcessGroup& pg, std::string text);
-// The test set, each sample once across the group's ranks.
-EvalStats evaluate(ModelImpl& model, const Dataset& test, ProcessGroup& pg, c10::Device device,
-                   int64_t batch_size);
+// The test set, each sample once across the group's ranks, through `forward` (the model's, or
+// FSDP's, which gathers the parameters for it).
+EvalStats evaluate(ModelImpl& model, const std::function<at::Tensor(const at::Tensor&)>& forward,
+                   const Dataset& test, ProcessGroup& pg, c10::Device device, int64_t batch_size);
 // The final model for other tools: model.pt and model_state.pt.
 void save_final_model(ModelImpl& model, const fs::path& dir);
 
@@ -104,6 +106,12 @@ class Run {
   void end_epoch(int64_t epoch, bool stopped, double samples_per_s,
                  std::chrono::steady_clock::time_point started);
   void save_checkpoint(int64_t epoch);
+  // --fsdp: the wrapper; the optimizer's parameters (FSDP's shards, or the model's); the
+  // forward evaluation calls; the model whole (a collective) for the final save.
+  void build_fsdp();
+  std::vector<at::Tensor> trained_parameters() const;
+  std::function<at::Tensor(const at::Tensor&)> model_forward();
+  std::shared_ptr<ModelImpl> gathered_model();
   // The trainer's own state in a checkpoint ("trainer"), and format 1's blob.
   std::string trainer_json() const;
   void load_trainer_json(const std::string& text);
@@ -121,7 +129,8 @@ class Run {
   DistributedSampler sampler_{1, {.num_replicas = 1, .rank = 0}};  // replaced in the ctor
   std::unique_ptr<DataLoader> loader_;
   std::shared_ptr<ModelImpl> net_;
-  std::unique_ptr<DistributedDataParallel<ModelImpl>> model_;
+  std::unique_ptr<DistributedDataParallel<ModelImpl>> model_;  // or, with --fsdp:
+  std::unique_ptr<FullyShardedDataParallel<ModelImpl>> fsdp_;
   std::unique_ptr<torch::optim::Optimizer> opt_;  // or, with --zero:
   std::unique_ptr<ZeroRedundancyOptimizer> zero_opt_;
   std::optional<GradScaler> scaler_;

@@ -62,8 +62,9 @@ std::string broadcast_text(ProcessGroup& pg, std::string text) {
   return {static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel())};
 }
 
-EvalStats evaluate(ModelImpl& model, const Dataset& test, ProcessGroup& pg, c10::Device device,
-                   int64_t batch_size) {
+// `forward`: the model's, or its wrapper's (FSDP gathers the parameters for it).
+EvalStats evaluate(ModelImpl& model, const std::function<at::Tensor(const at::Tensor&)>& forward,
+                   const Dataset& test, ProcessGroup& pg, c10::Device device, int64_t batch_size) {
   // Each test sample exactly once across ranks: no padding, no shuffling.
   DistributedSampler sampler(test.size(), {.num_replicas = pg.size(),
                                            .rank = pg.rank(),
@@ -76,7 +77,7 @@ EvalStats evaluate(ModelImpl& model, const Dataset& test, ProcessGroup& pg, c10:
   model.eval();
   EvalStats local;
   for (auto& batch : loader) {
-    auto logits = model.forward(batch.data).to(torch::kFloat);
+    auto logits = forward(batch.data).to(torch::kFloat);
     local.add(logits, batch.target,
               torch::cross_entropy_loss(logits, batch.target, {}, at::Reduction::None));
   }
@@ -320,14 +321,21 @@ Run::Run(const TrainConfig& c) : c_(c) {
 
   // Model: the same seed everywhere (DDP copies rank 0's weights anyway).
   torch::manual_seed(c_.seed);
-  net_ = make_model(c_.model, c_.sync_bn);
+  net_ = make_model(c_.model, c_.sync_bn, /*sharded=*/c_.fsdp == "zero3");
   net_->to(device_);
+  if (!c_.fsdp.empty()) build_fsdp();
   // Gradients as views into the buckets, as the README's example: no copy into the buckets
   // after backward, none back out (the MLP: 82% -> 88% of the communication-free ceiling).
   // With --ft, on the manager's group, which it follows to every quorum; the first quorum gives
   // every replica rank 0's weights (init_sync's part).
-  model_ = std::make_unique<DistributedDataParallel<ModelImpl>>(
-      net_, DDPOptions{.process_group = pg_, .gradient_as_bucket_view = true, .init_sync = !c_.ft});
+  if (!fsdp_) {
+    model_ =
+        std::make_unique<DistributedDataParallel<ModelImpl>>(net_,
+                                                             DDPOptions{.process_group = pg_,
+                                                                        .gradient_as_bucket_view =
+                                                                            true,
+                                                                        .init_sync = !c_.ft});
+  }
   if (c_.comm_hook == CommHook::kFp16) model_->register_comm_hook(comm_hooks::fp16_compress());
   if (c_.comm_hook == CommHook::kBf16) model_->register_comm_hook(comm_hooks::bf16_compress());
   if (c_.comm_hook == CommHook::kPowerSGD) {
@@ -338,7 +346,7 @@ Run::Run(const TrainConfig& c) : c_(c) {
   if (c_.zero) {
     zero_opt_ = make_zero_optimizer(c_, model_->parameters(), pg_);
   } else {
-    opt_ = make_optimizer(c_, model_->parameters());
+    opt_ = make_optimizer(c_, trained_parameters());
   }
   if (c_.precision == Precision::kFp16) scaler_.emplace();
 
@@ -362,11 +370,16 @@ Run::Run(const TrainConfig& c) : c_(c) {
                                                            .model_label = "--model " + c_.model,
                                                            .lease = lease_});
   }
-  state_.add("model", *model_);  // the module and DDP's rebuilt bucket order
-  if (zero_opt_) {
-    state_.add("optimizer", *zero_opt_);
+  if (fsdp_) {
+    state_.add("model", *fsdp_);             // the parameters whole: any world size
+    state_.add("optimizer", *opt_, *fsdp_);  // each rank's shards' state: the same world size
   } else {
-    state_.add("optimizer", *opt_);
+    state_.add("model", *model_);  // the module and DDP's rebuilt bucket order
+    if (zero_opt_) {
+      state_.add("optimizer", *zero_opt_);
+    } else {
+      state_.add("optimizer", *opt_);
+    }
   }
   state_.add("sampler", sampler_);
   state_.add("rng", default_generators());
@@ -523,7 +536,8 @@ bool Run::finished() const {
 // A finished run's summary: the final evaluation stored in its checkpoint, or (checkpoints
 // without one: those written mid-epoch) a fresh one of the restored model.
 int Run::report_finished() {
-  if (eval_step_ != step_) last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
+  if (eval_step_ != step_)
+    last_eval_ = evaluate(*net_, model_forward(), *test_set_, *pg_, device_, 256);
   const std::string where =
       start_epoch_ >= c_.epochs
           ? fmt::format("epoch {}/{}", c_.epochs, c_.epochs)
@@ -545,7 +559,7 @@ void Run::resume_format_1(const std::string& blob_text) {
   if (blob_text.empty()) return;
   const nlohmann::json blob = nlohmann::json::parse(blob_text);
   // The buckets the saved run had rebuilt, so summation order matches from the first step.
-  if (blob.contains("bucket_order")) {
+  if (blob.contains("bucket_order") && model_) {
     model_->restore_bucket_order(blob["bucket_order"].get<std::vector<int64_t>>());
   }
   if (blob.contains("test"))
@@ -561,8 +575,16 @@ void Run::save_checkpoint(int64_t epoch) {
 }
 
 double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
-  const NoSyncGuard no_sync = model_->no_sync(/*enabled=*/!sync);
   torch::Tensor loss;
+  if (fsdp_) {  // --grad-accum is 1: every micro-batch is a step (config)
+    Autocast autocast(c_.precision != Precision::kFp32, cuda_);
+    loss = torch::cross_entropy_loss((*fsdp_)(batch.data).to(torch::kFloat), batch.target);
+  }
+  if (fsdp_) {
+    (scaler_ ? scaler_->scale(loss) : loss).backward();
+    return loss.item<double>();
+  }
+  const NoSyncGuard no_sync = model_->no_sync(/*enabled=*/!sync);
   {
     Autocast autocast(c_.precision != Precision::kFp32, cuda_);
     loss = torch::cross_entropy_loss((*model_)(batch.data).to(torch::kFloat), batch.target) /
@@ -585,7 +607,7 @@ void Run::optimizer_step(int64_t schedule_step) {
     set_lr(*opt_, lr_);
   }
   if (scaler_) {
-    const bool finite = scaler_->unscale_and_check(model_->parameters(), *pg_);
+    const bool finite = scaler_->unscale_and_check(trained_parameters(), *pg_);
     if (finite) step();
     scaler_->update(finite);
   } else {
@@ -684,7 +706,7 @@ EpochEnd Run::train_epoch(int64_t epoch) {
 }
 
 void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::time_point started) {
-  last_eval_ = evaluate(*net_, *test_set_, *pg_, device_, 256);
+  last_eval_ = evaluate(*net_, model_forward(), *test_set_, *pg_, device_, 256);
   eval_step_ = step_;
   if (stopped && saved_step_ != step_) {
     save_checkpoint(epoch);  // stopped mid-epoch (--max-steps) between two checkpoints
@@ -695,7 +717,7 @@ void Run::end_epoch(int64_t epoch, bool stopped, double samples_per_s, Clock::ti
       "epoch {}/{}: test loss {:.4f}, test accuracy {:.2f}% ({}/{}), {:.1f} s, {:.0f} samples/s{}",
       epoch + 1, c_.epochs, last_eval_.mean_loss(), 100 * last_eval_.accuracy(), last_eval_.correct,
       last_eval_.count, seconds_since(started), samples_per_s,
-      pg_->size() > 1 ? fmt::format(", comm {:.0f}% of step", 100 * comm_share) : ""));
+      pg_->size() > 1 && !fsdp_ ? fmt::format(", comm {:.0f}% of step", 100 * comm_share) : ""));
   if (pg_->size() > 1 && comm_share > kCommShareAdvice) {
     // PowerSGD's P and Q all-reduces run in that wait by design (Note [Chained futures]).
     const char* hook_advice = c_.comm_hook == CommHook::kNone
@@ -743,9 +765,13 @@ int Run::preempted(int64_t epoch) {
 }
 
 void Run::finish() {
+  // FSDP: the parameters gathered whole (every rank) into a plain model, which rank 0 saves
+  // under the names the plain model has (no Sharded "module.").
+  std::shared_ptr<ModelImpl> whole = net_;
+  if (fsdp_) whole = gathered_model();
   if (pg_->rank() == 0) {
     if (lease_) lease_->check("the final model");
-    save_final_model(*net_, dir_);
+    save_final_model(*whole, dir_);
     progress_->line(fmt::format(
         "done: test accuracy {:.2f}% ({}/{}), test loss {:.4f}, {} steps, {:.1f} s; model in {}",
         100 * last_eval_.accuracy(), last_eval_.correct, last_eval_.count, last_eval_.mean_loss(),
@@ -770,7 +796,44 @@ std::string Run::device_text() const {
 }
 
 // How gradients travel, when not the plain all-reduce: for the header.
+void Run::build_fsdp() {
+  fsdp_ = std::make_unique<FullyShardedDataParallel<ModelImpl>>(
+      net_, FSDPOptions{.process_group = pg_,
+                        .sharding_strategy = c_.fsdp == "zero3" ? ShardingStrategy::kFullShard
+                                                                : ShardingStrategy::kShardGradOp});
+}
+
+std::vector<at::Tensor> Run::trained_parameters() const {
+  return fsdp_ ? fsdp_->parameters() : model_->parameters();
+}
+
+std::function<at::Tensor(const at::Tensor&)> Run::model_forward() {
+  if (fsdp_) return [this](const at::Tensor& x) { return (*fsdp_)(x); };
+  return [this](const at::Tensor& x) { return net_->forward(x); };
+}
+
+std::shared_ptr<ModelImpl> Run::gathered_model() {
+  const auto full = fsdp_->full_parameters();  // a collective
+  auto plain = make_model(c_.model, c_.sync_bn, /*sharded=*/false);
+  plain->to(device_);
+  torch::NoGradGuard no_grad;
+  auto params = plain->named_parameters();
+  for (const auto& [name, t] : full) params[name].copy_(t);
+  // Buffers (BatchNorm's running statistics) are not sharded: this rank's, by the plain names.
+  auto buffers = plain->named_buffers();
+  for (const auto& item : net_->named_buffers()) {
+    std::string name = item.key();
+    for (size_t at; (at = name.find(".module.")) != std::string::npos;) name.erase(at, 7);
+    buffers[name].copy_(item.value());
+  }
+  return plain;
+}
+
 std::string Run::hook_text() const {
+  if (!c_.fsdp.empty()) {
+    return fmt::format(" (FullyShardedDataParallel, {})",
+                       c_.fsdp == "zero3" ? "ZeRO-3: each layer a unit" : "ZeRO-2");
+  }
   switch (c_.comm_hook) {
     case CommHook::kNone:
       return "";
