@@ -148,6 +148,25 @@ class Sharded : public torch::nn::ModuleHolder<ShardedImpl<M>> {
   using torch::nn::ModuleHolder<ShardedImpl<M>>::ModuleHolder;
 };
 
+class FullyShardedDataParallelBase;
+
+// While it lives (and was made enabled), backward passes keep their full gradients on the
+// parameters, summed, and reduce nothing; the first backward after it reduce-scatters the sum
+// (PyTorch's FSDP no_sync: gradient accumulation without communication, at the memory of full
+// gradients). Every rank must use it for the same micro-batches.
+class FSDPNoSyncGuard {
+ public:
+  ~FSDPNoSyncGuard();
+  FSDPNoSyncGuard(const FSDPNoSyncGuard&) = delete;
+  FSDPNoSyncGuard& operator=(const FSDPNoSyncGuard&) = delete;
+
+ private:
+  friend class FullyShardedDataParallelBase;
+  FSDPNoSyncGuard(detail::FsdpCore& core, bool enabled);
+  detail::FsdpCore& core_;
+  bool previous_;
+};
+
 class FullyShardedDataParallelBase {
  public:
   FullyShardedDataParallelBase(const FullyShardedDataParallelBase&) = delete;
@@ -170,6 +189,11 @@ class FullyShardedDataParallelBase {
   std::vector<std::pair<std::string, size_t>> units() const;
   FSDPMemoryStats memory_stats() const;
   void reset_peak_memory_stats();
+  [[nodiscard]] FSDPNoSyncGuard no_sync(bool enabled = true);
+  // torch::nn::utils::clip_grad_norm_ over the whole model's gradients, which the ranks hold in
+  // shards (a collective, after the backward): scales every shard's gradient by
+  // max_norm / (norm + 1e-6) when that is below 1; returns the norm before clipping (2-norm).
+  double clip_grad_norm_(double max_norm);
   ProcessGroup& process_group();
 
  protected:

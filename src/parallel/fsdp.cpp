@@ -39,11 +39,13 @@
 #include "ddp/fully_sharded_data_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>  // uncaught_exceptions
 #include <map>
 #include <numeric>
 #include <optional>
 #include <unordered_map>
+#include <utility>  // exchange
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -102,6 +104,8 @@ class FsdpCore {
   std::vector<std::pair<std::string, size_t>> units() const;
   FSDPMemoryStats memory_stats() const;
   void reset_peak() { peak_gathered_ = gathered_; }
+  bool set_no_sync(bool on) { return std::exchange(no_sync_, on); }
+  double clip_grad_norm(double max_norm);
   ProcessGroup& group() { return *group_; }
 
  private:
@@ -131,6 +135,7 @@ class FsdpCore {
   bool armed_ = false;        // a forward ran with grad mode and its backward has not ended
   bool in_backward_ = false;  // the end-of-backward callback is queued
   int next_launch_ = -1;      // the unit to reduce-scatter next (descending)
+  bool no_sync_ = false;      // FSDPNoSyncGuard: keep the full gradients, reduce nothing
   int64_t gathered_ = 0;      // bytes of the units' flat storages that hold bytes now
   int64_t peak_gathered_ = 0;
 };
@@ -480,6 +485,7 @@ void FsdpCore::on_gradient(size_t unit) {
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
   }
   ++units_[unit].ready;
+  if (no_sync_) return;  // finalize() frees the parameters; the gradients stay, summed
   while (next_launch_ >= 0) {
     FsdpUnit& u = units_[static_cast<size_t>(next_launch_)];
     if (u.ready < u.params.size()) break;
@@ -506,6 +512,10 @@ void FsdpCore::launch(FsdpUnit& u) {
 void FsdpCore::finalize() {
   in_backward_ = false;
   armed_ = false;
+  if (no_sync_) {
+    for (FsdpUnit& u : units_) reshard(u);
+    return;
+  }
   for (; next_launch_ >= 0; --next_launch_) launch(units_[static_cast<size_t>(next_launch_)]);
   for (FsdpUnit& u : units_) {
     u.work->wait();
@@ -602,6 +612,28 @@ void FsdpCore::load_full(const std::vector<std::pair<std::string, at::Tensor>>& 
   }
 }
 
+double FsdpCore::clip_grad_norm(double max_norm) {
+  DDP_CHECK(max_norm > 0, ConfigError,
+            "[rank {}] FullyShardedDataParallel::clip_grad_norm_: max_norm must be positive, "
+            "not {}",
+            rank_, max_norm);
+  at::Tensor sum = at::zeros({1}, at::kDouble);
+  for (const FsdpUnit& u : units_) {
+    if (u.shard.grad().defined()) {
+      sum += u.shard.grad().to(at::kDouble).pow(2).sum().cpu();  // padding's gradient is 0
+    }
+  }
+  group_->all_reduce(sum, ReduceOp::kSum).wait();
+  const double norm = std::sqrt(sum.item<double>());
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1) {
+    for (FsdpUnit& u : units_) {
+      if (u.shard.grad().defined()) u.shard.mutable_grad().mul_(coefficient);
+    }
+  }
+  return norm;
+}
+
 FSDPMemoryStats FsdpCore::memory_stats() const {
   FSDPMemoryStats s;
   for (const FsdpUnit& u : units_) {
@@ -661,6 +693,21 @@ void FullyShardedDataParallelBase::load_full_parameters(
 }
 
 void FullyShardedDataParallelBase::reset_peak_memory_stats() { core_->reset_peak(); }
+
+FSDPNoSyncGuard FullyShardedDataParallelBase::no_sync(bool enabled) {
+  return FSDPNoSyncGuard(*core_, enabled);
+}
+
+double FullyShardedDataParallelBase::clip_grad_norm_(double max_norm) {
+  return core_->clip_grad_norm(max_norm);
+}
+
+FSDPNoSyncGuard::FSDPNoSyncGuard(detail::FsdpCore& core, bool enabled)
+    : core_(core), previous_(enabled ? core.set_no_sync(true) : core.set_no_sync(false)) {
+  if (!enabled) core.set_no_sync(previous_);  // a disabled guard changes nothing
+}
+
+FSDPNoSyncGuard::~FSDPNoSyncGuard() { core_.set_no_sync(previous_); }
 
 ProcessGroup& FullyShardedDataParallelBase::process_group() { return core_->group(); }
 

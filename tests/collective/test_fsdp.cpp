@@ -364,6 +364,97 @@ TEST(Fsdp, ZeroThreeHoldsAUnitWholeOnlyInsideItsForwardAndBackward) {
   }
 }
 
+// no_sync accumulation and clip_grad_norm_ over the shards, against one process: each step is
+// two micro-batches (the first under no_sync, loss halved), then the gradient norm is clipped
+// to 0.05 (below the norms seen: it clips every step) before SGD with momentum.
+TEST(Fsdp, NoSyncAccumulatesAndClipGradNormSeesTheWholeModel) {
+  constexpr double kMaxNorm = 0.05;
+  for (ShardingStrategy strategy : {ShardingStrategy::kShardGradOp, ShardingStrategy::kFullShard}) {
+    const bool z3 = strategy == ShardingStrategy::kFullShard;
+    std::vector<at::Tensor> want;
+    std::vector<double> want_norms;
+    {
+      std::lock_guard<std::mutex> lock(g_rng);
+      torch::manual_seed(31);
+      ShardedMlp net;
+      auto opt = make_optimizer(Opt::kSgdMomentum, net->parameters());
+      for (int s = 0; s < kSteps; ++s) {
+        torch::manual_seed(12 + 1000 * s);
+        const at::Tensor x = inputs(s);
+        opt->zero_grad();
+        for (int half = 0; half < 2; ++half) {
+          (net->forward(x.narrow(0, half * kGlobalBatch / 2, kGlobalBatch / 2)).pow(2).mean() / 2)
+              .backward();
+        }
+        want_norms.push_back(torch::nn::utils::clip_grad_norm_(net->parameters(), kMaxNorm));
+        EXPECT_GT(want_norms.back(), 2 * kMaxNorm) << "the test means to clip every step";
+        opt->step();
+      }
+      for (const at::Tensor& p : net->parameters()) want.push_back(p.detach().clone());
+    }
+    for (int world : {2, 3}) {
+      SCOPED_TRACE(fmt::format("{} at world {}", z3 ? "ZeRO-3" : "ZeRO-2", world));
+      std::vector<std::vector<at::Tensor>> got(static_cast<size_t>(world));
+      const int port = testing::free_port();
+      auto errors = testing::run_threads(world, [&](int r) {
+        auto pg = make_process_group(testing::thread_rank(r, world, port));
+        ShardedMlp net{nullptr};
+        {
+          std::lock_guard<std::mutex> lock(g_rng);
+          torch::manual_seed(31);
+          net = ShardedMlp();
+        }
+        FullyShardedDataParallel model(net, {.process_group = pg, .sharding_strategy = strategy});
+        auto opt = make_optimizer(Opt::kSgdMomentum, model.parameters());
+        // Each micro-batch of the global batch split over the ranks.
+        const int per_rank = kGlobalBatch / 2 / world;
+        for (int s = 0; s < kSteps; ++s) {
+          at::Tensor x;
+          {
+            std::lock_guard<std::mutex> lock(g_rng);
+            torch::manual_seed(12 + 1000 * s);
+            x = inputs(s);
+          }
+          opt->zero_grad();
+          for (int half = 0; half < 2; ++half) {
+            const FSDPNoSyncGuard guard = model.no_sync(/*enabled=*/half == 0);
+            const at::Tensor mine = x.narrow(0, half * kGlobalBatch / 2 + r * per_rank, per_rank);
+            at::Tensor loss = model(mine).pow(2).mean() / 2;
+            const uint64_t before = pg->last_sequence_number();
+            loss.backward();
+            if (half == 0) {
+              // Nothing reduced (ZeRO-3's backward gathers its units, nothing more): the full
+              // gradient stays on the parameter, whose data is its shard again.
+              if (!z3) EXPECT_EQ(pg->last_sequence_number(), before) << "a collective ran";
+              ASSERT_TRUE(net->b->module->weight.grad().defined());
+              EXPECT_EQ(net->b->module->weight.grad().sizes(), (std::vector<int64_t>{7, 6}));
+              EXPECT_EQ(net->b->module->weight.dim(), 1);
+            } else {
+              EXPECT_FALSE(net->b->module->weight.grad().defined()) << "reduced and dropped";
+            }
+          }
+          const double norm = model.clip_grad_norm_(kMaxNorm);
+          EXPECT_NEAR(norm, want_norms[static_cast<size_t>(s)], 1e-5 * want_norms[s]) << s;
+          opt->step();
+        }
+        got[r] = values_of(model.full_parameters());
+        pg->barrier().wait();
+      });
+      for (int r = 0; r < world; ++r) {
+        if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+      }
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(got[r].size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          EXPECT_TRUE(torch::allclose(got[r][i], want[i], 1e-5, 1e-6))
+              << "parameter " << i << " on rank " << r << ": max |diff| "
+              << (got[r][i] - want[i]).abs().max().item<double>();
+        }
+      }
+    }
+  }
+}
+
 // Through TrainingState: the model whole (kCollective) and the optimizer over the shards (each
 // rank's own). A run restored from a snapshot continues bit for bit as the uninterrupted one; the
 // model alone loads at another world size, the optimizer refuses it, saying what to do.
