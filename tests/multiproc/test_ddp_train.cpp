@@ -363,6 +363,13 @@ TEST_F(TrainTest, FsdpTrainsSavesTheWholeModelAndResumesBitwise) {
   ddp::testing::expect_same_weights(dir_ / "fsdp" / "model_state.pt",
                                     dir_ / "cut" / "model_state.pt");
 
+  // Two micro-batches of 16 per step (no_sync on the first) learn as one of 32 does.
+  Result accum = run_command(
+      train("accum", with({"--fsdp", "zero2", "--grad-accum", "2", "--batch-size", "16"})));
+  ASSERT_TRUE(accum.exited(0)) << accum.describe();
+  const auto [accum_correct, accum_total] = reported_accuracy(accum.out);
+  EXPECT_NEAR(accum_correct, correct, 20) << accum.out;
+
   ASSERT_TRUE(run_command(train("three", with({"--max-steps", "10"}))).exited(0));
   Result three = run_command(train("three", with({"--resume", "auto"}), 3));
   EXPECT_FALSE(three.exited(0)) << three.describe();

@@ -265,13 +265,11 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
     const char* refused = c.zero                           ? "--zero"
                           : c.ft                           ? "--ft"
                           : c.comm_hook != CommHook::kNone ? "--comm-hook"
-                          : c.grad_accum > 1               ? "--grad-accum above 1"
                                                            : nullptr;
     if (refused != nullptr) {
       throw ConfigError(fmt::format(
           "--fsdp with {}: FullyShardedDataParallel shards the optimizer state itself and has "
-          "no comm hooks, fault-tolerance manager or no_sync accumulation yet; leave one of "
-          "them out",
+          "no comm hooks or fault-tolerance manager yet; leave one of them out",
           refused));
     }
   }

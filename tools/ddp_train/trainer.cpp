@@ -576,11 +576,13 @@ void Run::save_checkpoint(int64_t epoch) {
 
 double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
   torch::Tensor loss;
-  if (fsdp_) {  // --grad-accum is 1: every micro-batch is a step (config)
-    Autocast autocast(c_.precision != Precision::kFp32, cuda_);
-    loss = torch::cross_entropy_loss((*fsdp_)(batch.data).to(torch::kFloat), batch.target);
-  }
   if (fsdp_) {
+    const FSDPNoSyncGuard no_sync = fsdp_->no_sync(/*enabled=*/!sync);
+    {
+      Autocast autocast(c_.precision != Precision::kFp32, cuda_);
+      loss = torch::cross_entropy_loss((*fsdp_)(batch.data).to(torch::kFloat), batch.target) /
+             static_cast<double>(micro_batches);
+    }
     (scaler_ ? scaler_->scale(loss) : loss).backward();
     return loss.item<double>();
   }
