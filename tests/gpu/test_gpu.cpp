@@ -1,7 +1,7 @@
 // CUDA behaviour (label `gpu`): NCCL at world 1 binding its device and completing through CUDA
 // events, Gloo and shm moving CUDA tensors between two thread-ranks on one device, DDP on CUDA
 // equal to single-process training, fp16 autocast with the gradient scaler, the PowerSGD hook on
-// CUDA following the same hook on the CPU. Every test skips,
+// CUDA following the same hook on the CPU, FSDP's ZeRO-3 on CUDA. Every test skips,
 // saying why, where no GPU is visible (ctest then reports it skipped): they run on a GPU machine
 // (scripts/gpu-check) and compile, at least, in every CUDA build (scripts/test-cuda.sh).
 #include <dlfcn.h>     // dladdr
@@ -25,6 +25,7 @@
 #include "ddp/comm_hooks.h"
 #include "ddp/config.h"
 #include "ddp/distributed_data_parallel.h"
+#include "ddp/fully_sharded_data_parallel.h"
 #include "ddp/process_group.h"
 #include "grad_scaler.h"
 #include "process_group/internal.h"
@@ -356,6 +357,61 @@ TEST(Gpu, AutoOnAGpuPairsNcclWithTheCpuBackend) {
         << "parameter " << i;
   }
   ASSERT_TRUE(all_completed(*pg));
+}
+
+struct ShardedNetImpl : torch::nn::Module {
+  ShardedNetImpl() {
+    a = register_module("a", Sharded<torch::nn::LinearImpl>(8, 32));
+    b = register_module("b", Sharded<torch::nn::LinearImpl>(32, 32));
+    c = register_module("c", Sharded<torch::nn::LinearImpl>(32, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) { return c(torch::relu(b(torch::relu(a(x))))); }
+  Sharded<torch::nn::LinearImpl> a{nullptr}, b{nullptr}, c{nullptr};
+};
+TORCH_MODULE(ShardedNet);
+
+// FullyShardedDataParallel on CUDA at world 1 (issue 34): ZeRO-3 units whose flat storage is
+// freed and given bytes again through the CUDA allocator (Note [FSDP units]) train as the plain
+// module does (a Sharded<M> outside FSDP is M), and never hold every unit at once.
+TEST(Gpu, FsdpZeroThreeOnCudaEqualsTheModuleAlone) {
+  SKIP_WITHOUT_GPU();
+  InitOptions o = one_rank_options();
+  o.device_id = 0;
+  auto pg = make_process_group(o);
+  torch::manual_seed(7);
+  ShardedNet plain;
+  torch::manual_seed(7);
+  ShardedNet sharded;
+  plain->to(kCuda0);
+  sharded->to(kCuda0);
+  FullyShardedDataParallel model(sharded, {.process_group = pg,
+                                           .sharding_strategy = ShardingStrategy::kFullShard});
+  torch::optim::SGD opt_plain(plain->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD opt_fsdp(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 5; ++step) {
+    const at::Tensor x = torch::randn({16, 8}, kCuda0);
+    const at::Tensor y = torch::randn({16, 4}, kCuda0);
+    opt_plain.zero_grad();
+    torch::mse_loss(plain->forward(x), y).backward();
+    opt_plain.step();
+    opt_fsdp.zero_grad();
+    torch::mse_loss(model(x), y).backward();
+    opt_fsdp.step();
+  }
+  const auto full = model.full_parameters();
+  const auto want = plain->parameters();
+  ASSERT_EQ(full.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(full[i].second.is_cuda()) << full[i].first;
+    EXPECT_TRUE(torch::allclose(full[i].second, want[i], 1e-5, 1e-6))
+        << full[i].first << ": max |diff| "
+        << (full[i].second - want[i]).abs().max().item<double>();
+  }
+  const FSDPMemoryStats m = model.memory_stats();
+  EXPECT_LT(m.peak_gathered_bytes, m.full_bytes) << "every unit was whole at once";
+  std::printf("FSDP ZeRO-3 on %s over %s: whole model %lld bytes, at most %lld gathered\n",
+              kCuda0.str().c_str(), pg->backend().c_str(), static_cast<long long>(m.full_bytes),
+              static_cast<long long>(m.peak_gathered_bytes));
 }
 
 // DDP across two real processes sharing cuda:0 (device_ids {0}), over Gloo (CUDA tensors
