@@ -544,7 +544,8 @@ std::vector<std::pair<std::string, at::Tensor>> FsdpCore::full_parameters() {
             "[rank {}] FullyShardedDataParallel::full_parameters() between a forward and its "
             "backward; call it between steps",
             rank_);
-  for (FsdpUnit& u : units_) start_gather(u);
+  // One unit whole at a time: the copies are what the caller keeps, and the model is never whole
+  // twice over (the first GPU run read a ZeRO-3 peak of the whole model here).
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (FsdpUnit& u : units_) {
     finish_gather(u);

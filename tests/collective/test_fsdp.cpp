@@ -358,6 +358,10 @@ TEST(Fsdp, ZeroThreeHoldsAUnitWholeOnlyInsideItsForwardAndBackward) {
     const FSDPMemoryStats m = model.memory_stats();
     EXPECT_EQ(m.full_bytes, (3 + 42 + 49 + 24) * 4);
     EXPECT_EQ(m.peak_gathered_bytes, (4 + 42 + 50) * 4);
+    // Gathering the whole model for a save holds one unit at a time (b, 50 floats, the largest).
+    model.reset_peak_memory_stats();
+    EXPECT_EQ(model.full_parameters().size(), 7u);
+    EXPECT_EQ(model.memory_stats().peak_gathered_bytes, 50 * 4);
   });
   for (int r = 0; r < kWorld; ++r) {
     if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);

@@ -398,7 +398,10 @@ TEST(Gpu, FsdpZeroThreeOnCudaEqualsTheModuleAlone) {
     torch::mse_loss(model(x), y).backward();
     opt_fsdp.step();
   }
+  const FSDPMemoryStats m = model.memory_stats();  // the training's peak
   const auto full = model.full_parameters();
+  EXPECT_EQ(model.memory_stats().peak_gathered_bytes, m.peak_gathered_bytes)
+      << "full_parameters() held more than a unit at a time";
   const auto want = plain->parameters();
   ASSERT_EQ(full.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -407,7 +410,6 @@ TEST(Gpu, FsdpZeroThreeOnCudaEqualsTheModuleAlone) {
         << full[i].first << ": max |diff| "
         << (full[i].second - want[i]).abs().max().item<double>();
   }
-  const FSDPMemoryStats m = model.memory_stats();
   EXPECT_LT(m.peak_gathered_bytes, m.full_bytes) << "every unit was whole at once";
   std::printf("FSDP ZeRO-3 on %s over %s: whole model %lld bytes, at most %lld gathered\n",
               kCuda0.str().c_str(), pg->backend().c_str(), static_cast<long long>(m.full_bytes),
