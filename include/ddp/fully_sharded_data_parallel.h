@@ -48,6 +48,9 @@
 // backward. Buffers are not synchronised (no broadcast_buffers yet): BatchNorm's running stats
 // stay per rank.
 //
+// Lifetime: the module's parameters stay shard views after the wrapper is destroyed (gathering
+// them back would be a collective in a destructor); take full_parameters() first to keep them.
+//
 // Thread-safety: one wrapper is driven by one training thread.
 #pragma once
 

@@ -109,6 +109,8 @@ class FsdpCore {
   ProcessGroup& group() { return *group_; }
 
  private:
+  // The constructor's part that may fail after units are bound (a broadcast): undone by it.
+  void construct();
   void form_units(const std::shared_ptr<torch::nn::Module>& module,
                   const std::vector<std::shared_ptr<torch::nn::Module>>& wrapped);
   void shard_unit(FsdpUnit& u, bool sync);
@@ -204,22 +206,37 @@ FsdpCore::FsdpCore(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions
   rank_ = group_->rank();
   form_units(module, options_.units);
   bool any_sharded = false;
-  for (size_t k = 0; k < units_.size(); ++k) {
-    if (units_[k].sharded != nullptr) {
-      DDP_CHECK(units_[k].sharded->core_ == nullptr, ConfigError,
-                "FullyShardedDataParallel: unit '{}' is already in another "
-                "FullyShardedDataParallel",
-                units_[k].name);
-      units_[k].sharded->core_ = this;
-      units_[k].sharded->unit_ = k;
-      any_sharded = true;
-    }
+  for (const FsdpUnit& u : units_) {
+    if (u.sharded == nullptr) continue;
+    DDP_CHECK(u.sharded->core_ == nullptr, ConfigError,
+              "FullyShardedDataParallel: unit '{}' is already in another "
+              "FullyShardedDataParallel",
+              u.name);
+    any_sharded = true;
   }
   DDP_CHECK(any_sharded || options_.sharding_strategy != ShardingStrategy::kFullShard, ConfigError,
             "FullyShardedDataParallel: ShardingStrategy::kFullShard (ZeRO-3) frees a unit's "
             "parameters when its forward returns, which needs that forward to pass through "
             "ddp::Sharded<M> (LibTorch's modules have no forward hooks); the module has no "
             "Sharded unit. Build its units as ddp::Sharded<M>, or use kShardGradOp");
+  try {
+    construct();
+  } catch (...) {  // a failed construction leaves no unit pointing at it
+    for (const FsdpUnit& u : units_) {
+      if (u.sharded != nullptr && u.sharded->core_ == this) u.sharded->core_ = nullptr;
+    }
+    for (const auto& [i, key] : hooks_) accumulators_[i]->del_post_hook(key);
+    throw;
+  }
+}
+
+void FsdpCore::construct() {
+  for (size_t k = 0; k < units_.size(); ++k) {
+    if (units_[k].sharded != nullptr) {
+      units_[k].sharded->core_ = this;
+      units_[k].sharded->unit_ = k;
+    }
+  }
   // The gradient accumulators first, while every parameter has its full shape: an accumulator
   // checks incoming gradients against the shape its parameter had when it was made.
   for (size_t k = 0; k < units_.size(); ++k) {

@@ -590,6 +590,17 @@ TEST(Fsdp, MistakesAreNamed) {
     EXPECT_NE(std::string(e.what()).find("need one dtype and device"), std::string::npos)
         << e.what();
   }
+  ShardedMlp twice;
+  FullyShardedDataParallel first(twice, {.process_group = pg});
+  try {
+    FullyShardedDataParallel second(twice, {.process_group = pg});
+    ADD_FAILURE() << "a Sharded unit was taken by a second wrapper";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unit 'a' is already in another FullyShardedDataParallel"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(first(torch::randn({2, 6})).sizes(), (std::vector<int64_t>{2, 3}));
   Mlp plain;
   try {
     FullyShardedDataParallel model(plain, {.process_group = pg,
