@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <functional>
-#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -51,78 +50,97 @@ at::Tensor inputs(int step) {
       .mul_(1.0 + step);  // a different batch per step, the same on every rank (seeded below)
 }
 
+// Step s's global batch, the same on every rank: drawn from its own seed.
+at::Tensor batch(int step) {
+  std::lock_guard<std::mutex> lock(g_rng);
+  torch::manual_seed(12 + 1000 * step);
+  return inputs(step);
+}
+
+// A model (a module holder) drawn from `seed`.
+template <typename Holder>
+Holder seeded(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(g_rng);
+  torch::manual_seed(seed);
+  return Holder();
+}
+
+// Steps [first, last) on rank r of `world`: its slice of each step's batch.
+template <typename Model>
+void train_steps(Model& model, torch::optim::Optimizer& opt, int r, int world, int first,
+                 int last) {
+  const int per_rank = kGlobalBatch / world;
+  for (int s = first; s < last; ++s) {
+    const at::Tensor x = batch(s);
+    opt.zero_grad();
+    model(x.narrow(0, r * per_rank, per_rank)).pow(2).mean().backward();
+    opt.step();
+  }
+}
+
+// One process on the global batch, from `seed`: the reference, its parameters in order.
+template <typename Holder>
+std::vector<at::Tensor> single_process(Opt o, uint64_t seed) {
+  Holder net = seeded<Holder>(seed);
+  auto opt = make_optimizer(o, net->parameters());
+  train_steps(net, *opt, 0, 1, 0, kSteps);
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+std::vector<at::Tensor> values_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, t] : named) out.push_back(t);
+  return out;
+}
+
+void expect_no_errors(const std::vector<std::exception_ptr>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
+  }
+}
+
+// Every rank's gathered parameters within float tolerance of `want`, and bitwise alike.
+void expect_equal_on_every_rank(const std::vector<std::vector<at::Tensor>>& got,
+                                const std::vector<at::Tensor>& want) {
+  for (size_t r = 0; r < got.size(); ++r) {
+    ASSERT_EQ(got[r].size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[r][i].sizes(), want[i].sizes()) << "parameter " << i;
+      EXPECT_TRUE(torch::allclose(got[r][i], want[i], 1e-5, 1e-6))
+          << "parameter " << i << " on rank " << r << ": max |diff| "
+          << (got[r][i] - want[i]).abs().max().item<double>();
+      EXPECT_TRUE(torch::equal(got[r][i], got[0][i])) << "parameter " << i << " on rank " << r;
+    }
+  }
+}
+
 // `world` thread-ranks, each on its slice of the global batch; every rank's gathered parameters.
-std::vector<std::map<std::string, at::Tensor>> sharded(Opt o, int world) {
-  std::vector<std::map<std::string, at::Tensor>> finals(static_cast<size_t>(world));
+std::vector<std::vector<at::Tensor>> sharded(Opt o, int world) {
+  std::vector<std::vector<at::Tensor>> finals(static_cast<size_t>(world));
   const int port = testing::free_port();
   auto errors = testing::run_threads(world, [&](int r) {
     auto pg = make_process_group(testing::thread_rank(r, world, port));
     // Rank 0 starts from the reference's values; the others from other values, which the
     // construction replaces with rank 0's (sync_module_states).
-    Mlp net{nullptr};
-    {
-      std::lock_guard<std::mutex> lock(g_rng);
-      torch::manual_seed(r == 0 ? 11 : 100 + r);
-      net = Mlp();
-    }
+    Mlp net = seeded<Mlp>(r == 0 ? 11 : 100 + r);
     FullyShardedDataParallel model(net, {.process_group = pg});
     auto opt = make_optimizer(o, model.parameters());
-    const int per_rank = kGlobalBatch / world;
-    for (int s = 0; s < kSteps; ++s) {
-      at::Tensor x;
-      {
-        std::lock_guard<std::mutex> lock(g_rng);
-        torch::manual_seed(12 + 1000 * s);
-        x = inputs(s);
-      }
-      opt->zero_grad();
-      model(x.narrow(0, r * per_rank, per_rank)).pow(2).mean().backward();
-      opt->step();
-    }
-    for (auto& [name, t] : model.full_parameters()) finals[r][name] = t;
+    train_steps(model, *opt, r, world, 0, kSteps);
+    finals[r] = values_of(model.full_parameters());
     pg->barrier().wait();
   });
-  for (int r = 0; r < world; ++r) {
-    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
-  }
+  expect_no_errors(errors);
   return finals;
-}
-
-// One process on the global batch, from the same seeds: the reference.
-std::map<std::string, at::Tensor> single_process(Opt o) {
-  std::lock_guard<std::mutex> lock(g_rng);
-  torch::manual_seed(11);
-  Mlp net;
-  auto opt = make_optimizer(o, net->parameters());
-  for (int s = 0; s < kSteps; ++s) {
-    torch::manual_seed(12 + 1000 * s);
-    const at::Tensor x = inputs(s);
-    opt->zero_grad();
-    net->forward(x).pow(2).mean().backward();
-    opt->step();
-  }
-  std::map<std::string, at::Tensor> out;
-  for (const auto& p : net->named_parameters()) out[p.key()] = p.value().detach().clone();
-  return out;
 }
 
 TEST(Fsdp, TrainingEqualsOneProcessOnTheGlobalBatchAtEveryWorldSize) {
   for (Opt o : {Opt::kSgdMomentum, Opt::kAdam}) {
-    const auto want = single_process(o);
+    const auto want = single_process<Mlp>(o, 11);
     for (int world : {1, 2, 3, 4}) {
       SCOPED_TRACE(fmt::format("{} at world {}", o == Opt::kAdam ? "Adam" : "SGD", world));
-      const auto got = sharded(o, world);
-      for (int r = 0; r < world; ++r) {
-        ASSERT_EQ(got[r].size(), want.size());
-        for (const auto& [name, w] : want) {
-          const at::Tensor& g = got[r].at(name);
-          ASSERT_EQ(g.sizes(), w.sizes()) << name;
-          EXPECT_TRUE(torch::allclose(g, w, 1e-5, 1e-6))
-              << name << " on rank " << r << ": max |diff| " << (g - w).abs().max().item<double>();
-          // Every rank gathers the same shards: bitwise alike.
-          EXPECT_TRUE(torch::equal(g, got[0].at(name))) << name << " on rank " << r;
-        }
-      }
+      expect_equal_on_every_rank(sharded(o, world), want);
     }
   }
 }
@@ -180,9 +198,7 @@ TEST(Fsdp, BetweenStepsEachRankHoldsItsShardOnly) {
     EXPECT_EQ(m.full_bytes, (91 + 98 + 24) * 4);
     EXPECT_EQ(m.peak_gathered_bytes, (92 + 100 + 24) * 4);
   });
-  for (int r = 0; r < kWorld; ++r) {
-    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
-  }
+  expect_no_errors(errors);
 }
 
 struct NestedImpl : torch::nn::Module {
@@ -219,9 +235,7 @@ TEST(Fsdp, NestedUnitsAndTheRoot) {
     const auto full = model.full_parameters();
     EXPECT_EQ(full.size(), 7u);
   });
-  for (int r = 0; r < kWorld; ++r) {
-    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
-  }
+  expect_no_errors(errors);
 }
 
 // ZeRO-3: the same three layers as ddp::Sharded units (each gathers itself for its forward and
@@ -244,75 +258,29 @@ struct ShardedMlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(ShardedMlp);
 
-std::vector<at::Tensor> values_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
-  std::vector<at::Tensor> out;
-  for (const auto& [name, t] : named) out.push_back(t);
-  return out;
-}
-
 TEST(Fsdp, ZeroThreeEqualsOneProcessOnTheGlobalBatch) {
   for (Opt o : {Opt::kSgdMomentum, Opt::kAdam}) {
     // The reference: the same model, not wrapped (a Sharded<M> alone is M).
-    std::vector<at::Tensor> want;
-    {
-      std::lock_guard<std::mutex> lock(g_rng);
-      torch::manual_seed(21);
-      ShardedMlp net;
-      auto opt = make_optimizer(o, net->parameters());
-      for (int s = 0; s < kSteps; ++s) {
-        torch::manual_seed(12 + 1000 * s);
-        const at::Tensor x = inputs(s);
-        opt->zero_grad();
-        net->forward(x).pow(2).mean().backward();
-        opt->step();
-      }
-      for (const at::Tensor& p : net->parameters()) want.push_back(p.detach().clone());
-    }
+    const auto want = single_process<ShardedMlp>(o, 21);
     for (int world : {1, 2, 3, 4}) {
       SCOPED_TRACE(fmt::format("{} at world {}", o == Opt::kAdam ? "Adam" : "SGD", world));
       std::vector<std::vector<at::Tensor>> got(static_cast<size_t>(world));
       const int port = testing::free_port();
       auto errors = testing::run_threads(world, [&](int r) {
         auto pg = make_process_group(testing::thread_rank(r, world, port));
-        ShardedMlp net{nullptr};
-        {
-          std::lock_guard<std::mutex> lock(g_rng);
-          torch::manual_seed(r == 0 ? 21 : 300 + r);
-          net = ShardedMlp();
-        }
+        ShardedMlp net = seeded<ShardedMlp>(r == 0 ? 21 : 300 + r);
         FullyShardedDataParallel model(net, {.process_group = pg,
                                              .sharding_strategy = ShardingStrategy::kFullShard});
         auto opt = make_optimizer(o, model.parameters());
-        const int per_rank = kGlobalBatch / world;
-        for (int s = 0; s < kSteps; ++s) {
-          at::Tensor x;
-          {
-            std::lock_guard<std::mutex> lock(g_rng);
-            torch::manual_seed(12 + 1000 * s);
-            x = inputs(s);
-          }
-          opt->zero_grad();
-          model(x.narrow(0, r * per_rank, per_rank)).pow(2).mean().backward();
-          opt->step();
-        }
+        train_steps(model, *opt, r, world, 0, kSteps);
         const auto full = model.full_parameters();
         EXPECT_EQ(full.front().first, "gain");  // the root unit's, own parameters first
         EXPECT_EQ(full[1].first, "a.weight") << "named without Sharded's \"module.\"";
         got[r] = values_of(full);
         pg->barrier().wait();
       });
-      for (int r = 0; r < world; ++r) {
-        if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
-      }
-      for (int r = 0; r < world; ++r) {
-        ASSERT_EQ(got[r].size(), want.size());
-        for (size_t i = 0; i < want.size(); ++i) {
-          EXPECT_TRUE(torch::allclose(got[r][i], want[i], 1e-5, 1e-6))
-              << "parameter " << i << " on rank " << r << ": max |diff| "
-              << (got[r][i] - want[i]).abs().max().item<double>();
-          EXPECT_TRUE(torch::equal(got[r][i], got[0][i])) << i << " on rank " << r;
-        }
-      }
+      expect_no_errors(errors);
+      expect_equal_on_every_rank(got, want);
     }
   }
 }
@@ -363,9 +331,7 @@ TEST(Fsdp, ZeroThreeHoldsAUnitWholeOnlyInsideItsForwardAndBackward) {
     EXPECT_EQ(model.full_parameters().size(), 7u);
     EXPECT_EQ(model.memory_stats().peak_gathered_bytes, 50 * 4);
   });
-  for (int r = 0; r < kWorld; ++r) {
-    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
-  }
+  expect_no_errors(errors);
 }
 
 // no_sync accumulation and clip_grad_norm_ over the shards, against one process: each step is
@@ -378,13 +344,10 @@ TEST(Fsdp, NoSyncAccumulatesAndClipGradNormSeesTheWholeModel) {
     std::vector<at::Tensor> want;
     std::vector<double> want_norms;
     {
-      std::lock_guard<std::mutex> lock(g_rng);
-      torch::manual_seed(31);
-      ShardedMlp net;
+      ShardedMlp net = seeded<ShardedMlp>(31);
       auto opt = make_optimizer(Opt::kSgdMomentum, net->parameters());
       for (int s = 0; s < kSteps; ++s) {
-        torch::manual_seed(12 + 1000 * s);
-        const at::Tensor x = inputs(s);
+        const at::Tensor x = batch(s);
         opt->zero_grad();
         for (int half = 0; half < 2; ++half) {
           (net->forward(x.narrow(0, half * kGlobalBatch / 2, kGlobalBatch / 2)).pow(2).mean() / 2)
@@ -402,23 +365,13 @@ TEST(Fsdp, NoSyncAccumulatesAndClipGradNormSeesTheWholeModel) {
       const int port = testing::free_port();
       auto errors = testing::run_threads(world, [&](int r) {
         auto pg = make_process_group(testing::thread_rank(r, world, port));
-        ShardedMlp net{nullptr};
-        {
-          std::lock_guard<std::mutex> lock(g_rng);
-          torch::manual_seed(31);
-          net = ShardedMlp();
-        }
+        ShardedMlp net = seeded<ShardedMlp>(31);
         FullyShardedDataParallel model(net, {.process_group = pg, .sharding_strategy = strategy});
         auto opt = make_optimizer(Opt::kSgdMomentum, model.parameters());
         // Each micro-batch of the global batch split over the ranks.
         const int per_rank = kGlobalBatch / 2 / world;
         for (int s = 0; s < kSteps; ++s) {
-          at::Tensor x;
-          {
-            std::lock_guard<std::mutex> lock(g_rng);
-            torch::manual_seed(12 + 1000 * s);
-            x = inputs(s);
-          }
+          const at::Tensor x = batch(s);
           opt->zero_grad();
           for (int half = 0; half < 2; ++half) {
             const FSDPNoSyncGuard guard = model.no_sync(/*enabled=*/half == 0);
@@ -444,17 +397,8 @@ TEST(Fsdp, NoSyncAccumulatesAndClipGradNormSeesTheWholeModel) {
         got[r] = values_of(model.full_parameters());
         pg->barrier().wait();
       });
-      for (int r = 0; r < world; ++r) {
-        if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
-      }
-      for (int r = 0; r < world; ++r) {
-        ASSERT_EQ(got[r].size(), want.size());
-        for (size_t i = 0; i < want.size(); ++i) {
-          EXPECT_TRUE(torch::allclose(got[r][i], want[i], 1e-5, 1e-6))
-              << "parameter " << i << " on rank " << r << ": max |diff| "
-              << (got[r][i] - want[i]).abs().max().item<double>();
-        }
-      }
+      expect_no_errors(errors);
+      expect_equal_on_every_rank(got, want);
     }
   }
 }
@@ -466,53 +410,31 @@ TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
   constexpr int kWorld = 2;
   Snapshot saved;  // rank 0's, after 2 steps
   std::vector<at::Tensor> uninterrupted, resumed;
-  auto train = [&](FullyShardedDataParallel<ShardedMlpImpl>& model, torch::optim::Optimizer& opt,
-                   int r, int world, int first, int last) {
-    const int per_rank = kGlobalBatch / world;
-    for (int s = first; s < last; ++s) {
-      at::Tensor x;
-      {
-        std::lock_guard<std::mutex> lock(g_rng);
-        torch::manual_seed(12 + 1000 * s);
-        x = inputs(s);
-      }
-      opt.zero_grad();
-      model(x.narrow(0, r * per_rank, per_rank)).pow(2).mean().backward();
-      opt.step();
-    }
-  };
-  auto make = [&](int r, int seed) {
-    std::lock_guard<std::mutex> lock(g_rng);
-    torch::manual_seed(seed + r);
-    return ShardedMlp();
-  };
   int port = testing::free_port();
   auto errors = testing::run_threads(kWorld, [&](int r) {
     auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
-    ShardedMlp net = make(0, 21);
+    ShardedMlp net = seeded<ShardedMlp>(21);
     FullyShardedDataParallel model(net, {.process_group = pg,
                                          .sharding_strategy = ShardingStrategy::kFullShard});
     torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
     TrainingState state;
     state.add("model", model);
     state.add("optimizer", opt, model);
-    train(model, opt, r, kWorld, 0, 2);
+    train_steps(model, opt, r, kWorld, 0, 2);
     Snapshot snap = state.snapshot(*pg);
     if (r == 0) saved = std::move(snap);
-    train(model, opt, r, kWorld, 2, 4);
+    train_steps(model, opt, r, kWorld, 2, 4);
     const auto full = values_of(model.full_parameters());
     if (r == 0) uninterrupted = full;
     pg->barrier().wait();
   });
-  for (int r = 0; r < kWorld; ++r) {
-    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
-  }
+  expect_no_errors(errors);
   ASSERT_FALSE(uninterrupted.empty());
   // Resumed at the same world size, from other initial values: the same bits.
   port = testing::free_port();
   errors = testing::run_threads(kWorld, [&](int r) {
     auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
-    ShardedMlp net = make(r, 500);
+    ShardedMlp net = seeded<ShardedMlp>(500 + r);
     FullyShardedDataParallel model(net, {.process_group = pg,
                                          .sharding_strategy = ShardingStrategy::kFullShard});
     torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
@@ -520,14 +442,12 @@ TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
     state.add("model", model);
     state.add("optimizer", opt, model);
     state.restore(saved, r, kWorld);
-    train(model, opt, r, kWorld, 2, 4);
+    train_steps(model, opt, r, kWorld, 2, 4);
     const auto full = values_of(model.full_parameters());
     if (r == 0) resumed = full;
     pg->barrier().wait();
   });
-  for (int r = 0; r < kWorld; ++r) {
-    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
-  }
+  expect_no_errors(errors);
   ASSERT_EQ(resumed.size(), uninterrupted.size());
   for (size_t i = 0; i < resumed.size(); ++i) {
     EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i])) << "parameter " << i;
@@ -538,7 +458,7 @@ TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
   port = testing::free_port();
   errors = testing::run_threads(3, [&](int r) {
     auto pg = make_process_group(testing::thread_rank(r, 3, port));
-    ShardedMlp net = make(r, 700);
+    ShardedMlp net = seeded<ShardedMlp>(700 + r);
     FullyShardedDataParallel model(net, {.process_group = pg,
                                          .sharding_strategy = ShardingStrategy::kFullShard});
     torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
@@ -564,9 +484,7 @@ TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
           << full[i].first;
     }
   });
-  for (int r = 0; r < 3; ++r) {
-    if (errors[r]) ADD_FAILURE() << "rank " << r << ": " << testing::message_of(errors[r]);
-  }
+  expect_no_errors(errors);
 }
 
 TEST(Fsdp, MistakesAreNamed) {
