@@ -575,27 +575,26 @@ void Run::save_checkpoint(int64_t epoch) {
 }
 
 double Run::micro_step(const Batch& batch, bool sync, int64_t micro_batches) {
+  // The forward and backward through `model` (DDP or FSDP), inside its no_sync guard.
   torch::Tensor loss;
-  if (fsdp_) {
-    const FSDPNoSyncGuard no_sync = fsdp_->no_sync(/*enabled=*/!sync);
+  auto forward_backward = [&](auto& model) {
     {
       Autocast autocast(c_.precision != Precision::kFp32, cuda_);
-      loss = torch::cross_entropy_loss((*fsdp_)(batch.data).to(torch::kFloat), batch.target) /
+      loss = torch::cross_entropy_loss(model(batch.data).to(torch::kFloat), batch.target) /
              static_cast<double>(micro_batches);
     }
     (scaler_ ? scaler_->scale(loss) : loss).backward();
-    return loss.item<double>();
-  }
-  const NoSyncGuard no_sync = model_->no_sync(/*enabled=*/!sync);
-  {
-    Autocast autocast(c_.precision != Precision::kFp32, cuda_);
-    loss = torch::cross_entropy_loss((*model_)(batch.data).to(torch::kFloat), batch.target) /
-           static_cast<double>(micro_batches);
-  }
-  (scaler_ ? scaler_->scale(loss) : loss).backward();
-  if (sync && pg_->size() > 1) {
-    const IterationStats& s = model_->last_iteration_stats();
-    comm_s_ += s.finalize_end_s - s.finalize_start_s;
+  };
+  if (fsdp_) {
+    const FSDPNoSyncGuard no_sync = fsdp_->no_sync(/*enabled=*/!sync);
+    forward_backward(*fsdp_);
+  } else {
+    const NoSyncGuard no_sync = model_->no_sync(/*enabled=*/!sync);
+    forward_backward(*model_);
+    if (sync && pg_->size() > 1) {
+      const IterationStats& s = model_->last_iteration_stats();
+      comm_s_ += s.finalize_end_s - s.finalize_start_s;
+    }
   }
   return loss.item<double>();
 }
