@@ -6,6 +6,7 @@
 // error into an exit code. InternalError means a bug in ddp-cpp itself.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -62,6 +63,15 @@ class InternalError : public Error {
 // because a peer died is not mistaken for the culprit. No-op when the variable is unset;
 // never throws. Call it from main() where an error becomes an exit code.
 void record_error(std::string_view message);
+
+// Whether `e` says an allocation failed: std::bad_alloc, or LibTorch's allocators (the CPU's
+// "DefaultCPUAllocator: can't allocate memory" or "not enough memory", CUDA's "out of memory").
+bool is_out_of_memory(const std::exception& e);
+// For such an error: "out of memory: <the allocator's first line>", then what holds the memory
+// and what to do (a DistributedDataParallel replica holds the whole model, its gradients and the
+// optimizer's state on every rank; FullyShardedDataParallel keeps 1/world of each). The uncaught
+// handler below and ddp-train print it.
+std::string out_of_memory_text(const std::exception& e);
 
 // torchrun's @record for C++: an exception that escapes main() (or any thread) is printed once,
 // "[rank R]: error: uncaught ddp::CollectiveError: <what>", written to the error file as

@@ -13,7 +13,8 @@
 //   step gives back and takes again), unless MALLOC_* or GLIBC_TUNABLES say otherwise;
 // - an exception that escapes main() (or a thread) is written once, as "[rank R]: error:
 //   uncaught <type>: <what>", recorded in the launcher's error file, and the process exits 1
-//   instead of aborting (torchrun's @record). Installed only over the C++ runtime's own handler.
+//   instead of aborting (torchrun's @record); an allocation failure as out_of_memory_text(), which
+//   says what holds the memory and what to do. Installed only over the C++ runtime's own handler.
 // ensure_fast_blas(), first in main(), adds what needs a fresh image: OPENBLAS_CORETYPE, and
 // OMP_WAIT_POLICY=passive with OPENBLAS_THREAD_TIMEOUT=4 where a rank's several threads would
 // otherwise find OpenMP's and OpenBLAS's idle threads spinning on each other's cores.
@@ -59,8 +60,13 @@ std::terminate_handler g_previous = nullptr;
     try {
       std::rethrow_exception(current);
     } catch (const std::exception& e) {
-      what = e.what();
-      record_error(e);
+      if (is_out_of_memory(e)) {  // the words, the cause and the remedy (not the backtrace)
+        what = out_of_memory_text(e);
+        record_error(what);
+      } else {
+        what = e.what();
+        record_error(e);
+      }
     } catch (...) {
       record_error("uncaught " + type);
     }

@@ -32,18 +32,30 @@ int rank_for_messages() {
   }
 }
 
-int fail(const std::exception& e, int code) {
-  const std::string text = ddp::train::error_text(e.what(), rank_for_messages());
+// Prints `what` once (Note [One rank prefix]) and records it for the launcher; returns `code`.
+int fail(const std::exception& e, const std::string& what, int code) {
+  const std::string text = ddp::train::error_text(what, rank_for_messages());
   std::fprintf(stderr, "ddp-train: %s\n", text.c_str());
   ddp::record_error(text, ddp::relayed_from(e));  // a relayed error names the rank it came from
   return code;
 }
 
+// An allocation failure: what holds the memory, and the flag that shards it.
+std::string out_of_memory_text(const std::exception& e, const ddp::train::TrainConfig& config) {
+  return ddp::out_of_memory_text(e) +
+         (config.fsdp.empty()
+              ? "; --fsdp zero3 shards the model, its gradients and the optimizer's state"
+              : "; --fsdp " + config.fsdp +
+                    " shards them already, but its checkpoints still hold the model whole on "
+                    "every rank, and every rank's optimizer shards on rank 0: more ranks, or more "
+                    "memory");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  ddp::train::TrainConfig config;
   try {
-    ddp::train::TrainConfig config;
     // The command line before the BLAS check: --help and a bad flag answer without its
     // re-execution (a start costs LibTorch's loading, about a CPU-second). Parsing touches
     // neither the BLAS nor threads.
@@ -52,8 +64,8 @@ int main(int argc, char** argv) {
     ddp::retain_freed_memory();  // activations come back every step: no page faults for them
     return ddp::train::run(config);
   } catch (const ddp::ConfigError& e) {
-    return fail(e, 2);
+    return fail(e, e.what(), 2);
   } catch (const std::exception& e) {
-    return fail(e, 1);
+    return fail(e, ddp::is_out_of_memory(e) ? out_of_memory_text(e, config) : e.what(), 1);
   }
 }
