@@ -25,8 +25,8 @@
 //     and freed once its gradient is reduce-scattered. LibTorch's C++ modules have no forward
 //     hooks, so such a unit is a ddp::Sharded<M> in the model (below): its forward is the hook.
 // Either way the backward reduce-scatters each unit's gradient in reverse unit order while it
-// goes on, so each rank holds the average gradient of its shard only. Not yet: mixed precision,
-// no_sync, clip_grad_norm over shards and sharded checkpoints.
+// goes on, so each rank holds the average gradient of its shard only. Not yet: mixed precision
+// and sharded checkpoints (a checkpoint holds the parameters whole: ddp/training_state.h).
 //
 // ZeRO-3 units in a model:
 //   struct NetImpl : torch::nn::Module {
@@ -54,6 +54,7 @@
 // Thread-safety: one wrapper is driven by one training thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -96,6 +97,9 @@ struct FSDPMemoryStats {
   // under ZeRO-2; under ZeRO-3 the non-Sharded units and at most a Sharded unit or two (the one
   // computing and the one prefetched).
   int64_t peak_gathered_bytes = 0;
+  // Freed flat buffers kept for the next step (CPU, at most four of the largest unit), so that
+  // a step maps no new memory (Note [FSDP buffers] in src/parallel/fsdp_buffers.h).
+  int64_t cached_bytes = 0;
 };
 
 namespace detail {
@@ -181,6 +185,12 @@ class FullyShardedDataParallelBase {
   // Every parameter of the module, whole, by name, on every rank (a collective; outside a
   // forward-backward): PyTorch's FULL_STATE_DICT of the parameters.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  // The same one unit at a time, without the copies: each(name, whole) for every parameter, the
+  // tensor valid during the call only (its unit is freed after it). Copy what you keep: a rank
+  // then needs one unit whole beyond its shards, where full_parameters() needs the whole model
+  // (saving a model that does not fit twice). A collective, as full_parameters().
+  using FullParameterVisitor = std::function<void(const std::string&, const at::Tensor&)>;
+  void for_each_full_parameter(const FullParameterVisitor& each);
   // The other way: each rank takes its shards from whole parameters by name (full_parameters()'
   // names and shapes, saved at any world size). Not a collective. check_full_parameters() says
   // why they do not fit ("" when they do); load_full_parameters() throws IncompatibleStateError

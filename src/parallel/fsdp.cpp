@@ -22,7 +22,10 @@
 //   - in the backward, a post hook on each parameter's gradient accumulator counts the unit's
 //     gradients; a complete unit is flattened into `padded` elements and reduce-scattered (sum,
 //     then divided by W: the average, as DDP's), the full-size gradients dropped at once, and a
-//     ZeRO-3 unit freed. Units are launched in reverse unit order only, so that every rank
+//     ZeRO-3 unit freed. One reduce-scatter is in flight at a time (FSDP2's choice): launching
+//     a unit's first completes the previous one's and drops its flat gradient, so a backward
+//     holds at most two units' full gradients (the first ZeRO-3 run under a memory limit held
+//     every unit's until the backward ended: the model's whole gradient). Units are launched in reverse unit order only, so that every rank
 //     issues the same collectives in the same order whatever order its gradients arrive in; a
 //     unit still incomplete when the backward ends (a parameter unused on this rank) is launched
 //     then, its missing gradients as zeros, on every rank alike;
@@ -59,6 +62,7 @@
 #include "ddp/distributed.h"
 #include "ddp/error.h"
 #include "ddp/stateful.h"  // IncompatibleStateError
+#include "parallel/fsdp_buffers.h"
 
 namespace ddp {
 namespace detail {
@@ -98,7 +102,7 @@ class FsdpCore {
   void unit_forward_failed(size_t k) noexcept;
   void before_unit_backward(size_t k);
   std::vector<at::Tensor> shards() const;
-  std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  void for_each_full_parameter(const FullyShardedDataParallelBase::FullParameterVisitor& each);
   std::string check_full(const std::vector<std::pair<std::string, at::Tensor>>& full) const;
   void load_full(const std::vector<std::pair<std::string, at::Tensor>>& full);
   std::vector<std::pair<std::string, size_t>> units() const;
@@ -124,6 +128,7 @@ class FsdpCore {
   FsdpUnit* neighbour(size_t k, int direction);
   void on_gradient(size_t unit);
   void launch(FsdpUnit& u);
+  void complete_reduce(FsdpUnit& u);
   void finalize();
 
   std::shared_ptr<ProcessGroup> group_;
@@ -137,7 +142,9 @@ class FsdpCore {
   bool armed_ = false;        // a forward ran with grad mode and its backward has not ended
   bool in_backward_ = false;  // the end-of-backward callback is queued
   int next_launch_ = -1;      // the unit to reduce-scatter next (descending)
+  FsdpUnit* in_flight_ = nullptr;  // the unit whose reduce-scatter runs (at most one)
   bool no_sync_ = false;      // FSDPNoSyncGuard: keep the full gradients, reduce nothing
+  std::shared_ptr<BufferPool> pool_;  // large CPU flat buffers (Note [FSDP buffers])
   int64_t gathered_ = 0;      // bytes of the units' flat storages that hold bytes now
   int64_t peak_gathered_ = 0;
 };
@@ -146,18 +153,39 @@ namespace {
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// Whether a flat buffer of `bytes` on `device` comes from the BufferPool (Note [FSDP buffers]).
+bool pooled(const c10::Device& device, size_t bytes) {
+  return device.is_cpu() && bytes >= BufferPool::kMinBytes;
+}
+
 // `t`'s storage without bytes, and with `bytes` again (Note [FSDP units]): in place, so that
-// every view of it, the autograd graph's included, follows. Any device: its own allocator.
+// every view of it, the autograd graph's included, follows. The pool's on the CPU (large), else
+// the storage's own allocator (CUDA's caching allocator keeps its blocks itself).
 void free_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(c10::DataPtr(nullptr, s->device()));
   s->set_nbytes(static_cast<size_t>(0));
 }
-void allocate_storage(const at::Tensor& t) {
+void allocate_storage(const at::Tensor& t, BufferPool& pool) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_data_ptr_noswap(pooled(t.device(), bytes) ? pool.take(bytes)
+                                                   : s->allocator()->allocate(bytes));
   s->set_nbytes(bytes);
+}
+
+// A 1-D tensor of `numel` elements, uninitialised, its storage from the pool when it is large
+// and on the CPU; flat_zeros() zeroed.
+at::Tensor flat_empty(int64_t numel, const at::TensorOptions& options, BufferPool& pool) {
+  const size_t bytes =
+      static_cast<size_t>(numel) * c10::elementSize(options.dtype().toScalarType());
+  if (!pooled(options.device(), bytes)) return at::empty({numel}, options);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, pool.take(bytes),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, options).set_(storage, 0, {numel}, {1});
+}
+at::Tensor flat_zeros(int64_t numel, const at::TensorOptions& options, BufferPool& pool) {
+  return flat_empty(numel, options, pool).zero_();
 }
 
 // ZeRO-3's pre-backward hook: an identity on a Sharded unit's output whose backward gathers the
@@ -205,6 +233,15 @@ FsdpCore::FsdpCore(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions
   world_ = group_->size();
   rank_ = group_->rank();
   form_units(module, options_.units);
+  // Idle buffers kept: four of the largest unit (ZeRO-3's two gathered units and two flat
+  // gradients), so a steady step maps nothing new.
+  size_t largest = 0;
+  for (const FsdpUnit& u : units_) {
+    const size_t bytes =
+        static_cast<size_t>(round_up(u.numel, world_)) * u.params.front().element_size();
+    largest = std::max(largest, bytes);
+  }
+  pool_ = std::make_shared<BufferPool>(4 * largest);
   bool any_sharded = false;
   for (const FsdpUnit& u : units_) {
     if (u.sharded == nullptr) continue;
@@ -368,7 +405,7 @@ void FsdpCore::shard_unit(FsdpUnit& u, bool sync) {
   const at::Tensor& first = u.params.front();
   u.padded = std::max<int64_t>(round_up(u.numel, world_), world_);
   u.shard_numel = u.padded / world_;
-  u.full = at::zeros({u.padded}, first.options().requires_grad(false));
+  u.full = flat_zeros(u.padded, first.options().requires_grad(false), *pool_);
   {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < u.params.size(); ++i) {
@@ -386,7 +423,7 @@ void FsdpCore::shard_unit(FsdpUnit& u, bool sync) {
 
 void FsdpCore::start_gather(FsdpUnit& u) {
   if (u.state != FsdpUnit::State::kSharded) return;
-  allocate_storage(u.full);
+  allocate_storage(u.full, *pool_);
   gathered_ += static_cast<int64_t>(u.full.nbytes());
   peak_gathered_ = std::max(peak_gathered_, gathered_);
   u.gathering = group_->all_gather_into_tensor(u.full, u.shard.detach());
@@ -452,7 +489,16 @@ void FsdpCore::before_forward() {
   for (FsdpUnit& u : units_) {
     u.ready = 0;
     u.launched = false;
+    if (u.work) {  // a backward abandoned midway (it threw): its reduction is dropped
+      try {
+        u.work->wait();
+      } catch (...) {  // the group failed: the next collective says so
+      }
+      u.work.reset();
+      u.grad_in = u.grad_out = at::Tensor();
+    }
   }
+  in_flight_ = nullptr;
   next_launch_ = static_cast<int>(units_.size()) - 1;
   armed_ = at::GradMode::is_enabled();
 }
@@ -512,7 +558,11 @@ void FsdpCore::on_gradient(size_t unit) {
 }
 
 void FsdpCore::launch(FsdpUnit& u) {
-  u.grad_in = at::zeros({u.padded}, u.shard.options().requires_grad(false));
+  // One reduce-scatter in flight (FSDP2's choice): the previous unit's ran during this unit's
+  // backward; its full-size gradient goes before this one's is made, so a backward holds at
+  // most two units' full gradients, not the model's.
+  if (in_flight_ != nullptr) complete_reduce(*in_flight_);
+  u.grad_in = flat_zeros(u.padded, u.shard.options().requires_grad(false), *pool_);
   for (size_t i = 0; i < u.params.size(); ++i) {
     at::Tensor& g = u.params[i].mutable_grad();
     if (g.defined()) {
@@ -520,9 +570,10 @@ void FsdpCore::launch(FsdpUnit& u) {
       g = at::Tensor();  // the full-size gradient is not kept
     }
   }
-  u.grad_out = at::empty({u.shard_numel}, u.grad_in.options());
+  u.grad_out = flat_empty(u.shard_numel, u.grad_in.options(), *pool_);
   u.work = group_->reduce_scatter_tensor(u.grad_out, u.grad_in, ReduceOp::kSum);
   u.launched = true;
+  in_flight_ = &u;
   if (zero3(u)) reshard(u);  // its backward is over: every gradient of it has arrived
 }
 
@@ -534,20 +585,25 @@ void FsdpCore::finalize() {
     return;
   }
   for (; next_launch_ >= 0; --next_launch_) launch(units_[static_cast<size_t>(next_launch_)]);
-  for (FsdpUnit& u : units_) {
-    u.work->wait();
-    u.work.reset();
-    u.grad_in = at::Tensor();
-    if (world_ > 1) u.grad_out.div_(world_);
-    at::Tensor& g = u.shard.mutable_grad();
-    if (g.defined()) {
-      g.add_(u.grad_out);
-    } else {
-      g = u.grad_out;
-    }
-    u.grad_out = at::Tensor();
-    reshard(u);
+  if (in_flight_ != nullptr) complete_reduce(*in_flight_);
+  for (FsdpUnit& u : units_) reshard(u);
+}
+
+// u's reduce-scatter waited for: the average added to its shard's gradient, the full-size
+// gradient dropped.
+void FsdpCore::complete_reduce(FsdpUnit& u) {
+  in_flight_ = nullptr;
+  u.work->wait();
+  u.work.reset();
+  u.grad_in = at::Tensor();
+  if (world_ > 1) u.grad_out.div_(world_);
+  at::Tensor& g = u.shard.mutable_grad();
+  if (g.defined()) {
+    g.add_(u.grad_out);
+  } else {
+    g = u.grad_out;
   }
+  u.grad_out = at::Tensor();
 }
 
 std::vector<at::Tensor> FsdpCore::shards() const {
@@ -556,22 +612,24 @@ std::vector<at::Tensor> FsdpCore::shards() const {
   return out;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> FsdpCore::full_parameters() {
+void FsdpCore::for_each_full_parameter(
+    const FullyShardedDataParallelBase::FullParameterVisitor& each) {
   DDP_CHECK(!armed_, Error,
             "[rank {}] FullyShardedDataParallel::full_parameters() between a forward and its "
             "backward; call it between steps",
             rank_);
-  // One unit whole at a time: the copies are what the caller keeps, and the model is never whole
-  // twice over (the first GPU run read a ZeRO-3 peak of the whole model here).
-  std::vector<std::pair<std::string, at::Tensor>> out;
+  // One unit whole at a time, so the model is never whole twice over (the first GPU run read a
+  // ZeRO-3 peak of the whole model here).
   for (FsdpUnit& u : units_) {
     finish_gather(u);
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      out.emplace_back(u.param_names[i], u.params[i].detach().clone());
+    try {
+      for (size_t i = 0; i < u.params.size(); ++i) each(u.param_names[i], u.params[i].detach());
+    } catch (...) {
+      reshard(u);
+      throw;
     }
     reshard(u);
   }
-  return out;
 }
 
 std::string FsdpCore::check_full(
@@ -659,6 +717,7 @@ FSDPMemoryStats FsdpCore::memory_stats() const {
     s.full_bytes += u.numel * static_cast<int64_t>(u.shard.element_size());
   }
   s.peak_gathered_bytes = peak_gathered_;
+  s.cached_bytes = static_cast<int64_t>(pool_->idle_bytes());
   return s;
 }
 
@@ -691,7 +750,15 @@ FullyShardedDataParallelBase::~FullyShardedDataParallelBase() = default;
 std::vector<at::Tensor> FullyShardedDataParallelBase::parameters() const { return core_->shards(); }
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallelBase::full_parameters() {
-  return core_->full_parameters();
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  core_->for_each_full_parameter([&out](const std::string& name, const at::Tensor& whole) {
+    out.emplace_back(name, whole.clone());
+  });
+  return out;
+}
+
+void FullyShardedDataParallelBase::for_each_full_parameter(const FullParameterVisitor& each) {
+  core_->for_each_full_parameter(each);
 }
 
 std::vector<std::pair<std::string, size_t>> FullyShardedDataParallelBase::units() const {

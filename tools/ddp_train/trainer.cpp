@@ -814,12 +814,13 @@ std::function<at::Tensor(const at::Tensor&)> Run::model_forward() {
 }
 
 std::shared_ptr<ModelImpl> Run::gathered_model() {
-  const auto full = fsdp_->full_parameters();  // a collective
   auto plain = make_model(c_.model, c_.sync_bn, /*sharded=*/false);
   plain->to(device_);
   torch::NoGradGuard no_grad;
   auto params = plain->named_parameters();
-  for (const auto& [name, t] : full) params[name].copy_(t);
+  // A collective; one unit whole at a time, copied into the plain model: the model whole once.
+  fsdp_->for_each_full_parameter(
+      [&params](const std::string& name, const at::Tensor& whole) { params[name].copy_(whole); });
   // Buffers (BatchNorm's running statistics) are not sharded: this rank's, by the plain names.
   auto buffers = plain->named_buffers();
   for (const auto& item : net_->named_buffers()) {
