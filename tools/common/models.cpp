@@ -29,18 +29,24 @@ torch::nn::AnyModule layer(torch::nn::Module& parent, const std::string& name, b
       parent.register_module(name, std::make_shared<M>(std::forward<Args>(args)...)));
 }
 
-// 784 -> hidden1 -> hidden2 -> 10 with ReLU: mlp (256, 128) and mlp-1024 (1024, 1024).
+// 784 -> hidden... -> 10 with ReLU between: mlp (256, 128), mlp-1024 (1024, 1024), mlp-large
+// (2048 x 5). Layers fc1, fc2, ... in order.
 struct Mlp : ModelImpl {
-  Mlp(int64_t hidden1, int64_t hidden2, bool sharded) {
-    fc1 = layer<torch::nn::LinearImpl>(*this, "fc1", sharded, 784, hidden1);
-    fc2 = layer<torch::nn::LinearImpl>(*this, "fc2", sharded, hidden1, hidden2);
-    fc3 = layer<torch::nn::LinearImpl>(*this, "fc3", sharded, hidden2, 10);
+  Mlp(const std::vector<int64_t>& hidden, bool sharded) {
+    int64_t in = 784;
+    for (size_t i = 0; i <= hidden.size(); ++i) {
+      const int64_t out = i < hidden.size() ? hidden[i] : 10;
+      fc.push_back(
+          layer<torch::nn::LinearImpl>(*this, "fc" + std::to_string(i + 1), sharded, in, out));
+      in = out;
+    }
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(fc1.forward(x.flatten(1)));
-    return fc3.forward(torch::relu(fc2.forward(x)));
+    x = x.flatten(1);
+    for (size_t i = 0; i + 1 < fc.size(); ++i) x = torch::relu(fc[i].forward(x));
+    return fc.back().forward(x);
   }
-  torch::nn::AnyModule fc1, fc2, fc3;
+  std::vector<torch::nn::AnyModule> fc;
 };
 
 struct Cnn : ModelImpl {
@@ -146,7 +152,8 @@ struct ClassicCnn : ModelImpl {
 }  // namespace
 
 const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names = {"mlp", "cnn", "resnet", "classic-cnn", "mlp-1024"};
+  static const std::vector<std::string> names = {"mlp",         "cnn",      "resnet",
+                                                 "classic-cnn", "mlp-1024", "mlp-large"};
   return names;
 }
 
@@ -157,16 +164,17 @@ std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn, boo
   }
   if (sharded && name == "resnet") {
     throw ConfigError(
-        "model resnet has no ZeRO-3 units (ddp::Sharded layers) yet: use mlp, cnn, classic-cnn "
-        "or mlp-1024, or ZeRO-2");
+        "model resnet has no ZeRO-3 units (ddp::Sharded layers) yet: use mlp, cnn, classic-cnn, "
+        "mlp-1024 or mlp-large, or ZeRO-2");
   }
-  if (name == "mlp") return std::make_shared<Mlp>(256, 128, sharded);
+  if (name == "mlp") return std::make_shared<Mlp>(std::vector<int64_t>{256, 128}, sharded);
   if (name == "cnn") return std::make_shared<Cnn>(sync_bn, sharded);
   if (name == "resnet") return std::make_shared<ResNet>(sync_bn);
   if (name == "classic-cnn") return std::make_shared<ClassicCnn>(sharded);
-  if (name == "mlp-1024") return std::make_shared<Mlp>(1024, 1024, sharded);
+  if (name == "mlp-1024") return std::make_shared<Mlp>(std::vector<int64_t>{1024, 1024}, sharded);
+  if (name == "mlp-large") return std::make_shared<Mlp>(std::vector<int64_t>(5, 2048), sharded);
   throw ConfigError("unknown model '" + name +
-                    "': choose mlp, cnn, resnet, classic-cnn or mlp-1024");
+                    "': choose mlp, cnn, resnet, classic-cnn, mlp-1024 or mlp-large");
 }
 
 }  // namespace ddp::tools

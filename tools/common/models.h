@@ -12,6 +12,10 @@
 //                maxpool 2, dropout 0.25, fc 9216->128, ReLU, dropout 0.5, fc 128->10
 //                                                         1.2 M parameters, 4.6 MiB of gradients
 //   mlp-1024     784-1024-1024-10 with ReLU               1.9 M parameters, 7.1 MiB of gradients
+// The large model, for FullyShardedDataParallel (its DDP replica with Adam's state is 4 x 70 MiB
+// per rank):
+//   mlp-large    784-2048-2048-2048-2048-2048-10 with ReLU
+//                                                        18.4 M parameters, 70.2 MiB of gradients
 // `sync_bn` builds ddp::SyncBatchNorm where BatchNorm goes (a C++ parent calls its children
 // through its own members, so the choice is made at construction; see ddp/sync_batch_norm.h).
 #pragma once

@@ -58,7 +58,7 @@ void add_train(CLI::App& app, TrainOptions& t) {
       "thread and x N threads, and N ranks training without communication (the ceiling).");
   sub->add_option("--model", t.model,
                   "classic-cnn | mlp-1024 (the PyTorch comparison models) | cnn | mlp | resnet "
-                  "(ddp-train's)")
+                  "| mlp-large (ddp-train's)")
       ->check(CLI::IsMember(tools::model_names()));
   sub->add_option("--batch-size", t.global_batch, "global batch, split evenly over the ranks")
       ->check(CLI::PositiveNumber);

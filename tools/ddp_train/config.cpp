@@ -150,8 +150,10 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   app.option_defaults()->always_capture_default()->multi_option_policy(
       CLI::MultiOptionPolicy::TakeLast);
 
-  app.add_option("--model", c.model, "mlp | cnn (classic small CNN, BatchNorm) | resnet (small)")
-      ->check(CLI::IsMember({"mlp", "cnn", "resnet"}));
+  app.add_option("--model", c.model,
+                 "mlp | cnn (classic small CNN, BatchNorm) | resnet (small) | mlp-large (18.4 M "
+                 "parameters, for --fsdp)")
+      ->check(CLI::IsMember({"mlp", "cnn", "resnet", "mlp-large"}));
   app.add_option("--data-dir", c.data_dir,
                  "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
   app.add_option("--train-subset", c.train_subset, "use the first N training images (0: all)")
