@@ -3,6 +3,7 @@
 
     benchmarks/vs_pytorch/compare.py                       # 5 pairs, 200 steps after 20 warm-up
     benchmarks/vs_pytorch/compare.py --pairs 1 --steps 20  # a quick check that it all runs
+    benchmarks/vs_pytorch/compare.py --fsdp zero3          # our FSDP against PyTorch's (2.x)
 
 The work (the README's comparison): the classic CNN and the 784-1024-1024-10 MLP on
 Fashion-MNIST, global batch 128 over 2 ranks (64 each), SGD with momentum 0.9, 1 intra-op
@@ -14,6 +15,11 @@ thread per rank (OMP_NUM_THREADS=1), the same number of warm-up and timed steps.
 --device cuda runs both sides (and the ceiling) on the GPU, cuda:LOCAL_RANK, PyTorch over NCCL;
 with --nproc 1 --backends auto it is DDP at world size 1 against PyTorch's, and the ceiling is
 training without DDP (so each side's share of it is 1 / its DDP overhead).
+--fsdp zero2|zero3 compares FSDP instead of DDP: ours is `ddp-bench train --fsdp`, theirs
+`torch_ddp.py --fsdp` (FSDP1's FullyShardedDataParallel, SHARD_GRAD_OP / FULL_SHARD, a unit per
+Linear/Conv2d layer as ours; --fsdp-api fully_shard for FSDP2, which PyTorch 2.6 does not run on
+the CPU); the ceiling stays the same. It needs PyTorch 2.x (the trixie root's 2.6:
+scripts/test-libtorch2.sh --shell env USE_LIBUV=0 python3 ... --build-dir /var/build/ddp-cpp).
 Runs alternate (ours with each backend, then theirs, then the ceiling, for each model, --pairs
 times), each in fresh processes, so drift on a shared machine hits every side alike. Reported
 per model: the median samples/s of each side, the ratio of medians ours/PyTorch, the median of
@@ -47,7 +53,7 @@ def find_tool(build_dir, relative, name):
 
 
 def run(cmd, timeout):
-    """Runs `cmd` with 1 thread per process; returns (samples/s row or None, error text)."""
+    """Runs `cmd` with 1 thread per process; returns (samples/s row or None, error text, stdout)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
         out_csv = os.path.join(tmp, "row.csv")
@@ -55,13 +61,13 @@ def run(cmd, timeout):
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return None, f"timed out after {timeout} s: {' '.join(cmd)}"
+            return None, f"timed out after {timeout} s: {' '.join(cmd)}", ""
         if p.returncode != 0 or not os.path.exists(out_csv):
             tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-6:])
-            return None, f"exit code {p.returncode}: {' '.join(cmd)}\n{tail}"
+            return None, f"exit code {p.returncode}: {' '.join(cmd)}\n{tail}", p.stdout
         with open(out_csv) as f:
             rows = list(csv.DictReader(f))
-        return rows[-1], ""
+        return rows[-1], "", p.stdout
 
 
 def main():
@@ -87,6 +93,12 @@ def main():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where both sides train (cuda: PyTorch over NCCL, ours on its auto "
                    "backend, cpu:shm,cuda:nccl on a GPU, or the one named)")
+    p.add_argument("--fsdp", choices=["zero2", "zero3"], default="",
+                   help="FSDP instead of DDP on both sides: ddp-bench train --fsdp, and PyTorch's "
+                        "FSDP (torch_ddp.py --fsdp; PyTorch 2.x)")
+    p.add_argument("--fsdp-api", choices=["fsdp1", "fully_shard"], default="fsdp1",
+                   help="with --fsdp, PyTorch's side: FSDP1's FullyShardedDataParallel, or "
+                        "FSDP2's fully_shard (not on the CPU in PyTorch 2.6)")
     p.add_argument("--data-dir", default="", help="Fashion-MNIST folder (default: Debian's)")
     p.add_argument("--csv", default="vs_pytorch.csv", help="every run, one row each")
     p.add_argument("--summary-csv", default="", help="medians and ratios (default: "
@@ -95,6 +107,8 @@ def main():
     p.add_argument("--no-ceiling", action="store_true",
                    help="skip the communication-free ceiling runs")
     a = p.parse_args()
+    if a.fsdp and (a.ours == "user-program" or a.gradient_as_bucket_view):
+        p.error("--fsdp takes neither --ours user-program nor --gradient-as-bucket-view")
     models = [m for m in a.models.split(",") if m]
     backends = [b for b in a.backends.split(",") if b]
     ddprun = find_tool(a.build_dir, "tools/ddprun/ddprun", "ddprun")
@@ -104,10 +118,12 @@ def main():
     if a.data_dir:
         common += ["--data-dir", a.data_dir]
     view = ["--gradient-as-bucket-view"] if a.gradient_as_bucket_view else []
+    ours_fsdp = ["--fsdp", a.fsdp] if a.fsdp else []
+    theirs_fsdp = ["--fsdp", a.fsdp, "--fsdp-api", a.fsdp_api] if a.fsdp else []
     ours_cmd = lambda model, backend: [
         ddprun, "--standalone", "--nproc-per-node", str(a.nproc), bench, "train",
         "--model", model, "--threads", "1", "--backend", backend, "--label", f"ours-{backend}"
-    ] + view + common
+    ] + view + ours_fsdp + common
     if a.ours == "user-program":
         user_program = find_tool(a.build_dir, "benchmarks/user_program", "user_program")
         ours_cmd = lambda model, backend: [
@@ -118,13 +134,18 @@ def main():
         "--model", model, "--threads", "1", "--no-ddp", "--label", "ceiling"] + common
     theirs_cmd = lambda model: [
         a.python, os.path.join(HERE, "torch_ddp.py"), "--nproc", str(a.nproc), "--model", model,
-        "--threads", "1", "--label", "pytorch"] + view + common
+        "--threads", "1", "--label", "pytorch"] + view + theirs_fsdp + common
 
     print(f"# vs_pytorch: {', '.join(models)}; global batch {a.batch_size} over {a.nproc} "
           f"ranks x 1 thread on {a.device}; {a.steps} steps after {a.warmup} warm-up; {a.pairs} alternating "
           f"pair(s); ours on {', '.join(backends)}", flush=True)
+    if a.fsdp:
+        print(f"# FSDP ({a.fsdp}) on both sides instead of DDP: ours ddp-bench train --fsdp "
+              f"{a.fsdp}, PyTorch's torch_ddp.py --fsdp {a.fsdp} --fsdp-api {a.fsdp_api}",
+              flush=True)
     runs = []  # dicts: pair, model, side, samples_per_s (None when failed)
     errors = {}
+    said = set()  # models whose PyTorch line (version, API, loss) is printed
     for pair in range(a.pairs):
         for model in models:
             jobs = [(f"ours-{b}", ours_cmd(model, b)) for b in backends]
@@ -132,17 +153,24 @@ def main():
             if not a.no_ceiling:
                 jobs.append(("ceiling", ceiling_cmd(model)))
             for side, cmd in jobs:
-                row, err = run(cmd, a.timeout)
+                row, err, out = run(cmd, a.timeout)
+                if a.fsdp and side == "pytorch" and row and model not in said:
+                    said.add(model)
+                    print("  " + " ".join(l for l in out.splitlines() if l.startswith("# pytorch")),
+                          flush=True)
                 sps = float(row["samples_per_s"]) if row else None
                 runs.append(dict(pair=pair + 1, model=model, side=side, samples_per_s=sps,
                                  step_ms=float(row["step_ms"]) if row else None))
+                if a.fsdp and side != "ceiling":
+                    runs[-1]["fsdp"] = a.fsdp
                 if err:
                     errors.setdefault((model, side), err)
                 print(f"  pair {pair + 1}/{a.pairs} {model:<12} {side:<12} "
                       + (f"{sps:9.1f} samples/s" if sps else "FAILED"), flush=True)
 
     with open(a.csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["pair", "model", "side", "samples_per_s", "step_ms"])
+        w = csv.DictWriter(f, fieldnames=["pair", "model", "side", "samples_per_s", "step_ms"]
+                           + (["fsdp"] if a.fsdp else []), restval="")
         w.writeheader()
         w.writerows(runs)
 
@@ -180,10 +208,12 @@ def main():
                            if theirs else "", ratio="", median_pair_ratio="", runs=len(ours))
                 mt = f"{statistics.median(theirs):.1f}" if theirs else "n/a"
                 print(f"  {model:<12} {b:<10} {'n/a':>10} {mt:>10} {'-':>7} {'-':>11}  0")
+            if a.fsdp:
+                rec["fsdp"] = a.fsdp
             summary.append(rec)
     if not a.no_ceiling:
         print("#\n# the ceiling: the same ranks training alone, no gradient exchange "
-              "(samples/s); each DDP's share of it")
+              f"(samples/s); each {'FSDP' if a.fsdp else 'DDP'}'s share of it")
         for model in models:
             ceil = values(model, "ceiling")
             if not ceil:

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""PyTorch's own DDP on the comparison workload: the other side of benchmarks/vs_pytorch.
+"""PyTorch's own DDP (or FSDP) on the comparison workload: the other side of benchmarks/vs_pytorch.
 
     /usr/bin/python3 benchmarks/vs_pytorch/torch_ddp.py --nproc 2 --model classic-cnn --csv t.csv
+    python3 benchmarks/vs_pytorch/torch_ddp.py --nproc 2 --model mlp-1024 --fsdp zero3  # 2.x
 
 Does exactly what `ddp-bench train` does (tools/ddp_bench/train.h), in torch.nn with
 torch.nn.parallel.DistributedDataParallel over Gloo: Fashion-MNIST read from Debian's IDX .gz
@@ -11,6 +12,24 @@ ddp::TensorDataset does); cross-entropy on logits; SGD with momentum; warm-up st
 then timed steps; samples/s = steps x global batch / the slowest rank's wall time. The row
 appended to --csv has ddp-bench's columns; comm_ms is empty (PyTorch does not expose when its
 reducer finished, so backward_ms includes the exposed communication).
+
+--fsdp zero2|zero3 trains through PyTorch's FSDP instead of DDP, as `ddp-bench train --fsdp`:
+a unit per Linear and Conv2d layer (ours: zero3's ddp::Sharded layers, zero2's unit per child
+module; the same layers in these two models), then the root; zero3 = FULL_SHARD (each unit
+gathered for its forward and again for its backward), zero2 = SHARD_GRAD_OP (gathered for the
+forward, kept through the backward). --fsdp-api picks which FSDP:
+  fsdp1 (default): torch.distributed.fsdp.FullyShardedDataParallel with
+    ShardingStrategy.FULL_SHARD / SHARD_GRAD_OP, a lambda_auto_wrap_policy on Linear/Conv2d,
+    device_id the training device (torch.device("cpu") on the CPU: with None, 2.6 raises "FSDP
+    needs a non-CPU accelerator device"), every other option its default (flat parameters per
+    unit, as ours; backward_prefetch BACKWARD_PRE);
+  fully_shard: FSDP2, fully_shard(layer) for each layer then fully_shard(model), with
+    reshard_after_forward True (zero3) / False (zero2). PyTorch 2.6 does not run it on the CPU:
+    the first forward fails in foreach_all_gather with "AttributeError: 'Stream' object has no
+    attribute 'record_event'" (torch.cpu.Stream); hence fsdp1 by default.
+Either way the optimizer steps the FSDP module's (sharded) parameters and comm_ms stays empty.
+The "# pytorch" line ends with the last step's loss (mean over ranks), to check that a
+configuration trains like another on the same seed.
 
 --device cuda trains on cuda:LOCAL_RANK with DDP over NCCL (as `ddp-bench train --device cuda`):
 batches pinned and copied non_blocking, each phase ended by torch.cuda.synchronize() so that it
@@ -118,6 +137,32 @@ class Batches:
         return x, y
 
 
+def wrap_fsdp(net, args, device):
+    """net as PyTorch's FSDP (--fsdp, --fsdp-api); returns (model, description)."""
+    is_layer = lambda m: isinstance(m, (nn.Linear, nn.Conv2d))  # ours: the Sharded layers
+    if args.fsdp_api == "fully_shard":
+        try:
+            from torch.distributed.fsdp import fully_shard  # 2.6 and later
+        except ImportError:
+            from torch.distributed._composable.fsdp import fully_shard  # 2.4, 2.5
+        reshard = args.fsdp == "zero3"
+        for m in net.modules():
+            if is_layer(m):
+                fully_shard(m, reshard_after_forward=reshard)
+        fully_shard(net, reshard_after_forward=reshard)
+        return net, f"FSDP2 fully_shard(reshard_after_forward={reshard}) per layer"
+    import functools
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+    strategy = (ShardingStrategy.FULL_SHARD if args.fsdp == "zero3"
+                else ShardingStrategy.SHARD_GRAD_OP)
+    model = FullyShardedDataParallel(
+        net, sharding_strategy=strategy,
+        auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=is_layer),
+        device_id=device)  # on the CPU too: None makes 2.6 look for an accelerator and fail
+    return model, f"FSDP1 FullyShardedDataParallel({strategy.name}) per layer"
+
+
 def worker(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(args.threads)
@@ -138,9 +183,13 @@ def worker(args):
     net = MODELS[args.model]().to(device)
     # --no-ddp: every rank trains its own replica, no gradient exchange (PyTorch's compute alone,
     # as `ddp-bench train --no-ddp`; benchmarks/perf_model.py takes it as PyTorch's compute).
-    model = net if args.no_ddp else nn.parallel.DistributedDataParallel(
-        net, device_ids=[device.index] if device.type == "cuda" else None,
-        gradient_as_bucket_view=args.gradient_as_bucket_view)
+    kind = "no DDP" if args.no_ddp else "DDP"
+    if args.fsdp:
+        model, kind = wrap_fsdp(net, args, device)
+    else:
+        model = net if args.no_ddp else nn.parallel.DistributedDataParallel(
+            net, device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=args.gradient_as_bucket_view)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     batches = Batches(data, labels, args.batch_size // world, rank, world, args.seed)
 
@@ -156,6 +205,7 @@ def worker(args):
         sync()
         t1 = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
+        last_loss = loss.detach()
         sync()
         t2 = time.perf_counter()
         loss.backward()
@@ -174,15 +224,17 @@ def worker(args):
     means = torch.tensor(sums, dtype=torch.float64, device=device)
     dist.all_reduce(means)
     ms = (means / world / args.steps * 1e3).tolist()
+    last_loss = last_loss.to(torch.float64).reshape(1)
+    dist.all_reduce(last_loss)
+    loss_mean = last_loss.item() / world
     w = wall.item()
     if rank == 0:
         row = dict(samples_per_s=args.steps * args.batch_size / w, step_ms=w / args.steps * 1e3)
-        kind = "no DDP" if args.no_ddp else "DDP"
         print(f"# pytorch {torch.__version__} {kind} ({backend}) on {device}: {args.model}, global batch "
               f"{args.batch_size}, {world} ranks x {args.threads} thread(s): "
               f"{row['samples_per_s']:.1f} samples/s, {row['step_ms']:.2f} ms/step "
               f"(data {ms[0]:.2f}, forward {ms[1]:.2f}, backward+comm {ms[2]:.2f}, "
-              f"optimizer {ms[3]:.2f})", flush=True)
+              f"optimizer {ms[3]:.2f}); last step's loss {loss_mean:.4f}", flush=True)
         if args.csv:
             fresh = not os.path.exists(args.csv) or os.path.getsize(args.csv) == 0
             with open(args.csv, "a") as f:
@@ -237,8 +289,16 @@ def main():
                    help="each rank trains alone: no DDP, no gradient exchange")
     p.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's gradient_as_bucket_view (PyTorch's default: off)")
+    p.add_argument("--fsdp", choices=["zero2", "zero3"], default="",
+                   help="PyTorch's FSDP instead of DDP, a unit per Linear/Conv2d layer: zero3 = "
+                        "FULL_SHARD, zero2 = SHARD_GRAD_OP (as ddp-bench train --fsdp)")
+    p.add_argument("--fsdp-api", choices=["fsdp1", "fully_shard"], default="fsdp1",
+                   help="with --fsdp: FSDP1's FullyShardedDataParallel (default), or FSDP2's "
+                        "fully_shard (PyTorch 2.6 fails to run it on the CPU)")
     p.add_argument("--csv", default="", help="append the result row (rank 0)")
     args = p.parse_args()
+    if args.fsdp and (args.no_ddp or args.gradient_as_bucket_view):
+        p.error("--fsdp takes neither --no-ddp nor --gradient-as-bucket-view")
     if "RANK" in os.environ:
         worker(args)
     else:
