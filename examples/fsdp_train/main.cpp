@@ -3,8 +3,8 @@
 // The model, 784-2048-2048-2048-2048-2048-10, has 18.4 M parameters (70 MiB); with Adam, a
 // DistributedDataParallel replica holds 4 x 70 MiB per rank, ZeRO-3 at world 2 about half that.
 //
-//   $ ddprun --standalone --nproc-per-node 2 build/examples/fsdp_train [zero3|zero2|ddp] [EPOCHS]
-//         [TRAIN_IMAGES]                     (defaults: zero3, 1 epoch, all 60000 images)
+//   $ ddprun --standalone --nproc-per-node 2 build/examples/fsdp_train [zero3|zero2|zero1|ddp]
+//         [EPOCHS] [TRAIN_IMAGES]            (defaults: zero3, 1 epoch, all 60000 images)
 //   $ ddprun --standalone --nproc-per-node 2 build/examples/fsdp_train zero3 1 6000
 //   [rank 0]: zero3 over 2 ranks: 18.4 M parameters (70.2 MiB); each rank keeps 35.1 MiB of them
 //   [rank 0]: epoch 0: loss 0.8871, test accuracy 66.00% (1320/2000)
@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,8 +57,9 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "zero3";
   const int epochs = argc > 2 ? std::atoi(argv[2]) : 1;
   const int64_t train_images = argc > 3 ? std::atoll(argv[3]) : 0;  // 0: all 60000
-  if (mode != "zero3" && mode != "zero2" && mode != "ddp") {
-    std::fprintf(stderr, "fsdp_train: the mode is zero3, zero2 or ddp, not '%s'\n", mode.c_str());
+  if (mode != "zero3" && mode != "zero2" && mode != "zero1" && mode != "ddp") {
+    std::fprintf(stderr, "fsdp_train: the mode is zero3, zero2, zero1 or ddp, not '%s'\n",
+                 mode.c_str());
     return 2;
   }
   auto pg = ddp::init_process_group();
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<ddp::FullyShardedDataParallel<DeepMlpImpl>> fsdp;
   std::unique_ptr<ddp::DistributedDataParallel<DeepMlpImpl>> ddp_model;
   std::vector<torch::Tensor> params;
-  if (mode == "ddp") {
+  if (mode == "ddp" || mode == "zero1") {
     ddp_model = std::make_unique<ddp::DistributedDataParallel<DeepMlpImpl>>(
         net.ptr(), ddp::DDPOptions{.gradient_as_bucket_view = true});
     params = ddp_model->parameters();
@@ -85,7 +87,16 @@ int main(int argc, char** argv) {
     params = fsdp->parameters();
   }
   auto model = [&](const torch::Tensor& x) { return fsdp ? (*fsdp)(x) : (*ddp_model)(x); };
-  torch::optim::Adam opt(params, torch::optim::AdamOptions(1e-4));
+  // zero1: DDP with Adam's state sharded (ddp::ZeroRedundancyOptimizer), for comparison.
+  std::optional<torch::optim::Adam> adam;
+  std::optional<ddp::ZeroRedundancyOptimizer> zero1;
+  if (mode == "zero1") {
+    zero1.emplace(
+        ddp::ZeroRedundancyOptimizer::make<torch::optim::Adam>(params,
+                                                               torch::optim::AdamOptions(1e-4)));
+  } else {
+    adam.emplace(params, torch::optim::AdamOptions(1e-4));
+  }
   if (ddp::is_main_process()) {
     int64_t kept = 0;
     for (const auto& p : params) kept += p.numel();
@@ -107,10 +118,14 @@ int main(int argc, char** argv) {
     sampler.set_epoch(epoch);
     torch::Tensor loss;
     for (auto& batch : loader) {
-      opt.zero_grad();
+      zero1 ? zero1->zero_grad() : adam->zero_grad();
       loss = torch::cross_entropy_loss(model(batch.data), batch.target);
       loss.backward();  // each unit's gradient reduce-scattered as the backward reaches it
-      opt.step();       // steps this rank's shards
+      if (zero1) {      // steps this rank's shards
+        zero1->step();
+      } else {
+        adam->step();
+      }
     }
     // Accuracy over the test images, each rank a share of them (the forward gathers the units).
     torch::NoGradGuard no_grad;
