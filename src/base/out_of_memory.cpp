@@ -8,11 +8,14 @@
 #include <fmt/format.h>
 
 #include "ddp/error.h"
+#include "ddp/relayed_error.h"
 
 namespace ddp {
 
 bool is_out_of_memory(const std::exception& e) {
   if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return true;
+  // Another rank's failure relayed here (its words may say "out of memory") is not this one's.
+  if (relayed_from(e)) return false;
   const std::string_view what = e.what();
   return what.find("DefaultCPUAllocator") != std::string_view::npos ||
          what.find("out of memory") != std::string_view::npos;

@@ -16,8 +16,8 @@ namespace ddp::detail {
 // FSDP frees and refills each unit's flat parameter every step (twice under ZeRO-3) and makes a
 // flat gradient per unit per backward: the same few large sizes, over and over. From malloc
 // (which, with retain_freed_memory, never gives memory back) they fragmented the heap: the
-// first ZeRO-3 run under a memory limit had 206 MiB in use in a 499 MiB heap, more than DDP's
-// whole heap, so the limit that stopped DDP stopped ZeRO-3 too. So on the CPU, buffers of at
+// first ZeRO-3 run under a memory limit (prlimit --data) had 206 MiB in use in a 499 MiB heap,
+// more than DDP's whole heap, so the limit that stopped DDP stopped ZeRO-3 too. So on the CPU, buffers of at
 // least kMinBytes are mappings of their own (mmap), which never fragment the heap: a freed one
 // is kept for the next request of its exact size while the kept ones total at most `idle_limit`
 // bytes (a few of the largest unit: ZeRO-3's working set, so a steady step maps nothing), and

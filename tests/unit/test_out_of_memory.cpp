@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "ddp/error.h"
+#include "ddp/relayed_error.h"
 
 namespace ddp {
 namespace {
@@ -37,6 +38,9 @@ TEST(OutOfMemory, BadAllocIsOneAndOtherErrorsAreNot) {
   EXPECT_EQ(out_of_memory_text(std::bad_alloc()).rfind("out of memory: std::bad_alloc (", 0), 0u);
   EXPECT_FALSE(is_out_of_memory(CollectiveError("[rank 1] all_reduce #3 timed out after 30 s")));
   EXPECT_FALSE(is_out_of_memory(std::runtime_error("cannot open data/train-images")));
+  // Rank 1 ran out; the error that reaches this rank names it, and is not this rank's.
+  EXPECT_FALSE(is_out_of_memory(Relayed<CollectiveError>(
+      1, "[rank 1] out of memory: DefaultCPUAllocator: can't allocate memory")));
 }
 
 }  // namespace
