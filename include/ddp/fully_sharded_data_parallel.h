@@ -97,8 +97,9 @@ struct FSDPMemoryStats {
   // under ZeRO-2; under ZeRO-3 the non-Sharded units and at most a Sharded unit or two (the one
   // computing and the one prefetched).
   int64_t peak_gathered_bytes = 0;
-  // Freed flat buffers kept for the next step (CPU, at most four of the largest unit), so that
-  // a step maps no new memory (Note [FSDP buffers] in src/parallel/fsdp_buffers.h).
+  // Freed flat buffers kept for the next step (CPU: at most the units gathered for the whole
+  // step, every unit under ZeRO-2, plus four of the largest), so that a step maps no new memory
+  // (Note [FSDP buffers] in src/parallel/fsdp_buffers.h).
   int64_t cached_bytes = 0;
 };
 

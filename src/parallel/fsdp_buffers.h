@@ -20,8 +20,9 @@ namespace ddp::detail {
 // more than DDP's whole heap, so the limit that stopped DDP stopped ZeRO-3 too. So on the CPU, buffers of at
 // least kMinBytes are mappings of their own (mmap), which never fragment the heap: a freed one
 // is kept for the next request of its exact size while the kept ones total at most `idle_limit`
-// bytes (a few of the largest unit: ZeRO-3's working set, so a steady step maps nothing), and
-// unmapped beyond. What is kept counts in memory_stats() as cached_bytes.
+// bytes (a step's working set: the units gathered for the whole step plus four of the largest,
+// so a steady step maps nothing), and unmapped beyond. What is kept counts in memory_stats() as
+// cached_bytes.
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
   static constexpr size_t kMinBytes = size_t{1} << 20;
