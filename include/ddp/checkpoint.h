@@ -46,6 +46,9 @@
 //                         no space and is itself a complete checkpoint that load() reads like
 //                         any other), made atomically (link to a temporary, rename); where the
 //                         file system refuses hard links, an atomic copy (a warning says so)
+// With CheckpointerOptions::sharded, epoch=E-step=S.ckpt is a directory (metadata.ckpt and one
+// file per rank: Note [Sharded checkpoint] in src/checkpoint/sharded.h) and last.ckpt a symbolic
+// link to the newest one; every function here reads either kind.
 // Ordering is by (step, epoch). latest_valid() ("--resume auto") verifies candidates newest
 // first (full verification, both checksums) and returns the first valid one, with the newer
 // files it skipped and why; last.ckpt is a candidate too (by the step in its header), skipped
@@ -55,8 +58,9 @@
 // Collective behaviour. With a ProcessGroup, save(), latest_valid() and load() are collectives
 // (every rank calls them, in the same order relative to its other collectives):
 //   save: a collective snapshot (TrainingState::snapshot(group): per-rank states gathered,
-//         kCollective objects consolidated); rank 0 writes (from its own replicated states:
-//         the other ranks' are not read); rank 0 broadcasts the outcome. No rank returns
+//         kCollective objects consolidated, sharded pieces joined); rank 0 writes (from its own
+//         replicated states: the other ranks' are not read); sharded: every rank writes its own
+//         file, rank 0 publishes the directory; rank 0 broadcasts the outcome. No rank returns
 //         before the file is complete on disk, and a failure on rank 0 is thrown on every rank
 //         (rank 0: the cause; others: "rank 0 failed to write ..."). Every rank must register
 //         the same keys (a ConfigError on every rank names the first difference).
@@ -208,6 +212,12 @@ struct CheckpointerOptions {
   // linking last.ckpt) with the file's path; a hook that throws simulates a failure there (a
   // full disk, an I/O error). Empty in production.
   std::function<void(std::string_view stage, const std::filesystem::path& file)> fault_hook;
+  // Each rank writes its own states into its own file, in a directory named as the file would
+  // be (Note [Sharded checkpoint] in src/checkpoint/sharded.h): no rank gathers another's
+  // per-rank states or FullyShardedDataParallel pieces, so a model that fits no single process
+  // is saved by the ranks it is sharded over, and loads at any world size. The ranks need a
+  // shared file system (or one host). load() and latest_valid() read either kind.
+  bool sharded = false;
   // The run folder's lease (ddp/run_lease.h), held by the writing rank: each file is checked
   // against it before the rename that publishes it, and a group that lost the folder to another
   // fails with FencedError (relayed to the other ranks as a CheckpointError) instead of

@@ -25,8 +25,10 @@
 //     and freed once its gradient is reduce-scattered. LibTorch's C++ modules have no forward
 //     hooks, so such a unit is a ddp::Sharded<M> in the model (below): its forward is the hook.
 // Either way the backward reduce-scatters each unit's gradient in reverse unit order while it
-// goes on, so each rank holds the average gradient of its shard only. Not yet: mixed precision
-// and sharded checkpoints (a checkpoint holds the parameters whole: ddp/training_state.h).
+// goes on, so each rank holds the average gradient of its shard only. Not yet: mixed precision.
+// Checkpoints hold each rank's part of each parameter (local_shards()), in each rank's own file
+// (a sharded checkpoint) or joined whole, and load at any world size (ddp/training_state.h,
+// ddp/checkpoint.h).
 //
 // ZeRO-3 units in a model:
 //   struct NetImpl : torch::nn::Module {
@@ -199,6 +201,21 @@ class FullyShardedDataParallelBase {
   std::string check_full_parameters(
       const std::vector<std::pair<std::string, at::Tensor>>& full) const;
   void load_full_parameters(const std::vector<std::pair<std::string, at::Tensor>>& full);
+  // This rank's part of every parameter, by full_parameters()' name (PyTorch's
+  // SHARDED_STATE_DICT, as flat pieces): the parameter's whole shape, where the part starts in
+  // it (row-major), and a 1-D view of the part inside this rank's shard (parameters()[unit],
+  // from element shard_offset), empty where the rank holds none of it. Writing into a view
+  // (under NoGradGuard) writes the shard. Not a collective; call it between steps. A checkpoint
+  // saves these through TrainingState::add.
+  struct LocalShard {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0;
+    at::Tensor data;
+    size_t unit = 0;
+    int64_t shard_offset = 0;
+  };
+  std::vector<LocalShard> local_shards();
   // The units in forward order: a name ("fc1", or "(root)") and how many parameters it holds.
   std::vector<std::pair<std::string, size_t>> units() const;
   FSDPMemoryStats memory_stats() const;

@@ -34,6 +34,8 @@
 // Thread-safety: the library calls an object from one thread at a time.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,6 +47,19 @@
 
 namespace ddp {
 
+// Where a piece of a kSharded state lies in the whole tensor it is part of: elements
+// [offset, offset + the piece's numel) of that tensor, counted in row-major order.
+struct ShardPlacement {
+  std::vector<int64_t> whole_shape;
+  int64_t offset = 0;
+};
+
+// A range of a whole tensor's elements, in row-major order.
+struct ElementRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
 // One object's saved state.
 struct StateDict {
   // Named tensors, in order; names unique. Any dtype of fixed width, any device, contiguous or
@@ -53,9 +68,14 @@ struct StateDict {
   // Any JSON value (text): counters, options, positions. Checked when saved (a ConfigError for
   // text that is not JSON); returned re-serialised (compact).
   std::string json = "null";
+  // kSharded: which tensors are pieces of whole tensors, and where each lies (by name; every
+  // name one of `tensors`). The tensors not named here are not sharded: rank 0's are saved.
+  std::vector<std::pair<std::string, ShardPlacement>> shards;
 
   // The tensor named `name`, or null.
   const at::Tensor* find(std::string_view name) const;
+  // Where the tensor named `name` lies, or null when it is not a piece.
+  const ShardPlacement* shard(std::string_view name) const;
 };
 
 // Which ranks' states are saved (and which state each rank loads).
@@ -70,9 +90,18 @@ enum class StateScope {
   // state_dict() is a collective that every rank calls (ZeroRedundancyOptimizer consolidating
   // its shards on rank 0); rank 0's result is saved; every rank loads it.
   kCollective,
+  // Each rank holds pieces of whole tensors (FullyShardedDataParallel's parameters: Note
+  // [Sharded states] in src/state/shards.h): every rank's state_dict() is saved, its pieces
+  // placed by StateDict::shards. When loaded, at any world size, each rank receives the elements
+  // it asks for (Stateful::wanted), assembled from whichever saved pieces hold them; the tensors
+  // that are not pieces, and the JSON, are rank 0's. A collective snapshot (and so a one-file
+  // checkpoint) holds every piece joined into its whole tensor; a sharded checkpoint directory
+  // holds each rank's pieces in the rank's own file.
+  kSharded,
 };
 
-const char* to_string(StateScope scope);  // "replicated", "per-rank", "collective"
+// "replicated", "per-rank", "collective", "sharded"
+const char* to_string(StateScope scope);
 
 // Where a saved state is being loaded.
 struct LoadContext {
@@ -105,6 +134,13 @@ class Stateful {
   // What the object is, for messages: "optimizer" makes "it holds no optimizer state"; empty
   // (the default): the key names it.
   virtual std::string kind() const { return ""; }
+  // kSharded: which elements of the saved whole tensor `name` (of `whole_shape`) this rank loads
+  // now; nullopt (the default) for none. The StateDict that check() and load_state_dict() then
+  // receive holds, under each saved piece's name, those elements as a 1-D tensor (placed by its
+  // `shards`), or an undefined tensor where this rank loads none (its placement still gives
+  // the whole shape, so that check() can compare every saved name and shape).
+  virtual std::optional<ElementRange> wanted(const std::string& name,
+                                             const std::vector<int64_t>& whole_shape) const;
 };
 
 }  // namespace ddp

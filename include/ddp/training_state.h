@@ -28,12 +28,14 @@
 //   ZeroRedundancyOptimizer           kCollective: consolidated on rank 0 when saved, each rank
 //                                     takes its part when loaded, at any world size (Note [ZeRO
 //                                     checkpoints] in ddp/zero_redundancy_optimizer.h)
-//   FullyShardedDataParallel          kCollective: its parameters whole (full_parameters(),
-//                                     clean names), each rank taking its shards when loaded, at
-//                                     any world size; bit for bit at the saving one
-//   an optimizer over its shards      add(key, opt, model): kPerRank, each rank's own state,
-//                                     loaded at the saving world size only (a clear error
-//                                     otherwise)
+//   FullyShardedDataParallel          kSharded: each rank's part of every parameter
+//                                     (local_shards(), clean names), each rank taking its new
+//                                     part when loaded, at any world size; bit for bit at the
+//                                     saving one. Joined whole in a one-file checkpoint
+//   an optimizer over its shards      add(key, opt, model): kSharded, its state cut at the
+//                                     parameters' bounds ("exp_avg/fc1.weight"), loaded at any
+//                                     world size (Adam, AdamW, SGD, Adagrad, RMSprop; another
+//                                     type kPerRank: the saving world size only)
 //   comm_hooks::PowerSGDState         kPerRank: iteration, generator, P, Q and this rank's
 //                                     error feedback; at another world size without the error
 //                                     feedback (P, Q, iteration and generator are every rank's)
@@ -130,7 +132,7 @@ class TrainingState {
   void add(std::string key, FullyShardedDataParallelBase& model, AddOptions options = {});
   // The optimizer over a FullyShardedDataParallel's shards (model.parameters()).
   void add(std::string key, torch::optim::Optimizer& optimizer,
-           const FullyShardedDataParallelBase& sharded_by, AddOptions options = {});
+           FullyShardedDataParallelBase& sharded_by, AddOptions options = {});
   void add(std::string key, DistributedSampler& sampler, AddOptions options = {});
   void add(std::string key, comm_hooks::PowerSGDState& state, AddOptions options = {});
   // A module held by pointer or holder (std::shared_ptr<Net>, Net): its module.

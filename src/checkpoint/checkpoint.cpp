@@ -17,6 +17,7 @@
 #include "checkpoint/format.h"
 #include "checkpoint/legacy_v1.h"
 #include "checkpoint/metadata.h"
+#include "checkpoint/sharded.h"
 #include "ddp/checkpoint.h"
 #include "ddp/config.h"  // DDP_VERSION
 #include "state/codec.h"
@@ -68,15 +69,7 @@ void check_save_args(const TrainingState* state, const CheckpointMeta& meta) {
   check_json(meta.hparams_json, "hparams_json");
 }
 
-}  // namespace ckpt
-
-std::string encode_checkpoint(const Snapshot& snapshot, const CheckpointMeta& meta_in) {
-  ckpt::check_save_args(nullptr, meta_in);
-  ckpt::FileMeta fm;
-  fm.meta = meta_in;
-  CheckpointMeta& meta = fm.meta;
-  meta.keys.clear();
-  for (const auto& e : snapshot.entries) meta.keys.push_back(e.key);
+void fill_save_fields(CheckpointMeta& meta) {
   meta.num_threads = at::get_num_threads();
   meta.torch_version = TORCH_VERSION;
   meta.ddp_version = DDP_VERSION;
@@ -85,10 +78,66 @@ std::string encode_checkpoint(const Snapshot& snapshot, const CheckpointMeta& me
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   meta.blob.clear();
-  state::Encoded e = state::encode(snapshot.entries);
-  fm.states = std::move(e.index);
-  std::string out = ckpt::encode_head(ckpt::encode_metadata(fm), e.payload);
-  out += e.payload;
+}
+
+LoadedCheckpoint restore_checkpoint(const std::filesystem::path& path, CheckpointMeta meta,
+                                    const Snapshot& snapshot, TrainingState& state,
+                                    const LoadOptions& options) {
+  LoadedCheckpoint out;
+  out.path = path;
+  try {
+    RestoreReport r = state.restore(snapshot, options.rank, options.world_size);
+    out.world_size_changed = r.world_size_changed;
+    out.per_rank_exact = r.per_rank_exact;
+    out.absent = std::move(r.absent);
+    out.ignored = std::move(r.ignored);
+  } catch (const IncompatibleStateError& e) {
+    throw IncompatibleCheckpointError(fmt::format("{}: this checkpoint does not fit this run: {}{}",
+                                                  path.string(), e.what(),
+                                                  labels(meta.model_label, options.model_label)));
+  } catch (const Error& e) {
+    throw CheckpointError(fmt::format("{}: {}", path.string(), e.what()));
+  }
+  out.meta = std::move(meta);
+  return out;
+}
+
+}  // namespace ckpt
+
+namespace ckpt {
+
+std::vector<std::string_view> EncodedFile::parts() const {
+  std::vector<std::string_view> out{head};
+  out.insert(out.end(), payload.parts.begin(), payload.parts.end());
+  return out;
+}
+
+EncodedFile encode_file(const std::vector<Snapshot::Entry>& entries, FileMeta fm) {
+  fill_save_fields(fm.meta);
+  EncodedFile out;
+  out.payload = state::encode(entries);
+  fm.states = std::move(out.payload.index);
+  out.head = encode_head(encode_metadata(fm), out.payload.parts);
+  return out;
+}
+
+// A Snapshot as a checkpoint file (metadata `meta`, its keys the snapshot's).
+EncodedFile encode_snapshot(const Snapshot& snapshot, const CheckpointMeta& meta) {
+  check_save_args(nullptr, meta);
+  FileMeta fm;
+  fm.meta = meta;
+  fm.meta.keys.clear();
+  for (const auto& e : snapshot.entries) fm.meta.keys.push_back(e.key);
+  return encode_file(snapshot.entries, std::move(fm));
+}
+
+}  // namespace ckpt
+
+std::string encode_checkpoint(const Snapshot& snapshot, const CheckpointMeta& meta) {
+  const ckpt::EncodedFile f = ckpt::encode_snapshot(snapshot, meta);
+  std::string out;
+  out.reserve(f.size());
+  for (std::string_view part : f.parts()) out.append(part);
   return out;
 }
 
@@ -100,16 +149,17 @@ DecodedCheckpoint decode_checkpoint(std::string_view bytes, std::string_view wha
 void save_checkpoint(const std::filesystem::path& file, TrainingState& state,
                      const CheckpointMeta& meta) {
   ckpt::check_save_args(&state, meta);
-  const std::string bytes = encode_checkpoint(state.snapshot(), meta);
-  ckpt::write_atomic(file, {bytes}, {});
+  ckpt::write_atomic(file, ckpt::encode_snapshot(state.snapshot(), meta).parts(), {});
 }
 
 CheckpointMeta read_checkpoint_meta(const std::filesystem::path& file) {
+  if (ckpt::is_sharded(file)) return ckpt::read_sharded_meta(file);
   const ckpt::CheckpointFile f(file);
   return ckpt::read_meta(f);
 }
 
 void verify_checkpoint(const std::filesystem::path& file) {
+  if (ckpt::is_sharded(file)) return ckpt::verify_sharded(file);
   const ckpt::CheckpointFile f(file);
   ckpt::read_meta(f);
   f.verify_payload();
@@ -119,25 +169,10 @@ LoadedCheckpoint load_checkpoint(const std::filesystem::path& file, TrainingStat
                                  const LoadOptions& options) {
   DDP_CHECK(options.rank >= 0 && options.rank < options.world_size, ConfigError,
             "checkpoint load: rank {} outside a world of {}", options.rank, options.world_size);
+  if (ckpt::is_sharded(file)) return ckpt::load_sharded(file, state, options);
   const ckpt::CheckpointFile f(file);
   DecodedCheckpoint d = ckpt::read_all(f);
-  LoadedCheckpoint out;
-  out.path = file;
-  try {
-    RestoreReport r = state.restore(d.snapshot, options.rank, options.world_size);
-    out.world_size_changed = r.world_size_changed;
-    out.per_rank_exact = r.per_rank_exact;
-    out.absent = std::move(r.absent);
-    out.ignored = std::move(r.ignored);
-  } catch (const IncompatibleStateError& e) {
-    throw IncompatibleCheckpointError(
-        fmt::format("{}: this checkpoint does not fit this run: {}{}", file.string(), e.what(),
-                    ckpt::labels(d.meta.model_label, options.model_label)));
-  } catch (const Error& e) {
-    throw CheckpointError(fmt::format("{}: {}", file.string(), e.what()));
-  }
-  out.meta = std::move(d.meta);
-  return out;
+  return ckpt::restore_checkpoint(file, std::move(d.meta), d.snapshot, state, options);
 }
 
 }  // namespace ddp

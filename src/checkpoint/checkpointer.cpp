@@ -13,14 +13,17 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata.h"  // check_save_args
+#include "checkpoint/sharded.h"
 #include "ddp/checkpoint.h"
 #include "ddp/process_group.h"
 #include "ddp/relayed_error.h"  // Relayed: a failure announced by another rank
 #include "ddp/run_lease.h"      // RunLease::check before publishing a file
 #include "process_group/bytes_collectives.h"
+#include "state/shards.h"  // rank_snapshot
 
 namespace ddp {
 namespace {
@@ -71,6 +74,107 @@ bool same_file(const fs::path& a, const fs::path& b) {
          sa.st_ino == sb.st_ino;
 }
 
+void remove_temp_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::remove_all(dir, ec);  // a failure leaves a temporary directory the next save removes
+}
+
+bool each_rank(StateScope scope) {
+  return scope == StateScope::kPerRank || scope == StateScope::kSharded;
+}
+
+// A sharded save after its first phase (Note [Sharded checkpoint]).
+struct ShardedSave {
+  fs::path temp_dir;
+  Snapshot mine;                      // rank 0: the replicated and collective states
+  std::vector<ckpt::RankFile> files;  // every rank's file, by rank
+  bool published = false;
+};
+
+// The first phase of a sharded save, on every rank: rank 0 makes the temporary directory, every
+// rank writes its file into it, and the ranks exchange how it went. When any rank failed,
+// rank 0 removes the directory and every rank throws: the failed rank its own error, the
+// others an error naming it.
+ShardedSave save_rank_files(const Checkpointer& c, TrainingState& state, const CheckpointMeta& meta,
+                            ProcessGroup* group, const fs::path& final_path,
+                            const ckpt::FaultHook& hook) {
+  const int rank = group ? group->rank() : 0;
+  ShardedSave out;
+  std::exception_ptr error;
+  // A state_dict() that throws on one rank must not leave the others waiting: the failure
+  // rides through the protocol below to every rank.
+  try {
+    out.mine = group ? state::rank_snapshot(state, *group) : state.snapshot();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::string name;
+  if (rank == 0 && !error) {
+    try {
+      c.remove_stale_temp_files();
+      out.temp_dir = ckpt::make_temp_dir(final_path);
+      name = out.temp_dir.filename().string();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (group) {
+    const int64_t size = broadcast_i64(*group, error ? -1 : static_cast<int64_t>(name.size()));
+    if (size < 0) {
+      if (error) std::rethrow_exception(error);
+      throw Relayed<CheckpointError>(
+          0, fmt::format("[rank {}] checkpoint save: rank 0 could not make the directory of {} "
+                         "(its error says why)",
+                         rank, final_path.string()));
+    }
+    name = broadcast_bytes(*group, name, size);
+    out.temp_dir = c.dir() / name;
+  } else if (error) {
+    std::rethrow_exception(error);
+  }
+  nlohmann::json mine = {{"ok", false}};
+  try {
+    if (error) std::rethrow_exception(error);
+    std::error_code ec;
+    if (!fs::is_directory(out.temp_dir, ec)) {
+      throw CheckpointError(fmt::format(
+          "[rank {}] {}: rank 0 made this directory for a sharded checkpoint, but it is not "
+          "there on this rank's host: every rank writes its own file into it, so the "
+          "checkpoint directory must be one that every rank shares (a shared file system); "
+          "else save one-file checkpoints (CheckpointerOptions::sharded = false, ddp-train "
+          "--checkpoint-format full)",
+          rank, out.temp_dir.string()));
+    }
+    const ckpt::RankFile f = ckpt::write_rank_file(out.temp_dir, rank, out.mine, meta, hook);
+    mine = {{"ok", true}, {"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}};
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::erase_if(out.mine.entries, [](const Snapshot::Entry& e) { return each_rank(e.scope); });
+  const std::vector<std::string> all =
+      group ? all_gather_bytes(*group, mine.dump()) : std::vector<std::string>{mine.dump()};
+  std::vector<int> failed;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const nlohmann::json j = nlohmann::json::parse(all[r]);
+    if (!j.at("ok").get<bool>()) {
+      failed.push_back(static_cast<int>(r));
+      continue;
+    }
+    out.files.push_back({j.at("name").get<std::string>(), j.at("bytes").get<uint64_t>(),
+                         j.at("sha256").get<std::string>()});
+  }
+  if (!failed.empty()) {
+    if (rank == 0) remove_temp_dir(out.temp_dir);
+    if (error) std::rethrow_exception(error);
+    throw Relayed<CheckpointError>(
+        failed.front(),
+        fmt::format("[rank {}] checkpoint save: rank(s) {} could not write their part of {} "
+                    "(their errors say why); nothing was published",
+                    rank, fmt::join(failed, ", "), final_path.string()));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string Checkpointer::file_name(int64_t epoch, int64_t step) {
@@ -99,7 +203,7 @@ std::vector<fs::path> Checkpointer::list() const {
   for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
     const auto parsed = parse_name(it->path().filename().string());
     std::error_code type_ec;
-    if (parsed && it->is_regular_file(type_ec)) {
+    if (parsed && (it->is_regular_file(type_ec) || it->is_directory(type_ec))) {
       found.emplace_back(parsed->first, parsed->second, it->path());
     }
   }
@@ -119,9 +223,9 @@ std::vector<fs::path> Checkpointer::remove_stale_temp_files() const {
   std::vector<fs::path> removed;
   std::error_code ec;
   for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
-    if (ckpt::is_temp_name(it->path().filename().string()) && ::unlink(it->path().c_str()) == 0) {
-      removed.push_back(it->path());
-    }
+    if (!ckpt::is_temp_name(it->path().filename().string())) continue;
+    std::error_code remove_ec;
+    if (fs::remove_all(it->path(), remove_ec) > 0 && !remove_ec) removed.push_back(it->path());
   }
   return removed;
 }
@@ -145,10 +249,6 @@ SavedCheckpoint Checkpointer::save(TrainingState& state, const CheckpointMeta& m
   SavedCheckpoint out;
   out.path = dir_ / file_name(meta.epoch, meta.step);
 
-  // Every rank takes part (per-rank states gathered, collective ones consolidated); rank 0
-  // holds the whole snapshot.
-  const Snapshot snapshot = group ? state.snapshot(*group) : state.snapshot();
-
   // Note [Run folder lease]: each file is published (renamed, linked) only while this group
   // still holds the folder.
   const ckpt::FaultHook hook = [this](std::string_view stage, const fs::path& file) {
@@ -157,18 +257,44 @@ SavedCheckpoint Checkpointer::save(TrainingState& state, const CheckpointMeta& m
     }
     if (options_.fault_hook) options_.fault_hook(stage, file);
   };
+  // A sharded save: every rank writes its file first (Note [Sharded checkpoint]).
+  std::optional<ShardedSave> sharded;
+  if (options_.sharded) sharded = save_rank_files(*this, state, meta, group, out.path, hook);
+  // Otherwise every rank takes part (per-rank states gathered, collective ones consolidated);
+  // rank 0 holds the whole snapshot. A failure there on rank 0 alone (pieces that do not join)
+  // is announced below like a failed write.
+  Snapshot snapshot;
   std::exception_ptr error;
-  if (!group || group->rank() == 0) {
+  if (!sharded) {
     try {
-      remove_stale_temp_files();
-      const std::string bytes = encode_checkpoint(snapshot, meta);
-      ckpt::write_atomic(out.path, {bytes}, hook);
-      if (options_.save_last) {
-        const fs::path last = last_path();
-        if (!ckpt::link_atomic(out.path, last, hook)) {
-          ckpt::write_atomic(last, {bytes}, hook);
-          out.warnings.push_back(
-              fmt::format("{}: the file system refuses hard links; wrote a copy", last.string()));
+      snapshot = group ? state.snapshot(*group) : state.snapshot();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (!error && (!group || group->rank() == 0)) {
+    try {
+      if (sharded) {
+        ckpt::write_sharded_metadata(sharded->temp_dir, sharded->mine, state.keys(), meta,
+                                     sharded->files, hook);
+        ckpt::sync_dir(sharded->temp_dir);
+        hook("rename", out.path);
+        ckpt::publish_dir(sharded->temp_dir, out.path);
+        sharded->published = true;
+        if (options_.save_last) {
+          ckpt::symlink_atomic(out.path.filename().string(), last_path(), hook);
+        }
+      } else {
+        remove_stale_temp_files();
+        const ckpt::EncodedFile file = ckpt::encode_snapshot(snapshot, meta);
+        ckpt::write_atomic(out.path, file.parts(), hook);
+        if (options_.save_last) {
+          const fs::path last = last_path();
+          if (!ckpt::link_atomic(out.path, last, hook)) {
+            ckpt::write_atomic(last, file.parts(), hook);
+            out.warnings.push_back(
+                fmt::format("{}: the file system refuses hard links; wrote a copy", last.string()));
+          }
         }
       }
       // Keep-K: the file just written, and the keep-1 newest others.
@@ -176,7 +302,7 @@ SavedCheckpoint Checkpointer::save(TrainingState& state, const CheckpointMeta& m
       for (const auto& f : list()) {
         if (f == out.path || options_.keep == 0) continue;
         if (++others < options_.keep) continue;
-        if (::unlink(f.c_str()) == 0) {
+        if (ckpt::remove_checkpoint(f)) {
           out.removed.push_back(f);
         } else {
           out.warnings.push_back(fmt::format("{}: cannot remove an old checkpoint: {}", f.string(),
@@ -186,6 +312,7 @@ SavedCheckpoint Checkpointer::save(TrainingState& state, const CheckpointMeta& m
     } catch (...) {
       error = std::current_exception();
     }
+    if (sharded && !sharded->published) remove_temp_dir(sharded->temp_dir);
   }
   // The outcome, from rank 0: nobody returns before the file is complete, nobody believes in
   // a checkpoint that failed.

@@ -7,7 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstdio>   // std::rename
+#include <cstdio>  // std::rename, renameat2
 #include <cstring>  // strerror_r
 
 #include <fmt/format.h>
@@ -162,6 +162,60 @@ bool link_atomic(const fs::path& target, const fs::path& link, const FaultHook& 
   }
   temp.armed = false;
   sync_dir(dir);
+  return true;
+}
+
+void symlink_atomic(const std::string& target_name, const fs::path& link, const FaultHook& hook) {
+  const fs::path dir = link.parent_path().empty() ? fs::path(".") : link.parent_path();
+  TempGuard temp{temp_path_for(link)};
+  call(hook, "last", link);
+  if (::symlink(target_name.c_str(), temp.path.c_str()) != 0) {
+    const int err = errno;
+    temp.armed = false;
+    fail(link, fmt::format("cannot make it a symbolic link to {}", target_name), err);
+  }
+  if (std::rename(temp.path.c_str(), link.c_str()) != 0) {
+    fail(link, fmt::format("cannot rename {} into place", temp.path.filename().string()), errno);
+  }
+  temp.armed = false;
+  sync_dir(dir);
+}
+
+fs::path make_temp_dir(const fs::path& final_dir) {
+  const fs::path temp = temp_path_for(final_dir);
+  if (::mkdir(temp.c_str(), 0755) != 0) {
+    fail(final_dir, fmt::format("cannot create the directory {}", temp.filename().string()), errno);
+  }
+  return temp;
+}
+
+void publish_dir(const fs::path& from, const fs::path& to) {
+  const fs::path dir = to.parent_path().empty() ? fs::path(".") : to.parent_path();
+  if (std::rename(from.c_str(), to.c_str()) != 0) {
+    const int err = errno;
+    if (err != ENOTEMPTY && err != EEXIST && err != EISDIR && err != ENOTDIR) {
+      fail(to, fmt::format("cannot rename {} into place", from.filename().string()), err);
+    }
+    // A checkpoint of that name exists (the same step saved again): swap the two names in one
+    // step, then remove the old one, now under the temporary name.
+    if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) != 0) {
+      fail(to,
+           fmt::format("cannot swap {} into place of the existing checkpoint",
+                       from.filename().string()),
+           errno);
+    }
+    std::error_code ec;
+    fs::remove_all(from, ec);  // the old one; a failure leaves a temporary the next save removes
+  }
+  sync_dir(dir);
+}
+
+bool remove_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(path, ec))) return ::unlink(path.c_str()) == 0;
+  const fs::path temp = temp_path_for(path);
+  if (std::rename(path.c_str(), temp.c_str()) != 0) return false;
+  fs::remove_all(temp, ec);
   return true;
 }
 

@@ -59,6 +59,23 @@ void write_atomic(const fs::path& file, const std::vector<std::string_view>& par
 // does not support hard links; throws CheckpointError on other failures.
 bool link_atomic(const fs::path& target, const fs::path& link, const FaultHook& hook);
 
+// Makes `link` a symbolic link to `target_name` (a name in the same directory) atomically: a
+// temporary link renamed over `link`, then the directory fsync'ed. Throws CheckpointError.
+void symlink_atomic(const std::string& target_name, const fs::path& link, const FaultHook& hook);
+
+// A new, empty temporary directory for `final_dir` (temp_name_for's name, beside it). Throws
+// CheckpointError.
+fs::path make_temp_dir(const fs::path& final_dir);
+
+// Renames the complete directory `from` to `to` (a file or directory of that name is replaced:
+// swapped atomically, then removed), then fsyncs the parent. Throws CheckpointError.
+void publish_dir(const fs::path& from, const fs::path& to);
+
+// Removes a file, or a directory and everything in it: first renamed to a temporary name, so
+// that a crash half way leaves no damaged checkpoint under its name. Returns false (errno set)
+// when it could not.
+bool remove_checkpoint(const fs::path& path);
+
 // fsync of a directory, so that a rename in it is durable. Throws CheckpointError.
 void sync_dir(const fs::path& dir);
 

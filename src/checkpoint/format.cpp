@@ -85,14 +85,24 @@ std::string hex(const Digest& d) {
 }
 
 std::string encode_head(std::string_view metadata, std::string_view payload) {
+  return encode_head(metadata, std::vector<std::string_view>{payload});
+}
+
+std::string encode_head(std::string_view metadata, const std::vector<std::string_view>& payload) {
   DDP_ASSERT(metadata.size() <= kMaxCheckpointMetadataBytes, "metadata of {} bytes",
              metadata.size());
   std::string head(kHeaderBytes, '\0');
   std::memcpy(head.data(), kMagic.data(), kMagic.size());
   put_u32(head, 8, kCheckpointFormatVersion);
   put_u32(head, 12, static_cast<uint32_t>(metadata.size()));
-  put_u64(head, 16, payload.size());
-  const Digest payload_digest = sha256(payload);
+  uint64_t payload_size = 0;
+  Sha256 payload_hash;
+  for (std::string_view part : payload) {
+    payload_size += part.size();
+    payload_hash.update(part.data(), part.size());
+  }
+  put_u64(head, 16, payload_size);
+  const Digest payload_digest = payload_hash.finish();
   std::memcpy(head.data() + 24, payload_digest.data(), 32);
   Sha256 h;
   h.update(head.data(), kHeaderHashedBytes);
@@ -180,6 +190,7 @@ void CheckpointFile::check_head() {
   h.update(head, kHeaderHashedBytes);
   h.update(metadata_.data(), metadata_.size());
   const Digest computed = h.finish();
+  header_digest_ = header_digest;
   if (computed != header_digest) {
     corrupt(
         fmt::format("header checksum mismatch (stored {}, computed {}): the header or the "

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "checkpoint/file_io.h"
 
@@ -63,6 +64,8 @@ std::string hex(const Digest& d);
 // The 88-byte header (format kCheckpointFormatVersion) followed by the metadata, for this
 // payload.
 std::string encode_head(std::string_view metadata, std::string_view payload);
+// The same for a payload in parts (hashed in place: no copy).
+std::string encode_head(std::string_view metadata, const std::vector<std::string_view>& payload);
 
 // An open checkpoint, a file or bytes in memory, whose size, magic, version, lengths and header
 // checksum were checked on construction. Every failure is a CorruptCheckpointError (or
@@ -77,6 +80,10 @@ class CheckpointFile {
   uint32_t version() const { return version_; }
   const std::string& metadata() const { return metadata_; }
   uint64_t payload_size() const { return payload_size_; }
+  uint64_t file_size() const { return file_size_; }
+  // The header's own checksum (over its fixed fields, which hold the payload's SHA-256, and the
+  // metadata): checked on construction, it names these exact bytes.
+  const Digest& header_digest() const { return header_digest_; }
   // The payload, after its SHA-256 matched the header's.
   std::string read_payload() const;
   // Checks the payload's SHA-256 without keeping it (reads in chunks).
@@ -98,6 +105,7 @@ class CheckpointFile {
   uint64_t file_size_ = 0;
   uint64_t payload_size_ = 0;
   Digest payload_digest_{};
+  Digest header_digest_{};
   std::string metadata_;
 };
 

@@ -43,6 +43,10 @@ std::string encode_metadata(const FileMeta& m) {
   json j;
   put_common(j, m.meta);
   j["states"] = m.states;
+  if (!m.files.is_null()) {
+    j["files"] = m.files;
+    j["keys"] = m.meta.keys;  // every key, in registration order: the rank files hold some
+  }
   return j.dump(1);
 }
 
@@ -54,6 +58,11 @@ FileMeta decode_metadata(const std::string& text) {
   m.states = j.at("states");
   if (!m.states.is_array()) throw std::invalid_argument("'states' is not an array");
   for (const json& s : m.states) m.meta.keys.push_back(s.at("key").get<std::string>());
+  if (j.contains("files")) {
+    m.files = j.at("files");
+    if (!m.files.is_array()) throw std::invalid_argument("'files' is not an array");
+    m.meta.keys = j.at("keys").get<std::vector<std::string>>();
+  }
   return m;
 }
 

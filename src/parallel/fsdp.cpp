@@ -103,6 +103,7 @@ class FsdpCore {
   void before_unit_backward(size_t k);
   std::vector<at::Tensor> shards() const;
   void for_each_full_parameter(const FullyShardedDataParallelBase::FullParameterVisitor& each);
+  std::vector<FullyShardedDataParallelBase::LocalShard> local_shards();
   std::string check_full(const std::vector<std::pair<std::string, at::Tensor>>& full) const;
   void load_full(const std::vector<std::pair<std::string, at::Tensor>>& full);
   std::vector<std::pair<std::string, size_t>> units() const;
@@ -635,6 +636,34 @@ void FsdpCore::for_each_full_parameter(
   }
 }
 
+std::vector<FullyShardedDataParallelBase::LocalShard> FsdpCore::local_shards() {
+  DDP_CHECK(!armed_, Error,
+            "[rank {}] FullyShardedDataParallel: its shards taken between a forward and its "
+            "backward; take them between steps",
+            rank_);
+  std::vector<FullyShardedDataParallelBase::LocalShard> out;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    FsdpUnit& u = units_[k];
+    const int64_t begin = rank_ * u.shard_numel;
+    const int64_t end = begin + u.shard_numel;
+    const at::Tensor shard = u.shard.detach();
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const int64_t a = std::max(begin, u.offsets[i]);
+      const int64_t b = std::min(end, u.offsets[i] + c10::multiply_integers(u.shapes[i]));
+      FullyShardedDataParallelBase::LocalShard part{u.param_names[i], u.shapes[i], 0, {}, k, 0};
+      if (b > a) {
+        part.offset = a - u.offsets[i];
+        part.shard_offset = a - begin;
+        part.data = shard.narrow(0, a - begin, b - a);
+      } else {
+        part.data = shard.narrow(0, 0, 0);
+      }
+      out.push_back(std::move(part));
+    }
+  }
+  return out;
+}
+
 std::string FsdpCore::check_full(
     const std::vector<std::pair<std::string, at::Tensor>>& full) const {
   std::map<std::string, const at::Tensor*> by_name;
@@ -762,6 +791,10 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallelBase::fu
 
 void FullyShardedDataParallelBase::for_each_full_parameter(const FullParameterVisitor& each) {
   core_->for_each_full_parameter(each);
+}
+
+std::vector<FullyShardedDataParallelBase::LocalShard> FullyShardedDataParallelBase::local_shards() {
+  return core_->local_shards();
 }
 
 std::vector<std::pair<std::string, size_t>> FullyShardedDataParallelBase::units() const {

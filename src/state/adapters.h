@@ -33,9 +33,16 @@ std::shared_ptr<Stateful> ddp_state(DistributedDataParallelBase& model);
 std::shared_ptr<Stateful> optimizer_state(torch::optim::Optimizer& optimizer);
 std::shared_ptr<Stateful> zero_state(ZeroRedundancyOptimizer& optimizer);
 std::shared_ptr<Stateful> fsdp_state(FullyShardedDataParallelBase& model);
-std::shared_ptr<Stateful> fsdp_optimizer_state(torch::optim::Optimizer& optimizer);
+std::shared_ptr<Stateful> fsdp_optimizer_state(torch::optim::Optimizer& optimizer,
+                                               FullyShardedDataParallelBase& model);
 std::shared_ptr<Stateful> sampler_state(DistributedSampler& sampler);
 std::shared_ptr<Stateful> powersgd_state(comm_hooks::PowerSGDState& state);
+
+// Each param group's options (lr, momentum, ... as a scheduler left them) as the bytes of a
+// LibTorch archive; and back: "" or why they do not fit, applied only when `apply`.
+std::string group_options_bytes(const torch::optim::Optimizer& optimizer);
+std::string load_group_options(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                               bool apply);
 
 // The JSON of an optimizer's state names its type ("type"), what loading compares first.
 inline constexpr const char* kOptimizerTypeField = "type";

@@ -258,6 +258,39 @@ class ZeroState : public Stateful {
 
 }  // namespace
 
+std::string group_options_bytes(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive ar;
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    torch::serialize::OutputArchive group_ar(ar.compilation_unit());
+    groups[g].options().serialize(group_ar);
+    ar.write(fmt::format("group/{}", g), group_ar);
+  }
+  std::ostringstream os;
+  ar.save_to(os);
+  return std::move(os).str();
+}
+
+std::string load_group_options(torch::optim::Optimizer& optimizer, const std::string& bytes,
+                               bool apply) {
+  try {
+    torch::serialize::InputArchive ar;
+    ar.load_from(bytes.data(), bytes.size());
+    auto& groups = optimizer.param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      torch::serialize::InputArchive group_ar;
+      if (!ar.try_read(fmt::format("group/{}", g), group_ar)) {
+        return fmt::format("it lacks param group {}'s options", g);
+      }
+      if (apply) groups[g].options().serialize(group_ar);
+    }
+  } catch (const c10::Error& e) {
+    return fmt::format("LibTorch cannot read its param groups' options ({})",
+                       e.what_without_backtrace());
+  }
+  return "";
+}
+
 std::shared_ptr<Stateful> optimizer_state(torch::optim::Optimizer& optimizer) {
   return std::make_shared<OptimizerState>(optimizer);
 }

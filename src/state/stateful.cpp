@@ -27,7 +27,19 @@ const at::Tensor* StateDict::find(std::string_view name) const {
   return nullptr;
 }
 
+const ShardPlacement* StateDict::shard(std::string_view name) const {
+  for (const auto& [n, p] : shards) {
+    if (n == name) return &p;
+  }
+  return nullptr;
+}
+
 std::string Stateful::check(const StateDict&, const LoadContext&) { return ""; }
+
+std::optional<ElementRange> Stateful::wanted(const std::string&,
+                                             const std::vector<int64_t>&) const {
+  return std::nullopt;
+}
 
 const char* to_string(StateScope scope) {
   switch (scope) {
@@ -37,6 +49,7 @@ const char* to_string(StateScope scope) {
       return "per-rank";
     case StateScope::kCollective:
       return "collective";
+    case StateScope::kSharded: return "sharded";
   }
   return "?";
 }

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cctype>  // isalnum
 #include <cstring>
+#include <deque>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,6 +25,7 @@
 #include "state/group_bound.h"
 #include "state/adapters.h"
 #include "state/codec.h"
+#include "state/shards.h"
 
 namespace ddp {
 namespace {
@@ -43,6 +45,10 @@ class Borrowed : public Stateful {
   }
   StateScope scope() const override { return s_.scope(); }
   std::string kind() const override { return s_.kind(); }
+  std::optional<ElementRange> wanted(const std::string& name,
+                                     const std::vector<int64_t>& whole_shape) const override {
+    return s_.wanted(name, whole_shape);
+  }
 
  private:
   Stateful& s_;
@@ -78,7 +84,7 @@ std::string pack(const std::string& registry, const state::Encoded& mine) {
   };
   put(registry);
   put(index);
-  out += mine.payload;
+  for (std::string_view part : mine.parts) out.append(part);
   return out;
 }
 
@@ -162,8 +168,8 @@ void TrainingState::add(std::string key, FullyShardedDataParallelBase& model, Ad
   add(std::move(key), state::fsdp_state(model), options);
 }
 void TrainingState::add(std::string key, torch::optim::Optimizer& optimizer,
-                        const FullyShardedDataParallelBase& /*sharded_by*/, AddOptions options) {
-  add(std::move(key), state::fsdp_optimizer_state(optimizer), options);
+                        FullyShardedDataParallelBase& sharded_by, AddOptions options) {
+  add(std::move(key), state::fsdp_optimizer_state(optimizer, sharded_by), options);
 }
 void TrainingState::add(std::string key, DistributedSampler& sampler, AddOptions options) {
   add(std::move(key), state::sampler_state(sampler), options);
@@ -202,26 +208,66 @@ Snapshot TrainingState::snapshot() {
   return out;
 }
 
-Snapshot TrainingState::snapshot(ProcessGroup& group) {
-  const int rank = group.rank();
-  // 1. Registries and per-rank states, gathered (Note [Collective snapshot]).
-  std::vector<Snapshot::Entry> mine;
-  for (const auto& i : impl_->items) {
-    if (i.object->scope() == StateScope::kPerRank) {
-      mine.push_back({i.key, StateScope::kPerRank, {i.object->state_dict()}});
-    }
-  }
-  const std::string registry = describe(impl_->registry());
-  const std::vector<std::string> all = all_gather_bytes(group, pack(registry, state::encode(mine)));
+namespace {
+
+bool each_rank(StateScope scope) {
+  return scope == StateScope::kPerRank || scope == StateScope::kSharded;
+}
+
+// Every rank's registry compared with rank 0's (one all-gather of the registries and of
+// `mine`, encoded): the same ConfigError on every rank when they differ. Returns what each rank
+// sent.
+std::vector<Unpacked> gather_and_compare(ProcessGroup& group, const std::string& registry,
+                                         const std::vector<Snapshot::Entry>& mine,
+                                         std::vector<std::string>& keep) {
+  keep = all_gather_bytes(group, pack(registry, state::encode(mine)));
   std::vector<Unpacked> ranks;
-  for (const std::string& bytes : all) ranks.push_back(unpack(bytes));
+  for (const std::string& bytes : keep) ranks.push_back(unpack(bytes));
   for (int r = 1; r < group.size(); ++r) {
     DDP_CHECK(ranks[r].registry == ranks[0].registry, ConfigError,
               "[rank {}] checkpoint: the ranks registered different states: rank 0 has [{}], "
               "rank {} has [{}]. Every rank must add the same keys, in the same order, to its "
               "TrainingState",
-              rank, ranks[0].registry, r, ranks[r].registry);
+              group.rank(), ranks[0].registry, r, ranks[r].registry);
   }
+  return ranks;
+}
+
+}  // namespace
+
+Snapshot state::rank_snapshot(TrainingState& state, ProcessGroup& group) {
+  const int rank = group.rank();
+  std::vector<std::pair<std::string, StateScope>> registry;
+  state.for_each([&](const std::string& key, Stateful& object) {
+    registry.emplace_back(key, object.scope());
+  });
+  std::vector<std::string> keep;
+  gather_and_compare(group, describe(registry), {}, keep);
+  Snapshot out;
+  out.world_size = group.size();
+  state.for_each([&](const std::string& key, Stateful& object) {
+    const StateScope scope = object.scope();
+    if (scope == StateScope::kCollective || each_rank(scope) || rank == 0) {
+      StateDict s = object.state_dict();
+      if (rank == 0 || each_rank(scope)) out.entries.push_back({key, scope, {std::move(s)}});
+    }
+  });
+  return out;
+}
+
+Snapshot TrainingState::snapshot(ProcessGroup& group) {
+  const int rank = group.rank();
+  // 1. Registries and per-rank states, gathered (Note [Collective snapshot]).
+  std::vector<Snapshot::Entry> mine;
+  for (const auto& i : impl_->items) {
+    if (each_rank(i.object->scope())) {
+      mine.push_back({i.key, i.object->scope(), {i.object->state_dict()}});
+    }
+  }
+  std::vector<std::string> keep;
+  const std::vector<Unpacked> ranks =
+      gather_and_compare(group, describe(impl_->registry()), mine, keep);
+  mine.clear();  // what they held is in `keep` now; sharded pieces may be large
   // 2. The others: collective ones on every rank, replicated ones on rank 0.
   Snapshot out;
   out.world_size = group.size();
@@ -230,12 +276,12 @@ Snapshot TrainingState::snapshot(ProcessGroup& group) {
     if (scope == StateScope::kCollective || (scope == StateScope::kReplicated && rank == 0)) {
       StateDict s = i.object->state_dict();
       if (rank == 0) out.entries.push_back({i.key, scope, {std::move(s)}});
-    } else if (scope == StateScope::kPerRank && rank == 0) {
+    } else if (each_rank(scope) && rank == 0) {
       out.entries.push_back({i.key, scope, {}});
     }
   }
   if (rank != 0) return {};
-  // 3. Rank 0: every rank's per-rank states into their entries.
+  // 3. Rank 0: every rank's per-rank states into their entries, sharded pieces joined whole.
   for (int r = 0; r < group.size(); ++r) {
     const auto entries = state::decode(
         nlohmann::json::parse(ranks[r].index), ranks[r].payload, [&](const std::string& what) {
@@ -247,6 +293,9 @@ Snapshot TrainingState::snapshot(ProcessGroup& group) {
       DDP_ASSERT(it != out.entries.end() && e.ranks.size() == 1, "per-rank state '{}'", e.key);
       it->ranks.push_back(e.ranks.front());
     }
+  }
+  for (Snapshot::Entry& e : out.entries) {
+    if (e.scope == StateScope::kSharded) e.ranks = {state::join_pieces(e.key, e.ranks)};
   }
   return out;
 }
@@ -263,6 +312,7 @@ RestoreReport TrainingState::restore(const Snapshot& snapshot, int rank, int wor
     LoadContext context;
   };
   std::vector<Planned> plan;
+  std::deque<StateDict> assembled;  // kSharded objects' parts, assembled (stable addresses)
   std::vector<std::string> problems;
   // Phase 1: check every object; nothing changes yet.
   for (const auto& i : impl_->items) {
@@ -280,13 +330,32 @@ RestoreReport TrainingState::restore(const Snapshot& snapshot, int rank, int wor
       continue;
     }
     LoadContext c{.rank = rank, .world_size = world_size, .saved_world_size = snapshot.world_size};
-    if (i.object->scope() == StateScope::kPerRank) {
+    // A kSharded object may find a state saved per rank (an older save of its kind): which
+    // rank's it takes is decided as for a kPerRank one.
+    const bool per_rank_saved = e->scope == StateScope::kPerRank;
+    if (i.object->scope() == StateScope::kPerRank ||
+        (i.object->scope() == StateScope::kSharded && per_rank_saved)) {
       const int n = static_cast<int>(e->ranks.size());
       c.own = !report.world_size_changed && rank < n;
       c.saved_rank = c.own ? rank : rank % n;
       report.per_rank_exact = report.per_rank_exact && c.own;
     }
-    const StateDict& saved = e->ranks[static_cast<size_t>(c.saved_rank)];
+    const StateDict* saved_ptr = &e->ranks[static_cast<size_t>(c.saved_rank)];
+    if (i.object->scope() == StateScope::kSharded) {
+      // Note [Sharded states]: this rank's part, from every saved rank's pieces (or from whole
+      // tensors saved under another scope).
+      StateDict& part = assembled.emplace_back();
+      const std::vector<StateDict> own_rank =
+          per_rank_saved ? std::vector<StateDict>{*saved_ptr} : std::vector<StateDict>{};
+      if (std::string why = state::assemble(*i.object, per_rank_saved ? own_rank : e->ranks,
+                                            e->scope == StateScope::kSharded, part);
+          !why.empty()) {
+        problems.push_back(fmt::format("{}: {}", i.key, why));
+        continue;
+      }
+      saved_ptr = &part;
+    }
+    const StateDict& saved = *saved_ptr;
     if (std::string why = i.object->check(saved, c); !why.empty()) {
       problems.push_back(fmt::format("{}: {}", i.key, why));
       continue;

@@ -4,7 +4,11 @@
 // steps, nested units, and mistakes named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -12,10 +16,12 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "ddp/checkpoint.h"
 #include "ddp/error.h"
 #include "ddp/fully_sharded_data_parallel.h"
 #include "ddp/training_state.h"
 #include "support/ranks.h"
+#include "support/temp_dir.h"
 
 namespace ddp {
 namespace {
@@ -403,9 +409,10 @@ TEST(Fsdp, NoSyncAccumulatesAndClipGradNormSeesTheWholeModel) {
   }
 }
 
-// Through TrainingState: the model whole (kCollective) and the optimizer over the shards (each
-// rank's own). A run restored from a snapshot continues bit for bit as the uninterrupted one; the
-// model alone loads at another world size, the optimizer refuses it, saying what to do.
+// Through TrainingState: the model and the optimizer's state over the shards (each rank's pieces
+// of each parameter, joined whole by a collective snapshot). A run restored from a snapshot
+// continues bit for bit as the uninterrupted one; at another world size both load and training
+// goes on as before.
 TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
   constexpr int kWorld = 2;
   Snapshot saved;  // rank 0's, after 2 steps
@@ -452,7 +459,9 @@ TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
   for (size_t i = 0; i < resumed.size(); ++i) {
     EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i])) << "parameter " << i;
   }
-  // At world size 3: the model loads (the saved parameters, bit for bit), the optimizer refuses.
+  // At world size 3: the model loads (the saved parameters, bit for bit), and with the
+  // optimizer's state, re-cut at the new shards, training goes on as the uninterrupted run did
+  // (to float tolerance: other shards sum in another order).
   const Snapshot::Entry* saved_model = saved.find("model");
   ASSERT_NE(saved_model, nullptr);
   port = testing::free_port();
@@ -465,13 +474,13 @@ TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
     TrainingState both;
     both.add("model", model);
     both.add("optimizer", opt, model);
-    try {
-      both.restore(saved, r, 3);
-      ADD_FAILURE() << "the optimizer's shards loaded at another world size";
-    } catch (const IncompatibleStateError& e) {
-      EXPECT_NE(std::string(e.what()).find("was saved at world size 2, not 3: resume at 2 ranks"),
-                std::string::npos)
-          << e.what();
+    EXPECT_TRUE(both.restore(saved, r, 3).world_size_changed);
+    train_steps(model, opt, r, 3, 2, 4);
+    const auto went_on = values_of(model.full_parameters());
+    for (size_t i = 0; i < went_on.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(went_on[i], uninterrupted[i], 1e-5, 1e-6))
+          << "parameter " << i << ": max |diff| "
+          << (went_on[i] - uninterrupted[i]).abs().max().item<double>();
     }
     TrainingState model_only;
     model_only.add("model", model);
@@ -485,6 +494,244 @@ TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
     }
   });
   expect_no_errors(errors);
+}
+
+// --- Sharded checkpoints (CheckpointerOptions::sharded) -------------------------------------
+
+namespace fs = std::filesystem;
+
+// ZeRO-3 over ShardedMlp with Adam, and the TrainingState a run registers: the model (kSharded:
+// each rank's pieces), the optimizer over the shards (each rank's own) and a replicated counter.
+struct ShardedRun {
+  ShardedRun(std::shared_ptr<ProcessGroup> pg, uint64_t seed)
+      : net(seeded<ShardedMlp>(seed)),
+        model(net,
+              {.process_group = std::move(pg), .sharding_strategy = ShardingStrategy::kFullShard}),
+        opt(model.parameters(), torch::optim::AdamOptions(0.01)) {
+    state.add("model", model);
+    state.add("optimizer", opt, model);
+    state.add("counter", json_state([this] { return std::to_string(counter); },
+                                    [this](const std::string& j) { counter = std::stoi(j); }));
+  }
+  ShardedMlp net;
+  FullyShardedDataParallel<ShardedMlpImpl> model;
+  torch::optim::Adam opt;
+  int counter = 0;
+  TrainingState state;
+};
+
+// The model's pieces in one rank file of a sharded checkpoint: elements per parameter name.
+std::map<std::string, int64_t> pieces_in(const fs::path& rank_file) {
+  std::ifstream in(rank_file, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const DecodedCheckpoint d = decode_checkpoint(bytes, rank_file.string());
+  std::map<std::string, int64_t> out;
+  const Snapshot::Entry* model = d.snapshot.find("model");
+  if (model == nullptr) return out;
+  for (const auto& [name, t] : model->ranks.at(0).tensors) {
+    EXPECT_NE(model->ranks[0].shard(name), nullptr) << name << " is not placed";
+    out[name] = t.numel();
+  }
+  return out;
+}
+
+// Each rank writes its own part, in its own file; a run resumed from it goes on bit for bit;
+// the model and the optimizer load at world sizes 1, 3 and 4, each rank taking its new part
+// from the pieces, and training goes on as it would have.
+TEST(FsdpCheckpoint, EachRankWritesItsOwnPartAndItLoadsAtAnyWorldSize) {
+  constexpr int kWorld = 2;
+  const fs::path dir = testing::make_temp_dir("fsdp_sharded");
+  std::vector<at::Tensor> at_save, uninterrupted, resumed;
+  int port = testing::free_port();
+  auto errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    ShardedRun run(pg, 21);
+    Checkpointer ckpt(dir, {.sharded = true});
+    train_steps(run.model, run.opt, r, kWorld, 0, 2);
+    run.counter = 7;
+    ckpt.save(run.state, {.step = 2}, *pg);
+    auto full = values_of(run.model.full_parameters());
+    if (r == 0) at_save = full;
+    train_steps(run.model, run.opt, r, kWorld, 2, 4);
+    full = values_of(run.model.full_parameters());
+    if (r == 0) uninterrupted = full;
+    pg->barrier().wait();
+  });
+  expect_no_errors(errors);
+  ASSERT_FALSE(uninterrupted.empty());
+
+  // The directory: metadata.ckpt and one file per rank, each holding that rank's pieces only.
+  const fs::path saved = dir / "epoch=0-step=2.ckpt";
+  ASSERT_TRUE(fs::is_directory(saved));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(saved)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"metadata.ckpt", "rank-00000.ckpt", "rank-00001.ckpt"}));
+  EXPECT_TRUE(fs::is_symlink(dir / "last.ckpt"));
+  EXPECT_EQ(fs::read_symlink(dir / "last.ckpt"), "epoch=0-step=2.ckpt");
+  // Units a (42 elements), b (49), c (24) and the root (gain, 3): shards of 21, 25, 12 and 2.
+  const auto rank0 = pieces_in(saved / "rank-00000.ckpt");
+  const auto rank1 = pieces_in(saved / "rank-00001.ckpt");
+  int64_t total0 = 0, total1 = 0;
+  for (const auto& [name, n] : rank0) total0 += n;
+  for (const auto& [name, n] : rank1) total1 += n;
+  EXPECT_EQ(total0, 21 + 25 + 12 + 2);
+  EXPECT_EQ(total1, 42 + 49 + 24 + 3 - total0);
+  EXPECT_EQ(rank0.at("a.weight"), 21);  // a.weight's 36 elements: 21 on rank 0, 15 on rank 1
+  EXPECT_EQ(rank1.at("a.weight"), 15);
+  EXPECT_EQ(read_checkpoint_meta(saved).world_size, kWorld);
+  EXPECT_EQ(read_checkpoint_meta(saved).keys,
+            (std::vector<std::string>{"model", "optimizer", "counter"}));
+
+  // Resumed at the same world size, from other initial values: the same bits.
+  port = testing::free_port();
+  errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    ShardedRun run(pg, 500 + r);
+    Checkpointer ckpt(dir, {.sharded = true});
+    const ResumePoint found = ckpt.latest_valid(*pg);
+    ASSERT_TRUE(found.path.has_value());
+    EXPECT_EQ(found.path->filename(), "epoch=0-step=2.ckpt");
+    const LoadedCheckpoint got = ckpt.load(*found.path, run.state, *pg);
+    EXPECT_EQ(got.meta.step, 2);
+    EXPECT_FALSE(got.world_size_changed);
+    EXPECT_EQ(run.counter, 7);
+    train_steps(run.model, run.opt, r, kWorld, 2, 4);
+    const auto full = values_of(run.model.full_parameters());
+    if (r == 0) resumed = full;
+    pg->barrier().wait();
+  });
+  expect_no_errors(errors);
+  ASSERT_EQ(resumed.size(), uninterrupted.size());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i])) << "parameter " << i;
+  }
+
+  // At world sizes 1, 3 and 4: the model's saved bits, each rank taking its new part.
+  for (int world : {1, 3, 4}) {
+    SCOPED_TRACE(fmt::format("loaded at world {}", world));
+    port = testing::free_port();
+    errors = testing::run_threads(world, [&](int r) {
+      auto pg = make_process_group(testing::thread_rank(r, world, port));
+      ShardedRun run(pg, 700 + r);
+      TrainingState model_only;
+      model_only.add("model", run.model);
+      model_only.add("counter",
+                     json_state([] { return std::string("0"); },
+                                [&](const std::string& j) { run.counter = std::stoi(j); }));
+      const LoadedCheckpoint got = Checkpointer(dir).load(saved, model_only, *pg);
+      EXPECT_TRUE(got.world_size_changed);
+      EXPECT_EQ(run.counter, 7);
+      const auto full = values_of(run.model.full_parameters());
+      ASSERT_EQ(full.size(), at_save.size());
+      for (size_t i = 0; i < full.size(); ++i) {
+        EXPECT_TRUE(torch::equal(full[i], at_save[i])) << "parameter " << i << " on rank " << r;
+      }
+      // With the optimizer, re-cut at this world size's shards: training goes on as the
+      // uninterrupted run did (to float tolerance: other shards sum in another order).
+      Checkpointer(dir).load(saved, run.state, *pg);
+      train_steps(run.model, run.opt, r, world, 2, 4);
+      const auto went_on = values_of(run.model.full_parameters());
+      for (size_t i = 0; i < went_on.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(went_on[i], uninterrupted[i], 1e-5, 1e-6))
+            << "parameter " << i << " on rank " << r << ": max |diff| "
+            << (went_on[i] - uninterrupted[i]).abs().max().item<double>();
+      }
+      pg->barrier().wait();
+    });
+    expect_no_errors(errors);
+  }
+  fs::remove_all(dir);
+}
+
+// A rank that cannot write its file fails the save on every rank and nothing is published (the
+// temporary directory removed, last.ckpt and the older checkpoint intact); a damaged or foreign
+// rank file, or a missing metadata.ckpt, is found; keep-K and a second save of one step work on
+// directories.
+TEST(FsdpCheckpoint, AFailedRankPublishesNothingAndDamageIsFound) {
+  constexpr int kWorld = 2;
+  const fs::path dir = testing::make_temp_dir("fsdp_sharded_faults");
+  const int port = testing::free_port();
+  auto errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    ShardedRun run(pg, 21);
+    const auto disk_full = [](std::string_view stage, const fs::path& file) {
+      if (stage == "write" && file.filename() == "rank-00001.ckpt") {
+        throw CheckpointError(file.string() + ": injected: no space left on device");
+      }
+    };
+    Checkpointer ckpt(dir, {.keep = 2, .sharded = true});
+    Checkpointer failing(dir, {.keep = 2, .fault_hook = disk_full, .sharded = true});
+    train_steps(run.model, run.opt, r, kWorld, 0, 1);
+    ckpt.save(run.state, {.step = 1}, *pg);
+    try {
+      failing.save(run.state, {.step = 2}, *pg);
+      ADD_FAILURE() << "a save with a failed rank succeeded";
+    } catch (const CheckpointError& e) {
+      const std::string want =
+          r == 1 ? "injected: no space left on device" : "rank(s) 1 could not write their part of";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    pg->barrier().wait();
+    if (r == 0) {
+      EXPECT_FALSE(fs::exists(dir / "epoch=0-step=2.ckpt"));
+      for (const auto& e : fs::directory_iterator(dir)) {
+        EXPECT_NE(e.path().filename().string()[0], '.') << "left behind: " << e.path();
+      }
+      EXPECT_EQ(fs::read_symlink(dir / "last.ckpt"), "epoch=0-step=1.ckpt");
+    }
+    pg->barrier().wait();
+    ckpt.save(run.state, {.step = 3}, *pg);
+    ckpt.save(run.state, {.step = 3}, *pg);  // the same step again: swapped in
+    train_steps(run.model, run.opt, r, kWorld, 1, 2);
+    ckpt.save(run.state, {.step = 4}, *pg);  // keep = 2: step 1 goes
+    pg->barrier().wait();
+  });
+  expect_no_errors(errors);
+  EXPECT_FALSE(fs::exists(dir / "epoch=0-step=1.ckpt"));
+  const fs::path step3 = dir / "epoch=0-step=3.ckpt", step4 = dir / "epoch=0-step=4.ckpt";
+  ASSERT_TRUE(fs::is_directory(step3));
+  ASSERT_TRUE(fs::is_directory(step4));
+  verify_checkpoint(step3);
+  verify_checkpoint(step4);
+
+  const auto corrupt_reason = [](const fs::path& path) -> std::string {
+    try {
+      verify_checkpoint(path);
+    } catch (const CorruptCheckpointError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  // A byte of rank 1's payload flipped: step 4 is skipped, step 3 taken.
+  {
+    std::fstream f(step4 / "rank-00001.ckpt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char c = static_cast<char>(f.get() ^ 0x5a);
+    f.seekp(-1, std::ios::end);
+    f.put(c);
+  }
+  EXPECT_NE(corrupt_reason(step4).find("payload checksum mismatch"), std::string::npos)
+      << corrupt_reason(step4);
+  const ResumePoint found = Checkpointer(dir).latest_valid();
+  ASSERT_TRUE(found.path.has_value());
+  EXPECT_EQ(found.path->filename(), "epoch=0-step=3.ckpt");
+  ASSERT_EQ(found.skipped.size(), 1u);
+  EXPECT_EQ(found.skipped[0].path.filename(), "epoch=0-step=4.ckpt");
+  // Another save's rank file in its place.
+  fs::copy_file(step3 / "rank-00001.ckpt", step4 / "rank-00001.ckpt",
+                fs::copy_options::overwrite_existing);
+  EXPECT_NE(corrupt_reason(step4).find("a rank file of another save"), std::string::npos)
+      << corrupt_reason(step4);
+  fs::remove(step4 / "rank-00001.ckpt");
+  EXPECT_NE(corrupt_reason(step4).find("rank 1's file is missing"), std::string::npos)
+      << corrupt_reason(step4);
+  fs::remove(step4 / "metadata.ckpt");
+  EXPECT_NE(corrupt_reason(step4).find("a sharded checkpoint without its metadata.ckpt"),
+            std::string::npos)
+      << corrupt_reason(step4);
+  fs::remove_all(dir);
 }
 
 TEST(Fsdp, MistakesAreNamed) {
