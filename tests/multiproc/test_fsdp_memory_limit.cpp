@@ -1,12 +1,17 @@
 // A model whose DDP replica does not fit a per-process memory limit, but whose ZeRO-3 shards
 // do (issue 34): examples/fsdp_train at world 2 (18.4 M parameters, Adam), first without a limit
 // in both modes, which gives each mode's peak virtual memory per rank; then both under
-// `prlimit --as` set halfway between the two peaks (MALLOC_ARENA_MAX=1 for all four runs). DDP must fail, on the rank that ran out,
-// with the out-of-memory text (what holds the memory, what to do) and ddprun's root cause;
-// ZeRO-3 must train to the accuracy DDP reaches without the limit.
+// `prlimit --as` set halfway between the two peaks (MALLOC_ARENA_MAX=1 for all runs). DDP must
+// fail, on the rank that ran out, with the out-of-memory text (what holds the memory, what to
+// do) and ddprun's root cause; ZeRO-3 must train to the accuracy DDP reaches without the limit;
+// and ddp-train --fsdp zero3
+// must train, checkpoint (sharded), stop and resume under it, ending on the bytes of a run
+// without the limit.
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
@@ -14,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace ddp {
 namespace {
@@ -110,6 +116,56 @@ TEST(FsdpMemoryLimit, DdpRunsOutOfMemoryWhereZeroThreeTrainsToTheSameAccuracy) {
   EXPECT_LE(std::abs(zero3_limited.correct - ddp.correct), 10)
       << "ZeRO-3 under the limit " << zero3_limited.correct << ", DDP without " << ddp.correct;
   EXPECT_EQ(zero3_limited.correct, zero3.correct);
+
+  // ddp-train --fsdp zero3 under the same limit: its checkpoints are sharded (each rank writes
+  // its own part, no rank holds another's), so it trains, checkpoints, stops at step 30 and
+  // resumes under the limit, and ends on the bytes of a run without the limit or a stop.
+  const fs::path out_dir = testing::make_temp_dir("fsdp_limit_train");
+  const auto ddp_train = [&](const std::string& name, std::vector<std::string> extra, long limit) {
+    Command c;
+    if (limit > 0) c.argv = {"/usr/bin/prlimit", "--as=" + std::to_string(limit << 20)};
+    std::vector<std::string> args = {testing::env_or_die("DDPRUN"),
+                                     "--standalone",
+                                     "--nproc-per-node",
+                                     "2",
+                                     testing::env_or_die("DDP_TRAIN"),
+                                     "--model",
+                                     "mlp-large",
+                                     "--fsdp",
+                                     "zero3",
+                                     "--epochs",
+                                     "2",
+                                     "--train-subset",
+                                     "3000",
+                                     "--test-subset",
+                                     "1000",
+                                     "--no-plots",
+                                     "--output-dir",
+                                     (out_dir / name).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    c.argv.insert(c.argv.end(), args.begin(), args.end());
+    c.env = {{"MALLOC_ARENA_MAX", "1"}};
+    c.timeout_s = 240;
+    return testing::run_command(c);
+  };
+  const Result cut = ddp_train("cut", {"--max-steps", "30"}, limit_mib);
+  ASSERT_TRUE(cut.exited(0)) << "under " << limit_mib << " MiB:\n" << cut.describe();
+  EXPECT_TRUE(fs::is_regular_file(out_dir / "cut" / "checkpoints" / "epoch=1-step=30.ckpt" /
+                                  "rank-00001.ckpt"));
+  const Result rest = ddp_train("cut", {"--resume", "auto"}, limit_mib);
+  ASSERT_TRUE(rest.exited(0)) << "under " << limit_mib << " MiB:\n" << rest.describe();
+  EXPECT_NE(rest.out.find("resumed from"), std::string::npos) << rest.out;
+  const Result whole = ddp_train("whole", {}, 0);
+  ASSERT_TRUE(whole.exited(0)) << whole.describe();
+  const auto bytes_of = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string resumed = bytes_of(out_dir / "cut" / "model_state.pt");
+  EXPECT_FALSE(resumed.empty());
+  EXPECT_TRUE(resumed == bytes_of(out_dir / "whole" / "model_state.pt"))
+      << "the run stopped and resumed under the limit ends elsewhere than the one without";
+  fs::remove_all(out_dir);
 }
 
 }  // namespace

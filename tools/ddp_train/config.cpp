@@ -132,6 +132,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"name", name},
           {"resume", resume},
           {"checkpoint_every", checkpoint_every},
+          {"checkpoint_format", checkpoint_format},
           {"keep", keep},
           {"log_every", log_every},
           {"plots", plots},
@@ -190,8 +191,9 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
                  "zero2 | zero3: ddp::FullyShardedDataParallel instead of DDP, parameters, "
                  "gradients and optimizer state sharded over the ranks (zero2: a unit per child "
                  "module; zero3: each Linear/Conv2d layer a unit, whole only inside its own "
-                 "forward and backward; mlp, cnn). Checkpoints: the model whole, loadable at any "
-                 "world size; the optimizer's shards at the same world size")
+                 "forward and backward; mlp, cnn). Checkpoints: sharded (each rank writes its "
+                 "part), the model loadable at any world size, the optimizer's shards at the same "
+                 "world size")
       ->check(CLI::IsMember({"zero2", "zero3"}));
   app.add_option("--seed", c.seed, "seed for initialisation, shuffling and dropout")
       ->check(integer_at_least<int64_t>(0));
@@ -227,6 +229,11 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   app.add_option("--checkpoint-every", c.checkpoint_every,
                  "optimizer steps between checkpoints (0: at the end of each epoch only)")
       ->check(integer_at_least<int64_t>(0));
+  app.add_option("--checkpoint-format", c.checkpoint_format,
+                 "full (one file, rank 0 writes the whole state) | sharded (a directory, each "
+                 "rank writes its own part: what a model that fits no single process needs); "
+                 "default: sharded with --fsdp, full otherwise. Either resumes from either")
+      ->check(CLI::IsMember({"full", "sharded"}));
   app.add_option("--keep", c.keep, "step checkpoints kept besides last.ckpt")
       ->check(integer_at_least<int>(1));
   app.add_option("--log-every", c.log_every, "optimizer steps between progress lines")
@@ -263,6 +270,7 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
     throw ConfigError(
         "--powersgd-start applies to --comm-hook powersgd[:RANK] only (see ddp-train --help)");
   }
+  if (c.checkpoint_format.empty()) c.checkpoint_format = c.fsdp.empty() ? "full" : "sharded";
   if (!c.fsdp.empty()) {
     const char* refused = c.zero                           ? "--zero"
                           : c.ft                           ? "--ft"

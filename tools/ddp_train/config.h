@@ -61,6 +61,9 @@ struct TrainConfig {
   // FullyShardedDataParallel instead of DDP: "" (DDP), "zero2" or "zero3" (the model's layers
   // as ddp::Sharded units).
   std::string fsdp;
+  // "full": one file, written by rank 0 (the model whole); "sharded": each rank its own file in a
+  // checkpoint directory (CheckpointerOptions::sharded). Empty: sharded with --fsdp, else full.
+  std::string checkpoint_format;
   uint64_t seed = 0;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: run all epochs)
   // Each optimizer step lasts at least this long: the rank sleeps out the rest (0: no floor). A

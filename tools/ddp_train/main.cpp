@@ -45,10 +45,12 @@ std::string out_of_memory_text(const std::exception& e, const ddp::train::TrainC
   return ddp::out_of_memory_text(e) +
          (config.fsdp.empty()
               ? "; --fsdp zero3 shards the model, its gradients and the optimizer's state"
-              : "; --fsdp " + config.fsdp +
-                    " shards them already, but its checkpoints still hold the model whole on "
-                    "every rank, and every rank's optimizer shards on rank 0: more ranks, or more "
-                    "memory");
+          : config.checkpoint_format == "full"
+              ? "; --fsdp " + config.fsdp +
+                    " shards them already, but --checkpoint-format full gathers the model "
+                    "whole and every rank's optimizer shards on rank 0: --checkpoint-format "
+                    "sharded, more ranks, or more memory"
+              : "; --fsdp " + config.fsdp + " shards them already: more ranks, or more memory");
 }
 
 }  // namespace

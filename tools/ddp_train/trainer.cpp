@@ -368,10 +368,12 @@ Run::Run(const TrainConfig& c) : c_(c) {
         std::make_unique<Checkpointer>(dir_ / "checkpoints",
                                        CheckpointerOptions{.keep = c_.keep,
                                                            .model_label = "--model " + c_.model,
+                                                           .sharded =
+                                                               c_.checkpoint_format == "sharded",
                                                            .lease = lease_});
   }
   if (fsdp_) {
-    state_.add("model", *fsdp_);             // the parameters whole: any world size
+    state_.add("model", *fsdp_);             // each rank's part: any world size
     state_.add("optimizer", *opt_, *fsdp_);  // each rank's shards' state: the same world size
   } else {
     state_.add("model", *model_);  // the module and DDP's rebuilt bucket order
@@ -769,7 +771,15 @@ void Run::finish() {
   // FSDP: the parameters gathered whole (every rank) into a plain model, which rank 0 saves
   // under the names the plain model has (no Sharded "module.").
   std::shared_ptr<ModelImpl> whole = net_;
-  if (fsdp_) whole = gathered_model();
+  if (fsdp_) {
+    // Training is over and its last state is on disk: the optimizer's state and the shards'
+    // gradients (most of what a rank holds under Adam) go before the model is gathered whole
+    // for the final files. Under a memory limit that only the shards fit, the final files ran
+    // out of memory without this.
+    if (saved_step_ == step_) opt_->state().clear();
+    for (at::Tensor& p : fsdp_->parameters()) p.mutable_grad() = at::Tensor();
+    whole = gathered_model();
+  }
   if (pg_->rank() == 0) {
     if (lease_) lease_->check("the final model");
     save_final_model(*whole, dir_);
