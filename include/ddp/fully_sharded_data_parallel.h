@@ -216,6 +216,10 @@ class FullyShardedDataParallelBase {
     int64_t shard_offset = 0;
   };
   std::vector<LocalShard> local_shards();
+  // The module's buffers (BatchNorm's running statistics) by full_parameters()-style name
+  // (without a Sharded unit's "module."). They are not sharded and not synchronised: each rank
+  // keeps its own (PyTorch's FSDP does the same), and a checkpoint saves each rank's.
+  std::vector<std::pair<std::string, at::Tensor>> named_buffers() const;
   // The units in forward order: a name ("fc1", or "(root)") and how many parameters it holds.
   std::vector<std::pair<std::string, size_t>> units() const;
   FSDPMemoryStats memory_stats() const;

@@ -104,6 +104,7 @@ class FsdpCore {
   std::vector<at::Tensor> shards() const;
   void for_each_full_parameter(const FullyShardedDataParallelBase::FullParameterVisitor& each);
   std::vector<FullyShardedDataParallelBase::LocalShard> local_shards();
+  const std::vector<std::pair<std::string, at::Tensor>>& buffers() const { return buffers_; }
   std::string check_full(const std::vector<std::pair<std::string, at::Tensor>>& full) const;
   void load_full(const std::vector<std::pair<std::string, at::Tensor>>& full);
   std::vector<std::pair<std::string, size_t>> units() const;
@@ -137,6 +138,7 @@ class FsdpCore {
   int world_ = 1;
   int rank_ = 0;
   std::vector<FsdpUnit> units_;
+  std::vector<std::pair<std::string, at::Tensor>> buffers_;  // the module's, by clean name
   // The gradient hooks: one per parameter, removed at destruction.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::pair<size_t, uintptr_t>> hooks_;  // (accumulator, key)
@@ -333,6 +335,9 @@ void FsdpCore::form_units(const std::shared_ptr<torch::nn::Module>& module,
   // The innermost first (the longest path), for clean_name.
   std::sort(sharded_paths.begin(), sharded_paths.end(),
             [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  for (const auto& b : module->named_buffers()) {
+    buffers_.emplace_back(clean_name(b.key(), sharded_paths), b.value());
+  }
   if (wrapped.empty() && candidates.empty()) {
     for (const auto& child : module->named_children()) {
       if (!child.value()->parameters().empty()) candidates.emplace_back(child.key(), child.value());
@@ -795,6 +800,11 @@ void FullyShardedDataParallelBase::for_each_full_parameter(const FullParameterVi
 
 std::vector<FullyShardedDataParallelBase::LocalShard> FullyShardedDataParallelBase::local_shards() {
   return core_->local_shards();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallelBase::named_buffers()
+    const {
+  return core_->buffers();
 }
 
 std::vector<std::pair<std::string, size_t>> FullyShardedDataParallelBase::units() const {

@@ -28,6 +28,10 @@ namespace {
 // size, each rank taking its new part; the shards' padding stays zero. A collective snapshot
 // joins the parts into whole parameters (a one-file checkpoint holds the model whole, as
 // before, and one saved that way loads here too).
+// The buffers (BatchNorm's running statistics) are each rank's own, not synchronised: rank r's
+// buffer of n elements is saved as row r of a whole [world, n] tensor, so that a rank loads its
+// own row at the saving world size and row r % W at another (kPerRank's rule). A checkpoint
+// without buffers (before they were saved) leaves them as they are.
 class FsdpModelState : public Stateful {
  public:
   explicit FsdpModelState(FullyShardedDataParallelBase& model) : model_(model) {}
@@ -37,6 +41,11 @@ class FsdpModelState : public Stateful {
     for (auto& part : model_.local_shards()) {
       out.shards.emplace_back(part.name, ShardPlacement{part.shape, part.offset});
       out.tensors.emplace_back(std::move(part.name), std::move(part.data));
+    }
+    const int64_t rank = model_.process_group().rank(), world = model_.process_group().size();
+    for (const auto& [name, b] : model_.named_buffers()) {
+      out.shards.emplace_back(name, ShardPlacement{{world, b.numel()}, rank * b.numel()});
+      out.tensors.emplace_back(name, b.detach().reshape({-1}));
     }
     return out;
   }
@@ -49,12 +58,27 @@ class FsdpModelState : public Stateful {
         return ElementRange{part.offset, part.data.numel()};
       }
     }
+    for (const auto& [buffer, b] : model_.named_buffers()) {
+      if (buffer != name) continue;
+      if (whole_shape.size() != 2 || whole_shape[0] < 1 || whole_shape[1] != b.numel()) {
+        return std::nullopt;  // check() says so
+      }
+      const int64_t row = model_.process_group().rank() % whole_shape[0];
+      return ElementRange{row * b.numel(), b.numel()};
+    }
     return std::nullopt;
   }
 
   std::string check(const StateDict& saved, const LoadContext&) override {
     std::vector<std::string> why;
     size_t known = 0;
+    const auto differs = [&](const std::string& name, const ShardPlacement& p, const at::Tensor& t,
+                             const std::string& want_shape, c10::ScalarType dtype) {
+      why.push_back(fmt::format("'{}' is {} {} there, {} {} here", name,
+                                c10::str(c10::IntArrayRef(p.whole_shape)),
+                                t.defined() ? c10::toString(t.scalar_type()) : "undefined",
+                                want_shape, c10::toString(dtype)));
+    };
     for (const auto& part : model_.local_shards()) {
       const ShardPlacement* p = saved.shard(part.name);
       const at::Tensor* t = saved.find(part.name);
@@ -65,15 +89,27 @@ class FsdpModelState : public Stateful {
       ++known;
       if (p->whole_shape != part.shape || !t->defined() ||
           t->scalar_type() != part.data.scalar_type()) {
-        why.push_back(fmt::format("'{}' is {} {} there, {} {} here", part.name,
-                                  c10::str(c10::IntArrayRef(p->whole_shape)),
-                                  t->defined() ? c10::toString(t->scalar_type()) : "undefined",
-                                  c10::str(c10::IntArrayRef(part.shape)),
-                                  c10::toString(part.data.scalar_type())));
+        differs(part.name, *p, *t, c10::str(c10::IntArrayRef(part.shape)), part.data.scalar_type());
+      }
+    }
+    const auto buffers = model_.named_buffers();
+    const bool with_buffers = std::any_of(buffers.begin(), buffers.end(), [&](const auto& b) {
+      return saved.shard(b.first) != nullptr;
+    });
+    for (const auto& [name, b] : with_buffers ? buffers : decltype(buffers){}) {
+      const ShardPlacement* p = saved.shard(name);
+      const at::Tensor* t = saved.find(name);
+      if (p == nullptr || t == nullptr) {
+        why.push_back(fmt::format("buffer '{}' is missing", name));
+        continue;
+      }
+      ++known;
+      if (!t->defined() || t->numel() != b.numel() || t->scalar_type() != b.scalar_type()) {
+        differs(name, *p, *t, fmt::format("[world, {}]", b.numel()), b.scalar_type());
       }
     }
     if (saved.shards.size() > known) {
-      why.push_back(fmt::format("{} parameter(s) there that this model does not have",
+      why.push_back(fmt::format("{} parameter(s) or buffer(s) there that this model does not have",
                                 saved.shards.size() - known));
     }
     return why.empty() ? "" : fmt::format("{}", fmt::join(why, "; "));
@@ -82,6 +118,9 @@ class FsdpModelState : public Stateful {
   void load_state_dict(const StateDict& saved, const LoadContext&) override {
     c10::NoGradGuard no_grad;
     for (auto& part : model_.local_shards()) part.data.copy_(*saved.find(part.name));
+    for (auto& [name, b] : model_.named_buffers()) {
+      if (const at::Tensor* t = saved.find(name)) b.copy_(t->view_as(b));
+    }
   }
 
   StateScope scope() const override { return StateScope::kSharded; }

@@ -646,7 +646,8 @@ TEST(FsdpCheckpoint, EachRankWritesItsOwnPartAndItLoadsAtAnyWorldSize) {
 }
 
 // A rank that cannot write its file fails the save on every rank and nothing is published (the
-// temporary directory removed, last.ckpt and the older checkpoint intact); a damaged or foreign
+// temporary directory removed, last.ckpt and the older checkpoint intact); what a killed save
+// leaves is ignored and then removed; a damaged or foreign
 // rank file, or a missing metadata.ckpt, is found; keep-K and a second save of one step work on
 // directories.
 TEST(FsdpCheckpoint, AFailedRankPublishesNothingAndDamageIsFound) {
@@ -665,6 +666,14 @@ TEST(FsdpCheckpoint, AFailedRankPublishesNothingAndDamageIsFound) {
     Checkpointer failing(dir, {.keep = 2, .fault_hook = disk_full, .sharded = true});
     train_steps(run.model, run.opt, r, kWorld, 0, 1);
     ckpt.save(run.state, {.step = 1}, *pg);
+    if (r == 0) {  // what a save SIGKILLed half way leaves: ignored, then removed by a save
+      const fs::path stale = dir / ".epoch=0-step=9.ckpt.tmp.999.0";
+      fs::create_directories(stale);
+      std::ofstream(stale / "rank-00000.ckpt") << "half a file";
+      EXPECT_EQ(ckpt.latest_valid().path, dir / "epoch=0-step=1.ckpt");
+      EXPECT_TRUE(ckpt.latest_valid().skipped.empty());
+    }
+    pg->barrier().wait();
     try {
       failing.save(run.state, {.step = 2}, *pg);
       ADD_FAILURE() << "a save with a failed rank succeeded";
@@ -731,6 +740,65 @@ TEST(FsdpCheckpoint, AFailedRankPublishesNothingAndDamageIsFound) {
   EXPECT_NE(corrupt_reason(step4).find("a sharded checkpoint without its metadata.ckpt"),
             std::string::npos)
       << corrupt_reason(step4);
+  fs::remove_all(dir);
+}
+
+// A unit with BatchNorm: the buffers are not synchronised, so each rank's running statistics are
+// its own; a checkpoint (sharded, or one file) gives each rank back its own at the saving world
+// size, and rank r % 2's at world 3.
+struct NormedImpl : torch::nn::Module {
+  NormedImpl() {
+    a = register_module("a", torch::nn::Linear(6, 5));
+    bn = register_module("bn", torch::nn::BatchNorm1d(5));
+    c = register_module("c", torch::nn::Linear(5, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) { return c(bn(a(x))); }
+  torch::nn::Linear a{nullptr}, c{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(Normed);
+
+TEST(FsdpCheckpoint, EachRanksBuffersComeBackAsItsOwn) {
+  const fs::path dir = testing::make_temp_dir("fsdp_buffers");
+  std::vector<at::Tensor> mean(2), var(2);
+  Snapshot joined;
+  int port = testing::free_port();
+  auto errors = testing::run_threads(2, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 2, port));
+    Normed net = seeded<Normed>(5);
+    FullyShardedDataParallel model(net, {.process_group = pg});
+    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1));
+    train_steps(model, opt, r, 2, 0, 2);  // each rank's half of the batch: its own statistics
+    mean[r] = net->bn->running_mean.clone();
+    var[r] = net->bn->running_var.clone();
+    TrainingState state;
+    state.add("model", model);
+    Checkpointer(dir, {.sharded = true}).save(state, {.step = 2}, *pg);
+    Snapshot snap = state.snapshot(*pg);
+    if (r == 0) joined = std::move(snap);
+    pg->barrier().wait();
+  });
+  expect_no_errors(errors);
+  ASSERT_FALSE(torch::equal(mean[0], mean[1])) << "the ranks' statistics should differ";
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(fmt::format("loaded at world {}", world));
+    port = testing::free_port();
+    errors = testing::run_threads(world, [&](int r) {
+      auto pg = make_process_group(testing::thread_rank(r, world, port));
+      Normed net = seeded<Normed>(50 + r);
+      FullyShardedDataParallel model(net, {.process_group = pg});
+      TrainingState state;
+      state.add("model", model);
+      Checkpointer(dir).load(dir / "epoch=0-step=2.ckpt", state, *pg);
+      EXPECT_TRUE(torch::equal(net->bn->running_mean, mean[r % 2])) << "rank " << r;
+      EXPECT_TRUE(torch::equal(net->bn->running_var, var[r % 2])) << "rank " << r;
+      net->bn->running_mean.zero_();
+      state.restore(joined, r, world);
+      EXPECT_TRUE(torch::equal(net->bn->running_mean, mean[r % 2])) << "rank " << r;
+      pg->barrier().wait();
+    });
+    expect_no_errors(errors);
+  }
   fs::remove_all(dir);
 }
 

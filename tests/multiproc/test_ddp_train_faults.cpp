@@ -1,5 +1,6 @@
 // ddp-train under faults, as real processes under ddprun: a run killed mid-epoch and resumed
-// ends bit for bit where an uninterrupted run does, and its metrics.csv does not repeat steps;
+// ends bit for bit where an uninterrupted run does (also --fsdp zero3 from its sharded
+// checkpoints), and its metrics.csv does not repeat steps;
 // corrupt checkpoints are skipped with a reason, and when all are corrupt the resume is refused;
 // another model's checkpoint is refused; preempted by SIGTERM it stops after an agreed step
 // with a checkpoint and the resume is exact; a second SIGTERM or the end of the grace period
@@ -87,6 +88,28 @@ TEST_F(TrainFaultTest, KilledMidEpochAndResumedEndsBitwiseIdentical) {
   // The killed attempt's rows after its checkpoint are gone: the steps are the whole run's.
   EXPECT_EQ(column(dir_ / "killed" / "metrics.csv", "train", 0),
             column(whole() / "metrics.csv", "train", 0));
+}
+
+// --fsdp zero3 on the CNN (dropout, BatchNorm whose statistics each rank keeps): SIGKILLed once
+// its sharded checkpoint of step 10 is published, then resumed, it ends on the bytes (weights and
+// running statistics) of an uninterrupted FSDP run.
+TEST_F(TrainFaultTest, FsdpKilledMidEpochAndResumedEndsBitwiseIdentical) {
+  const std::vector<std::string> fsdp = plus(kCnn, {"--fsdp", "zero3"});
+  Result uninterrupted = run_command(train("fsdp_whole", fsdp));
+  ASSERT_TRUE(uninterrupted.exited(0)) << uninterrupted.describe();
+
+  auto first = testing::Subprocess::start(train("killed", fsdp));
+  const fs::path ckpt = dir_ / "killed" / "checkpoints" / "epoch=0-step=10.ckpt";
+  ASSERT_TRUE(testing::wait_until([&] { return fs::exists(ckpt); }, 200)) << first.err_so_far();
+  ::kill(first.pid(), SIGKILL);
+  first.wait();
+  EXPECT_TRUE(fs::is_regular_file(ckpt / "rank-00001.ckpt"));  // published whole, or not at all
+
+  Result resumed = run_command(train("killed", plus(fsdp, {"--resume", "auto"})));
+  ASSERT_TRUE(resumed.exited(0)) << resumed.describe();
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+  testing::expect_same_weights(dir_ / "fsdp_whole" / "model_state.pt",
+                               dir_ / "killed" / "model_state.pt");
 }
 
 TEST_F(TrainFaultTest, CorruptNewestCheckpointIsSkippedAndOtherModelsAreRefused) {
