@@ -333,7 +333,7 @@ TEST_F(TrainTest, PowerSGDTrainsAndItsCheckpointsResumeBitwise) {
 // is saved whole under the plain model's names (python3-torch gets the reported count from it);
 // stopped and resumed at the same size it ends on the uninterrupted run's bytes, from its
 // sharded checkpoints and from one-file ones; at another size it resumes too; flags it cannot
-// take are refused.
+// take are refused; the ResNet with ZeRO-3 blocks learns as DDP does and resumes bitwise.
 TEST_F(TrainTest, FsdpTrainsSavesTheWholeModelAndResumesBitwise) {
   const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1",    "--no-plots",
                                            "--seed",  "6",   "--fsdp",   "zero3"};
@@ -396,6 +396,30 @@ TEST_F(TrainTest, FsdpTrainsSavesTheWholeModelAndResumesBitwise) {
   Result both = run_command(train("both", with({"--zero"})));
   EXPECT_FALSE(both.exited(0)) << both.describe();
   EXPECT_NE(both.err.find("--fsdp with --zero"), std::string::npos) << both.describe();
+
+  // The ResNet (BatchNorm in every block) with each residual block a ZeRO-3 unit: it learns as
+  // DDP does (the same per-rank batches, so the same statistics; to float tolerance), and a run
+  // stopped at step 5 resumes to the uninterrupted run's bytes, running statistics included.
+  const std::vector<std::string> resnet = {"--model",    "resnet", "--epochs", "1",
+                                           "--no-plots", "--seed", "6"};
+  auto resnet_with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = resnet;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  Result rn_ddp = run_command(train("rn_ddp", resnet));
+  ASSERT_TRUE(rn_ddp.exited(0)) << rn_ddp.describe();
+  Result rn = run_command(train("rn", resnet_with({"--fsdp", "zero3"})));
+  ASSERT_TRUE(rn.exited(0)) << rn.describe();
+  EXPECT_NEAR(reported_accuracy(rn.out).first, reported_accuracy(rn_ddp.out).first, 10)
+      << rn.out << rn_ddp.out;
+  ASSERT_TRUE(
+      run_command(train("rn_cut", resnet_with({"--fsdp", "zero3", "--max-steps", "5"}))).exited(0));
+  Result rn_rest =
+      run_command(train("rn_cut", resnet_with({"--fsdp", "zero3", "--resume", "auto"})));
+  ASSERT_TRUE(rn_rest.exited(0)) << rn_rest.describe();
+  ddp::testing::expect_same_weights(dir_ / "rn" / "model_state.pt",
+                                    dir_ / "rn_cut" / "model_state.pt");
 }
 
 TEST_F(TrainTest, ResumingAFinishedRunReportsItAndTrainsNothing) {

@@ -105,26 +105,25 @@ struct BasicBlock : torch::nn::Module {
   torch::nn::AnyModule bn1, bn2, shortcut_bn;
 };
 
+// With `sharded` (ZeRO-3), the stem convolution, each residual block (its convolutions and
+// BatchNorms together) and the classifier are units; the stem's BatchNorm is the root unit's.
 struct ResNet : ModelImpl {
-  explicit ResNet(bool sync_bn) {
-    stem = register_module("stem", torch::nn::Conv2d(
-                                       torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)));
+  ResNet(bool sync_bn, bool sharded) {
+    stem = layer<torch::nn::Conv2dImpl>(*this, "stem", sharded,
+                                        torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false));
     stem_bn = norm2d(16, sync_bn);
     register_module("stem_bn", stem_bn.ptr());
-    block1 = register_module("block1", std::make_shared<BasicBlock>(16, 16, 1, sync_bn));
-    block2 = register_module("block2", std::make_shared<BasicBlock>(16, 32, 2, sync_bn));
-    block3 = register_module("block3", std::make_shared<BasicBlock>(32, 64, 2, sync_bn));
-    fc = register_module("fc", torch::nn::Linear(64, 10));
+    block1 = layer<BasicBlock>(*this, "block1", sharded, 16, 16, 1, sync_bn);
+    block2 = layer<BasicBlock>(*this, "block2", sharded, 16, 32, 2, sync_bn);
+    block3 = layer<BasicBlock>(*this, "block3", sharded, 32, 64, 2, sync_bn);
+    fc = layer<torch::nn::LinearImpl>(*this, "fc", sharded, 64, 10);
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(stem_bn.forward(stem(x)));                 // [B, 16, 28, 28]
-    x = block3->forward(block2->forward(block1->forward(x)));  // [B, 64, 7, 7]
-    return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+    x = torch::relu(stem_bn.forward(stem.forward(x)));      // [B, 16, 28, 28]
+    x = block3.forward(block2.forward(block1.forward(x)));  // [B, 64, 7, 7]
+    return fc.forward(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
   }
-  torch::nn::Conv2d stem{nullptr};
-  torch::nn::AnyModule stem_bn;
-  std::shared_ptr<BasicBlock> block1, block2, block3;
-  torch::nn::Linear fc{nullptr};
+  torch::nn::AnyModule stem, stem_bn, block1, block2, block3, fc;
 };
 
 // PyTorch's MNIST example (examples/mnist/main.py), returning logits instead of log-softmax:
@@ -162,14 +161,9 @@ std::shared_ptr<ModelImpl> make_model(const std::string& name, bool sync_bn, boo
   if (sync_bn && !has_bn) {
     throw ConfigError("--sync-bn: model " + name + " has no BatchNorm layers");
   }
-  if (sharded && name == "resnet") {
-    throw ConfigError(
-        "model resnet has no ZeRO-3 units (ddp::Sharded layers) yet: use mlp, cnn, classic-cnn, "
-        "mlp-1024 or mlp-large, or ZeRO-2");
-  }
   if (name == "mlp") return std::make_shared<Mlp>(std::vector<int64_t>{256, 128}, sharded);
   if (name == "cnn") return std::make_shared<Cnn>(sync_bn, sharded);
-  if (name == "resnet") return std::make_shared<ResNet>(sync_bn);
+  if (name == "resnet") return std::make_shared<ResNet>(sync_bn, sharded);
   if (name == "classic-cnn") return std::make_shared<ClassicCnn>(sharded);
   if (name == "mlp-1024") return std::make_shared<Mlp>(std::vector<int64_t>{1024, 1024}, sharded);
   if (name == "mlp-large") return std::make_shared<Mlp>(std::vector<int64_t>(5, 2048), sharded);

@@ -190,9 +190,9 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
   app.add_option("--fsdp", c.fsdp,
                  "zero2 | zero3: ddp::FullyShardedDataParallel instead of DDP, parameters, "
                  "gradients and optimizer state sharded over the ranks (zero2: a unit per child "
-                 "module; zero3: each Linear/Conv2d layer a unit, whole only inside its own "
-                 "forward and backward; mlp, cnn). Checkpoints: sharded (each rank writes its "
-                 "part), the model loadable at any world size, the optimizer's shards at the same "
+                 "module; zero3: each Linear/Conv2d layer, or resnet's residual block, a unit, "
+                 "whole only inside its own forward and backward). Checkpoints: sharded (each "
+                 "rank writes its part of the model and the optimizer's state), loadable at any "
                  "world size")
       ->check(CLI::IsMember({"zero2", "zero3"}));
   app.add_option("--seed", c.seed, "seed for initialisation, shuffling and dropout")
