@@ -137,8 +137,8 @@ class Stateful {
   // kSharded: which elements of the saved whole tensor `name` (of `whole_shape`) this rank loads
   // now; nullopt (the default) for none. The StateDict that check() and load_state_dict() then
   // receive holds, under each saved piece's name, those elements as a 1-D tensor (placed by its
-  // `shards`), or an undefined tensor where this rank loads none (its placement still gives
-  // the whole shape, so that check() can compare every saved name and shape).
+  // `shards`), or an empty one of the saved dtype where this rank loads none (its placement still
+  // gives the whole shape, so that check() can compare every saved name, shape and dtype).
   virtual std::optional<ElementRange> wanted(const std::string& name,
                                              const std::vector<int64_t>& whole_shape) const;
 };

@@ -134,7 +134,7 @@ std::string assemble(const Stateful& object, const std::vector<StateDict>& saved
   }
   for (const auto& [name, w] : wholes) {
     const auto range = object.wanted(name, w.shape);
-    at::Tensor part;
+    at::Tensor part = at::empty({0}, at::TensorOptions().dtype(w.dtype));  // none of it
     int64_t offset = 0;
     if (range) {
       if (range->offset < 0 || range->numel < 0 ||

@@ -745,7 +745,7 @@ TEST(FsdpCheckpoint, AFailedRankPublishesNothingAndDamageIsFound) {
 
 // A unit with BatchNorm: the buffers are not synchronised, so each rank's running statistics are
 // its own; a checkpoint (sharded, or one file) gives each rank back its own at the saving world
-// size, and rank r % 2's at world 3.
+// size, and rank r % 2's at world 3. Another model is refused, naming what differs.
 struct NormedImpl : torch::nn::Module {
   NormedImpl() {
     a = register_module("a", torch::nn::Linear(6, 5));
@@ -799,6 +799,28 @@ TEST(FsdpCheckpoint, EachRanksBuffersComeBackAsItsOwn) {
     });
     expect_no_errors(errors);
   }
+  // Another model: refused, naming the differences, and nothing changes.
+  port = testing::free_port();
+  errors = testing::run_threads(2, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 2, port));
+    ShardedRun other(pg, 9);
+    const auto before = values_of(other.model.full_parameters());
+    try {
+      Checkpointer(dir).load(dir / "epoch=0-step=2.ckpt", other.state, *pg);
+      ADD_FAILURE() << "another model's checkpoint was loaded";
+    } catch (const IncompatibleCheckpointError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("'a.weight' is [5, 6] Float there, [6, 6] Float here"), std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("'gain' is missing"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("it holds no optimizer state under 'optimizer'"), std::string::npos)
+          << msg;
+    }
+    const auto after = values_of(other.model.full_parameters());
+    for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(torch::equal(after[i], before[i]));
+    pg->barrier().wait();
+  });
+  expect_no_errors(errors);
   fs::remove_all(dir);
 }
 
