@@ -20,6 +20,7 @@
 #include "ddp/error.h"
 #include "ddp/fully_sharded_data_parallel.h"
 #include "ddp/training_state.h"
+#include "state/adapters.h"  // optimizer_state: the earlier form of an FSDP optimizer's state
 #include "support/ranks.h"
 #include "support/temp_dir.h"
 
@@ -494,6 +495,54 @@ TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
     }
   });
   expect_no_errors(errors);
+}
+
+// What the ddp-cpp of 2026-11-30 saved for FullyShardedDataParallel: the parameters whole
+// (kCollective) and each rank's optimizer state as a LibTorch archive (kPerRank). Such a
+// snapshot still restores, at the saving world size, to a run that continues bit for bit.
+TEST(Fsdp, ACheckpointOfTheEarlierFormStillResumesBitwise) {
+  constexpr int kWorld = 2;
+  Snapshot earlier;
+  earlier.world_size = kWorld;
+  earlier.entries = {{"model", StateScope::kCollective, {}},
+                     {"optimizer", StateScope::kPerRank, std::vector<StateDict>(kWorld)}};
+  std::vector<at::Tensor> uninterrupted, resumed;
+  int port = testing::free_port();
+  auto errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    ShardedMlp net = seeded<ShardedMlp>(21);
+    FullyShardedDataParallel model(net, {.process_group = pg});
+    torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
+    train_steps(model, opt, r, kWorld, 0, 2);
+    auto full = model.full_parameters();
+    if (r == 0) earlier.entries[0].ranks = {StateDict{.tensors = full}};
+    earlier.entries[1].ranks[r] = state::optimizer_state(opt)->state_dict();
+    train_steps(model, opt, r, kWorld, 2, 4);
+    const auto after = values_of(model.full_parameters());
+    if (r == 0) uninterrupted = after;
+    pg->barrier().wait();
+  });
+  expect_no_errors(errors);
+  port = testing::free_port();
+  errors = testing::run_threads(kWorld, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
+    ShardedMlp net = seeded<ShardedMlp>(300 + r);
+    FullyShardedDataParallel model(net, {.process_group = pg});
+    torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
+    TrainingState state;
+    state.add("model", model);
+    state.add("optimizer", opt, model);
+    state.restore(earlier, r, kWorld);
+    train_steps(model, opt, r, kWorld, 2, 4);
+    const auto after = values_of(model.full_parameters());
+    if (r == 0) resumed = after;
+    pg->barrier().wait();
+  });
+  expect_no_errors(errors);
+  ASSERT_EQ(resumed.size(), uninterrupted.size());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i])) << "parameter " << i;
+  }
 }
 
 // --- Sharded checkpoints (CheckpointerOptions::sharded) -------------------------------------
