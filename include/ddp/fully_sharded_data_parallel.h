@@ -47,8 +47,8 @@
 // rank 0's parameters go to every rank. Every parameter of a unit must have one dtype and
 // device. A unit's parameters that get no gradient in a backward count as zeros, on every rank,
 // so every rank always issues the same reduce-scatters. Each forward is followed by at most one
-// backward. Buffers are not synchronised (no broadcast_buffers yet): BatchNorm's running stats
-// stay per rank.
+// backward. Buffers are rank 0's after construction (sync_module_states) and then stay per rank,
+// as in PyTorch's FSDP, which has no broadcast_buffers: BatchNorm's running stats are each rank's.
 //
 // Lifetime: the module's parameters stay shard views after the wrapper is destroyed (gathering
 // them back would be a collective in a destructor); take full_parameters() first to keep them.
@@ -87,7 +87,8 @@ struct FSDPOptions {
   // submodule: one unit per direct child that has parameters. Parameters no unit holds form the
   // root unit.
   std::vector<std::shared_ptr<torch::nn::Module>> units;
-  // Copy rank 0's parameters to every rank at construction (PyTorch's sync_module_states).
+  // Copy rank 0's parameters and buffers to every rank at construction (PyTorch's
+  // sync_module_states).
   bool sync_module_states = true;
 };
 
@@ -217,8 +218,9 @@ class FullyShardedDataParallelBase {
   };
   std::vector<LocalShard> local_shards();
   // The module's buffers (BatchNorm's running statistics) by full_parameters()-style name
-  // (without a Sharded unit's "module."). They are not sharded and not synchronised: each rank
-  // keeps its own (PyTorch's FSDP does the same), and a checkpoint saves each rank's.
+  // (without a Sharded unit's "module."). They are not sharded, and not synchronised after
+  // construction (sync_module_states copies rank 0's): each rank keeps its own from then on
+  // (PyTorch's FSDP does the same), and a checkpoint saves each rank's.
   std::vector<std::pair<std::string, at::Tensor>> named_buffers() const;
   // The units in forward order: a name ("fc1", or "(root)") and how many parameters it holds.
   std::vector<std::pair<std::string, size_t>> units() const;

@@ -298,6 +298,12 @@ void FsdpCore::construct() {
     }
   }
   for (FsdpUnit& u : units_) shard_unit(u, options_.sync_module_states && world_ > 1);
+  // The buffers too (PyTorch's sync_module_states broadcasts both): every rank starts from rank
+  // 0's running statistics; from then on each rank's are its own.
+  if (options_.sync_module_states && world_ > 1) {
+    at::NoGradGuard no_grad;
+    for (auto& [name, b] : buffers_) group_->broadcast(b, 0).wait();
+  }
 }
 
 FsdpCore::~FsdpCore() {

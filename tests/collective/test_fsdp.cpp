@@ -792,8 +792,8 @@ TEST(FsdpCheckpoint, AFailedRankPublishesNothingAndDamageIsFound) {
   fs::remove_all(dir);
 }
 
-// A unit with BatchNorm: the buffers are not synchronised, so each rank's running statistics are
-// its own; a checkpoint (sharded, or one file) gives each rank back its own at the saving world
+// A unit with BatchNorm: the buffers are rank 0's after construction (sync_module_states), then
+// not synchronised, so each rank's running statistics are its own; a checkpoint (sharded, or one file) gives each rank back its own at the saving world
 // size, and rank r % 2's at world 3. Another model is refused, naming what differs.
 struct NormedImpl : torch::nn::Module {
   NormedImpl() {
@@ -815,7 +815,9 @@ TEST(FsdpCheckpoint, EachRanksBuffersComeBackAsItsOwn) {
   auto errors = testing::run_threads(2, [&](int r) {
     auto pg = make_process_group(testing::thread_rank(r, 2, port));
     Normed net = seeded<Normed>(5);
+    net->bn->running_mean.fill_(r + 1.0);  // sync_module_states: rank 0's go to every rank
     FullyShardedDataParallel model(net, {.process_group = pg});
+    EXPECT_TRUE(torch::equal(net->bn->running_mean, torch::ones({5}))) << "rank " << r;
     torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1));
     train_steps(model, opt, r, 2, 0, 2);  // each rank's half of the batch: its own statistics
     mean[r] = net->bn->running_mean.clone();
