@@ -79,10 +79,6 @@ void remove_temp_dir(const fs::path& dir) {
   fs::remove_all(dir, ec);  // a failure leaves a temporary directory the next save removes
 }
 
-bool each_rank(StateScope scope) {
-  return scope == StateScope::kPerRank || scope == StateScope::kSharded;
-}
-
 // A sharded save after its first phase (Note [Sharded checkpoint]).
 struct ShardedSave {
   fs::path temp_dir;
@@ -150,7 +146,8 @@ ShardedSave save_rank_files(const Checkpointer& c, TrainingState& state, const C
   } catch (...) {
     error = std::current_exception();
   }
-  std::erase_if(out.mine.entries, [](const Snapshot::Entry& e) { return each_rank(e.scope); });
+  std::erase_if(out.mine.entries,
+                [](const Snapshot::Entry& e) { return state::saved_by_each_rank(e.scope); });
   const std::vector<std::string> all =
       group ? all_gather_bytes(*group, mine.dump()) : std::vector<std::string>{mine.dump()};
   std::vector<int> failed;

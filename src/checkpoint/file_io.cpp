@@ -61,6 +61,15 @@ struct TempGuard {
   }
 };
 
+// The complete temporary renamed over `file` (disarming its guard), then `dir` fsync'ed.
+void rename_into_place(TempGuard& temp, const fs::path& file, const fs::path& dir) {
+  if (std::rename(temp.path.c_str(), file.c_str()) != 0) {
+    fail(file, fmt::format("cannot rename {} into place", temp.path.filename().string()), errno);
+  }
+  temp.armed = false;
+  sync_dir(dir);
+}
+
 }  // namespace
 
 Fd::~Fd() {
@@ -157,11 +166,7 @@ bool link_atomic(const fs::path& target, const fs::path& link, const FaultHook& 
     }
     fail(link, fmt::format("cannot link it to {}", target.filename().string()), err);
   }
-  if (std::rename(temp.path.c_str(), link.c_str()) != 0) {
-    fail(link, fmt::format("cannot rename {} into place", temp.path.filename().string()), errno);
-  }
-  temp.armed = false;
-  sync_dir(dir);
+  rename_into_place(temp, link, dir);
   return true;
 }
 
@@ -174,11 +179,7 @@ void symlink_atomic(const std::string& target_name, const fs::path& link, const 
     temp.armed = false;
     fail(link, fmt::format("cannot make it a symbolic link to {}", target_name), err);
   }
-  if (std::rename(temp.path.c_str(), link.c_str()) != 0) {
-    fail(link, fmt::format("cannot rename {} into place", temp.path.filename().string()), errno);
-  }
-  temp.armed = false;
-  sync_dir(dir);
+  rename_into_place(temp, link, dir);
 }
 
 fs::path make_temp_dir(const fs::path& final_dir) {

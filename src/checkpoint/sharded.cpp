@@ -19,23 +19,27 @@ namespace {
 
 using nlohmann::json;
 
-bool each_rank(StateScope scope) {
-  return scope == StateScope::kPerRank || scope == StateScope::kSharded;
+// A file's metadata of format 2, or a CorruptCheckpointError naming the file.
+FileMeta metadata_of(const CheckpointFile& f) {
+  try {
+    return decode_metadata(f.metadata());
+  } catch (const std::exception& e) {
+    f.corrupt(
+        fmt::format("its metadata is not what this version of ddp-cpp writes ({})", e.what()));
+  }
 }
 
 // metadata.ckpt, open and its metadata decoded, with the rank files it lists.
 struct Manifest {
-  explicit Manifest(const fs::path& dir) : file(open(dir)) {
+  explicit Manifest(const fs::path& dir) : file(open_metadata(dir)), fm(metadata_of(file)) {
     try {
-      fm = decode_metadata(file.metadata());
       if (fm.files.is_null()) throw std::invalid_argument("it lists no rank files");
       for (const json& f : fm.files) {
         files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(),
                          f.at("sha256").get<std::string>()});
       }
     } catch (const std::exception& e) {
-      file.corrupt(
-          fmt::format("its metadata is not what this version of ddp-cpp writes ({})", e.what()));
+      file.corrupt(fmt::format("its list of rank files is malformed ({})", e.what()));
     }
     if (static_cast<int>(files.size()) != fm.meta.world_size) {
       file.corrupt(fmt::format("it lists {} rank files for a world of {}", files.size(),
@@ -48,7 +52,7 @@ struct Manifest {
     }
   }
 
-  static CheckpointFile open(const fs::path& dir) {
+  static CheckpointFile open_metadata(const fs::path& dir) {
     const fs::path path = dir / kShardedMetadataName;
     std::error_code ec;
     if (!fs::exists(path, ec)) {
@@ -98,7 +102,7 @@ RankFile write_rank_file(const fs::path& temp_dir, int rank, const Snapshot& min
                          const CheckpointMeta& meta, const FaultHook& hook) {
   std::vector<Snapshot::Entry> entries;
   for (const Snapshot::Entry& e : mine.entries) {
-    if (each_rank(e.scope)) entries.push_back(e);
+    if (state::saved_by_each_rank(e.scope)) entries.push_back(e);
   }
   FileMeta fm;
   fm.meta = meta;
@@ -118,7 +122,7 @@ void write_sharded_metadata(const fs::path& temp_dir, const Snapshot& mine,
                             const std::vector<RankFile>& files, const FaultHook& hook) {
   std::vector<Snapshot::Entry> entries;
   for (const Snapshot::Entry& e : mine.entries) {
-    if (!each_rank(e.scope)) entries.push_back(e);
+    if (!state::saved_by_each_rank(e.scope)) entries.push_back(e);
   }
   FileMeta fm;
   fm.meta = meta;
@@ -160,28 +164,22 @@ LoadedCheckpoint load_sharded(const fs::path& dir, TrainingState& state,
   for (int r = 0; r < saved_world; ++r) {
     const CheckpointFile f = open_rank_file(dir, m, r);
     const auto corrupt = [&](const std::string& what) { f.corrupt(what); };
-    FileMeta fm;
-    try {
-      fm = decode_metadata(f.metadata());
-    } catch (const std::exception& e) {
-      f.corrupt(
-          fmt::format("its metadata is not what this version of ddp-cpp writes ({})", e.what()));
-    }
+    const FileMeta fm = metadata_of(f);
     // From the index alone (no payload read): does this file hold anything this rank loads?
     std::vector<Snapshot::Entry> entries = state::decode_index(fm.states, corrupt);
     bool needed = false;
-    for (const Snapshot::Entry& e : entries) {
+    for (Snapshot::Entry& e : entries) {
       auto object = objects.find(e.key);
       if (object == objects.end() || e.ranks.size() != 1) continue;
       if (e.scope == StateScope::kPerRank) needed = needed || r == per_rank_source;
       if (e.scope != StateScope::kSharded) continue;
-      const StateDict& s = e.ranks[0];
-      for (const auto& [name, placement] : s.shards) {
-        const auto range = object->second->wanted(name, placement.whole_shape);
-        const at::Tensor* t = s.find(name);
-        if (range && t != nullptr && t->defined()) {
-          needed = needed || state::overlap(placement.offset, t->numel(), *range).numel > 0;
-        }
+      StateDict& s = e.ranks[0];
+      for (const auto& [name, piece] : state::pieces_of(s)) {
+        const auto& [tensor, placement] = piece;
+        if (!tensor->defined()) continue;
+        const auto range = object->second->wanted(name, placement->whole_shape);
+        needed = needed ||
+                 (range && state::overlap(placement->offset, tensor->numel(), *range).numel > 0);
       }
       needed = needed || (r == 0 && s.tensors.size() > s.shards.size());  // rank 0's others
     }
@@ -192,7 +190,7 @@ LoadedCheckpoint load_sharded(const fs::path& dir, TrainingState& state,
     // Not read: every tensor is on the meta device, and none is taken (a per-rank state of
     // another rank, pieces of other parts): they become empty below.
     for (Snapshot::Entry& e : entries) {
-      if (!each_rank(e.scope) || e.ranks.size() != 1) {
+      if (!state::saved_by_each_rank(e.scope) || e.ranks.size() != 1) {
         f.corrupt(fmt::format("it holds state '{}' ({}), which a rank file does not", e.key,
                               to_string(e.scope)));
       }
@@ -210,21 +208,18 @@ LoadedCheckpoint load_sharded(const fs::path& dir, TrainingState& state,
       // kSharded: keep only the elements this rank takes (pieces of other parts become empty,
       // their names and whole shapes kept for the object's check()).
       auto object = objects.find(e.key);
-      for (auto& [name, tensor] : s.tensors) {
-        const ShardPlacement* p = s.shard(name);
-        if (p == nullptr || !tensor.defined()) continue;
-        const auto range =
-            object == objects.end() ? std::nullopt : object->second->wanted(name, p->whole_shape);
+      for (const auto& [name, piece] : state::pieces_of(s)) {
+        const auto& [tensor, placement] = piece;
+        if (!tensor->defined()) continue;
+        const auto range = object == objects.end()
+                               ? std::nullopt
+                               : object->second->wanted(name, placement->whole_shape);
         const state::Overlap o =
-            range ? state::overlap(p->offset, tensor.numel(), *range) : state::Overlap{};
+            range ? state::overlap(placement->offset, tensor->numel(), *range) : state::Overlap{};
         // A view of the payload: a file stays in memory while any part of it is taken.
-        at::Tensor kept = o.numel == 0
-                              ? at::empty({0}, at::TensorOptions().dtype(tensor.scalar_type()))
-                              : tensor.reshape({-1}).narrow(0, o.from, o.numel);
-        for (auto& [n, placement] : s.shards) {
-          if (n == name) placement.offset = o.numel > 0 ? o.offset : 0;
-        }
-        tensor = std::move(kept);
+        *tensor = o.numel == 0 ? at::empty({0}, at::TensorOptions().dtype(tensor->scalar_type()))
+                               : tensor->reshape({-1}).narrow(0, o.from, o.numel);
+        placement->offset = o.offset;
       }
       into.ranks.push_back(std::move(s));
     }

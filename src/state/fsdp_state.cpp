@@ -3,6 +3,8 @@
 // of the model's parameters (kSharded: any world size).
 #include <algorithm>
 #include <functional>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 
@@ -22,6 +24,29 @@
 
 namespace ddp::state {
 namespace {
+
+// Where this rank's part of each parameter lies, and each buffer's size, by name: what wanted()
+// looks up for every saved piece (a load asks for each piece twice). Fixed for the wrapper's
+// life, so taken once, on first use.
+struct Geometry {
+  struct Part {
+    std::vector<int64_t> shape;
+    ElementRange range;
+  };
+  std::map<std::string, Part, std::less<>> parts;
+  std::map<std::string, int64_t, std::less<>> buffer_numel;
+};
+
+const Geometry& geometry_of(FullyShardedDataParallelBase& model, std::optional<Geometry>& cache) {
+  if (!cache) {
+    cache.emplace();
+    for (const auto& part : model.local_shards()) {
+      cache->parts[part.name] = {part.shape, {part.offset, part.data.numel()}};
+    }
+    for (const auto& [name, b] : model.named_buffers()) cache->buffer_numel[name] = b.numel();
+  }
+  return *cache;
+}
 
 // The parameters as each rank holds them (kSharded, Note [Sharded states] in shards.h): every
 // parameter's part in this rank's shard, placed in the whole parameter. Loaded at any world
@@ -52,19 +77,17 @@ class FsdpModelState : public Stateful {
 
   std::optional<ElementRange> wanted(const std::string& name,
                                      const std::vector<int64_t>& whole_shape) const override {
-    for (const auto& part : model_.local_shards()) {
-      if (part.name == name) {
-        if (part.shape != whole_shape) return std::nullopt;  // check() says so
-        return ElementRange{part.offset, part.data.numel()};
-      }
+    const Geometry& g = geometry_of(model_, geometry_);
+    if (const auto part = g.parts.find(name); part != g.parts.end()) {
+      if (part->second.shape != whole_shape) return std::nullopt;  // check() says so
+      return part->second.range;
     }
-    for (const auto& [buffer, b] : model_.named_buffers()) {
-      if (buffer != name) continue;
-      if (whole_shape.size() != 2 || whole_shape[0] < 1 || whole_shape[1] != b.numel()) {
+    if (const auto b = g.buffer_numel.find(name); b != g.buffer_numel.end()) {
+      const int64_t n = b->second;
+      if (whole_shape.size() != 2 || whole_shape[0] < 1 || whole_shape[1] != n) {
         return std::nullopt;  // check() says so
       }
-      const int64_t row = model_.process_group().rank() % whole_shape[0];
-      return ElementRange{row * b.numel(), b.numel()};
+      return ElementRange{model_.process_group().rank() % whole_shape[0] * n, n};
     }
     return std::nullopt;
   }
@@ -128,6 +151,7 @@ class FsdpModelState : public Stateful {
 
  private:
   FullyShardedDataParallelBase& model_;
+  mutable std::optional<Geometry> geometry_;  // wanted()'s, taken on first use
 };
 
 // The per-rank form: an optimizer over a FullyShardedDataParallel's shards whose type has no
@@ -198,19 +222,19 @@ std::unique_ptr<ParamState> make_state() {
   return std::make_unique<S>();
 }
 
+// Adam's and AdamW's states have the same fields.
+template <typename S>
+OptimizerKind adam_kind() {
+  return {make_state<S>,
+          {DDP_FIELD(S, exp_avg), DDP_FIELD(S, exp_avg_sq), DDP_FIELD(S, max_exp_avg_sq)},
+          DDP_STEP(S)};
+}
+
 // The kinds the sharded form knows, or null.
 const OptimizerKind* kind_of(const torch::optim::Optimizer& o) {
   using namespace torch::optim;
-  static const OptimizerKind adam{make_state<AdamParamState>,
-                                  {DDP_FIELD(AdamParamState, exp_avg),
-                                   DDP_FIELD(AdamParamState, exp_avg_sq),
-                                   DDP_FIELD(AdamParamState, max_exp_avg_sq)},
-                                  DDP_STEP(AdamParamState)};
-  static const OptimizerKind adamw{make_state<AdamWParamState>,
-                                   {DDP_FIELD(AdamWParamState, exp_avg),
-                                    DDP_FIELD(AdamWParamState, exp_avg_sq),
-                                    DDP_FIELD(AdamWParamState, max_exp_avg_sq)},
-                                   DDP_STEP(AdamWParamState)};
+  static const OptimizerKind adam = adam_kind<AdamParamState>();
+  static const OptimizerKind adamw = adam_kind<AdamWParamState>();
   static const OptimizerKind sgd{make_state<SGDParamState>,
                                  {DDP_FIELD(SGDParamState, momentum_buffer)},
                                  nullptr,
@@ -298,12 +322,10 @@ class FsdpShardedOptimizerState : public Stateful {
     const size_t slash = name.find('/');
     // Not a field of a parameter: a tensor of a per-rank save (its archive), taken whole.
     if (slash == std::string::npos) return ElementRange{0, numel_of(whole_shape)};
-    for (const auto& part : model_.local_shards()) {
-      if (part.name == std::string_view(name).substr(slash + 1) && part.shape == whole_shape) {
-        return ElementRange{part.offset, part.data.numel()};
-      }
-    }
-    return std::nullopt;
+    const Geometry& g = geometry_of(model_, geometry_);
+    const auto part = g.parts.find(std::string_view(name).substr(slash + 1));
+    if (part == g.parts.end() || part->second.shape != whole_shape) return std::nullopt;
+    return part->second.range;
   }
 
   std::string check(const StateDict& saved, const LoadContext& context) override {
@@ -409,6 +431,7 @@ class FsdpShardedOptimizerState : public Stateful {
   const OptimizerKind& kind_;
   const std::string type_;
   std::unique_ptr<FsdpOptimizerState> per_rank_;  // check()'s choice for a per-rank save
+  mutable std::optional<Geometry> geometry_;      // wanted()'s, taken on first use
 };
 
 }  // namespace

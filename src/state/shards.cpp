@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -31,8 +32,11 @@ std::vector<std::pair<std::string, Whole>> collect(const std::vector<StateDict>&
   std::vector<std::pair<std::string, Whole>> out;
   std::map<std::string, size_t> at_index;
   for (const StateDict& s : saved) {
+    std::map<std::string_view, const ShardPlacement*> placed;
+    for (const auto& [name, p] : s.shards) placed.emplace(name, &p);
     for (const auto& [name, t] : s.tensors) {
-      const ShardPlacement* p = pieces ? s.shard(name) : nullptr;
+      const auto found = placed.find(name);
+      const ShardPlacement* p = pieces && found != placed.end() ? found->second : nullptr;
       if (pieces && p == nullptr) continue;  // not a piece: rank 0's, taken as it is
       if (!t.defined()) continue;
       const std::vector<int64_t> shape = p ? p->whole_shape : t.sizes().vec();
@@ -88,6 +92,14 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+std::map<std::string, std::pair<at::Tensor*, ShardPlacement*>> pieces_of(StateDict& s) {
+  std::map<std::string, at::Tensor*> tensors;
+  for (auto& [name, t] : s.tensors) tensors.emplace(name, &t);
+  std::map<std::string, std::pair<at::Tensor*, ShardPlacement*>> out;
+  for (auto& [name, p] : s.shards) out.emplace(name, std::make_pair(tensors.at(name), &p));
+  return out;
 }
 
 Overlap overlap(int64_t piece_offset, int64_t piece_numel, const ElementRange& wanted) {

@@ -19,7 +19,9 @@
 // saved chunks with its own); its chunks are N-dimensional boxes, ours flat ranges.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/stateful.h"
@@ -50,8 +52,18 @@ StateDict join_pieces(const std::string& key, const std::vector<StateDict>& rank
 std::string assemble(const Stateful& object, const std::vector<StateDict>& saved, bool pieces,
                      StateDict& out);
 
-// The elements [range.offset, range.offset + range.numel) of `piece` (placed at `placement`)
-// that lie inside `wanted`, as a piece of its own (a view; empty when they do not overlap).
+// Whether every rank's state_dict() of this scope is saved (kPerRank, kSharded), not rank 0's.
+inline bool saved_by_each_rank(StateScope scope) {
+  return scope == StateScope::kPerRank || scope == StateScope::kSharded;
+}
+
+// The pieces of `s` by name: each placed tensor with its placement (the codec checks that every
+// placed name is a tensor).
+std::map<std::string, std::pair<at::Tensor*, ShardPlacement*>> pieces_of(StateDict& s);
+
+// Where the elements of a piece (piece_offset, piece_numel in its whole tensor) meet `wanted`:
+// their first element in the whole tensor, their count (0 when they do not meet), and where in
+// the piece they start.
 struct Overlap {
   int64_t offset = 0;  // in the whole tensor
   int64_t numel = 0;

@@ -210,10 +210,6 @@ Snapshot TrainingState::snapshot() {
 
 namespace {
 
-bool each_rank(StateScope scope) {
-  return scope == StateScope::kPerRank || scope == StateScope::kSharded;
-}
-
 // Every rank's registry compared with rank 0's (one all-gather of the registries and of
 // `mine`, encoded): the same ConfigError on every rank when they differ. Returns what each rank
 // sent.
@@ -247,9 +243,10 @@ Snapshot state::rank_snapshot(TrainingState& state, ProcessGroup& group) {
   out.world_size = group.size();
   state.for_each([&](const std::string& key, Stateful& object) {
     const StateScope scope = object.scope();
-    if (scope == StateScope::kCollective || each_rank(scope) || rank == 0) {
+    if (scope == StateScope::kCollective || state::saved_by_each_rank(scope) || rank == 0) {
       StateDict s = object.state_dict();
-      if (rank == 0 || each_rank(scope)) out.entries.push_back({key, scope, {std::move(s)}});
+      if (rank == 0 || state::saved_by_each_rank(scope))
+        out.entries.push_back({key, scope, {std::move(s)}});
     }
   });
   return out;
@@ -260,7 +257,7 @@ Snapshot TrainingState::snapshot(ProcessGroup& group) {
   // 1. Registries and per-rank states, gathered (Note [Collective snapshot]).
   std::vector<Snapshot::Entry> mine;
   for (const auto& i : impl_->items) {
-    if (each_rank(i.object->scope())) {
+    if (state::saved_by_each_rank(i.object->scope())) {
       mine.push_back({i.key, i.object->scope(), {i.object->state_dict()}});
     }
   }
@@ -276,7 +273,7 @@ Snapshot TrainingState::snapshot(ProcessGroup& group) {
     if (scope == StateScope::kCollective || (scope == StateScope::kReplicated && rank == 0)) {
       StateDict s = i.object->state_dict();
       if (rank == 0) out.entries.push_back({i.key, scope, {std::move(s)}});
-    } else if (each_rank(scope) && rank == 0) {
+    } else if (state::saved_by_each_rank(scope) && rank == 0) {
       out.entries.push_back({i.key, scope, {}});
     }
   }

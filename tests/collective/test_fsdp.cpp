@@ -410,6 +410,37 @@ TEST(Fsdp, NoSyncAccumulatesAndClipGradNormSeesTheWholeModel) {
   }
 }
 
+// Rank 0's gathered parameters after `world` ranks restore `saved` into a fresh ShardedMlp
+// (other initial values: seed + rank) with Adam and train steps 2 and 3.
+std::vector<at::Tensor> resumed_from(const Snapshot& saved, int world, ShardingStrategy strategy,
+                                     uint64_t seed) {
+  std::vector<at::Tensor> out;
+  const int port = testing::free_port();
+  auto errors = testing::run_threads(world, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, world, port));
+    ShardedMlp net = seeded<ShardedMlp>(seed + r);
+    FullyShardedDataParallel model(net, {.process_group = pg, .sharding_strategy = strategy});
+    torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
+    TrainingState state;
+    state.add("model", model);
+    state.add("optimizer", opt, model);
+    state.restore(saved, r, world);
+    train_steps(model, opt, r, world, 2, 4);
+    const auto full = values_of(model.full_parameters());
+    if (r == 0) out = full;
+    pg->barrier().wait();
+  });
+  expect_no_errors(errors);
+  return out;
+}
+
+void expect_same_bits(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::equal(got[i], want[i])) << "parameter " << i;
+  }
+}
+
 // Through TrainingState: the model and the optimizer's state over the shards (each rank's pieces
 // of each parameter, joined whole by a collective snapshot). A run restored from a snapshot
 // continues bit for bit as the uninterrupted one; at another world size both load and training
@@ -417,7 +448,7 @@ TEST(Fsdp, NoSyncAccumulatesAndClipGradNormSeesTheWholeModel) {
 TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
   constexpr int kWorld = 2;
   Snapshot saved;  // rank 0's, after 2 steps
-  std::vector<at::Tensor> uninterrupted, resumed;
+  std::vector<at::Tensor> uninterrupted;
   int port = testing::free_port();
   auto errors = testing::run_threads(kWorld, [&](int r) {
     auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
@@ -439,27 +470,7 @@ TEST(Fsdp, CheckpointsResumeBitwiseAndTheModelLoadsAtAnotherWorldSize) {
   expect_no_errors(errors);
   ASSERT_FALSE(uninterrupted.empty());
   // Resumed at the same world size, from other initial values: the same bits.
-  port = testing::free_port();
-  errors = testing::run_threads(kWorld, [&](int r) {
-    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
-    ShardedMlp net = seeded<ShardedMlp>(500 + r);
-    FullyShardedDataParallel model(net, {.process_group = pg,
-                                         .sharding_strategy = ShardingStrategy::kFullShard});
-    torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
-    TrainingState state;
-    state.add("model", model);
-    state.add("optimizer", opt, model);
-    state.restore(saved, r, kWorld);
-    train_steps(model, opt, r, kWorld, 2, 4);
-    const auto full = values_of(model.full_parameters());
-    if (r == 0) resumed = full;
-    pg->barrier().wait();
-  });
-  expect_no_errors(errors);
-  ASSERT_EQ(resumed.size(), uninterrupted.size());
-  for (size_t i = 0; i < resumed.size(); ++i) {
-    EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i])) << "parameter " << i;
-  }
+  expect_same_bits(resumed_from(saved, kWorld, ShardingStrategy::kFullShard, 500), uninterrupted);
   // At world size 3: the model loads (the saved parameters, bit for bit), and with the
   // optimizer's state, re-cut at the new shards, training goes on as the uninterrupted run did
   // (to float tolerance: other shards sum in another order).
@@ -506,8 +517,8 @@ TEST(Fsdp, ACheckpointOfTheEarlierFormStillResumesBitwise) {
   earlier.world_size = kWorld;
   earlier.entries = {{"model", StateScope::kCollective, {}},
                      {"optimizer", StateScope::kPerRank, std::vector<StateDict>(kWorld)}};
-  std::vector<at::Tensor> uninterrupted, resumed;
-  int port = testing::free_port();
+  std::vector<at::Tensor> uninterrupted;
+  const int port = testing::free_port();
   auto errors = testing::run_threads(kWorld, [&](int r) {
     auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
     ShardedMlp net = seeded<ShardedMlp>(21);
@@ -523,26 +534,8 @@ TEST(Fsdp, ACheckpointOfTheEarlierFormStillResumesBitwise) {
     pg->barrier().wait();
   });
   expect_no_errors(errors);
-  port = testing::free_port();
-  errors = testing::run_threads(kWorld, [&](int r) {
-    auto pg = make_process_group(testing::thread_rank(r, kWorld, port));
-    ShardedMlp net = seeded<ShardedMlp>(300 + r);
-    FullyShardedDataParallel model(net, {.process_group = pg});
-    torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(0.01));
-    TrainingState state;
-    state.add("model", model);
-    state.add("optimizer", opt, model);
-    state.restore(earlier, r, kWorld);
-    train_steps(model, opt, r, kWorld, 2, 4);
-    const auto after = values_of(model.full_parameters());
-    if (r == 0) resumed = after;
-    pg->barrier().wait();
-  });
-  expect_no_errors(errors);
-  ASSERT_EQ(resumed.size(), uninterrupted.size());
-  for (size_t i = 0; i < resumed.size(); ++i) {
-    EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i])) << "parameter " << i;
-  }
+  expect_same_bits(resumed_from(earlier, kWorld, ShardingStrategy::kShardGradOp, 300),
+                   uninterrupted);
 }
 
 // --- Sharded checkpoints (CheckpointerOptions::sharded) -------------------------------------
