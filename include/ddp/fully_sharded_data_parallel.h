@@ -25,7 +25,12 @@
 //     and freed once its gradient is reduce-scattered. LibTorch's C++ modules have no forward
 //     hooks, so such a unit is a ddp::Sharded<M> in the model (below): its forward is the hook.
 // Either way the backward reduce-scatters each unit's gradient in reverse unit order while it
-// goes on, so each rank holds the average gradient of its shard only. Not yet: mixed precision.
+// goes on, so each rank holds the average gradient of its shard only.
+// Mixed precision (FSDPOptions::mixed_precision, PyTorch's FSDP1 MixedPrecision): the shards
+// stay in their own precision (fp32) and the optimizer steps them there; each gather casts this
+// rank's shard to param_dtype (bf16, fp16) and all-gathers that, so the forward and backward
+// compute in param_dtype and the gathered units take half the memory and half the bytes on the
+// wire; gradients are reduce-scattered in reduce_dtype and added to the shards' fp32 .grad.
 // Checkpoints hold each rank's part of each parameter (local_shards()), in each rank's own file
 // (a sharded checkpoint) or joined whole, and load at any world size (ddp/training_state.h,
 // ddp/checkpoint.h).
@@ -43,6 +48,11 @@
 // A Sharded<M> holds its M as the child "module" (FSDP1's wrapped module); full_parameters()
 // names parameters without it ("fc1.weight"). Outside a FullyShardedDataParallel it is M.
 //
+// Under mixed precision the module's parameters are param_dtype tensors (their gradients too);
+// between steps each holds this rank's part as cast at the last gather (or load), so the
+// optimizer's last step shows only from the next forward: read the true values from
+// parameters(), local_shards() or full_parameters(), which are in the shards' precision.
+//
 // Construction is a collective (every rank, the same module structure); with sync_module_states
 // rank 0's parameters go to every rank. Every parameter of a unit must have one dtype and
 // device. A unit's parameters that get no gradient in a backward count as zeros, on every rank,
@@ -58,10 +68,13 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -77,6 +90,23 @@ enum class ShardingStrategy {
   kFullShard,
 };
 
+// What FSDP computes and communicates in (PyTorch's FSDP1 MixedPrecision). Unset: as the
+// parameters are (no mixed precision).
+struct MixedPrecision {
+  // The gathered parameters' dtype, in which the forward and backward compute (and their
+  // gradients come); the shards and the optimizer stay in the parameters' own dtype.
+  std::optional<at::ScalarType> param_dtype;
+  // The dtype gradients are reduce-scattered in (fp32: exact sums of low-precision gradients);
+  // unset: param_dtype, as PyTorch's.
+  std::optional<at::ScalarType> reduce_dtype;
+  // The floating-point buffers (BatchNorm's statistics) cast to this at construction and kept
+  // so (LibTorch 1.13's CPU BatchNorm wants its buffers in the input's dtype); unset: kept.
+  std::optional<at::ScalarType> buffer_dtype;
+  // The wrapper's and each Sharded unit's floating-point tensor inputs cast to param_dtype
+  // (PyTorch's cast_forward_inputs / cast_root_forward_inputs).
+  bool cast_forward_inputs = true;
+};
+
 struct FSDPOptions {
   // The group to shard over; null means the default group (init_process_group()).
   std::shared_ptr<ProcessGroup> process_group;
@@ -90,11 +120,14 @@ struct FSDPOptions {
   // Copy rank 0's parameters and buffers to every rank at construction (PyTorch's
   // sync_module_states).
   bool sync_module_states = true;
+  MixedPrecision mixed_precision;
 };
 
 // What a rank holds of the parameters (bytes), for memory reports.
 struct FSDPMemoryStats {
-  int64_t shard_bytes = 0;  // this rank's shards: all it keeps between steps (plus their .grad)
+  // This rank's shards: all it keeps between steps (plus their .grad), with their param_dtype
+  // copies under mixed precision.
+  int64_t shard_bytes = 0;
   int64_t full_bytes = 0;   // every unit whole: what each rank of DDP keeps
   // The most parameter bytes gathered at once since construction or the last reset: every unit
   // under ZeRO-2; under ZeRO-3 the non-Sharded units and at most a Sharded unit or two (the one
@@ -118,6 +151,8 @@ class ShardedBase : public torch::nn::Module {
   at::Tensor after_unit_forward(at::Tensor out);
   // After a forward that threw: back to the shards.
   void unit_forward_failed() noexcept;
+  // `input` cast to the mixed precision's param_dtype when it asks for that.
+  at::Tensor cast_input(const at::Tensor& input) const;
 
  private:
   friend class FsdpCore;
@@ -142,7 +177,7 @@ class ShardedImpl : public detail::ShardedBase {
     before_unit_forward();
     at::Tensor out;
     try {
-      out = module->forward(input);
+      out = module->forward(cast_input(input));
     } catch (...) {
       unit_forward_failed();
       throw;
@@ -241,6 +276,17 @@ class FullyShardedDataParallelBase {
   void before_forward();
   // After a forward without grad mode (evaluation), or one that threw: back to the shards.
   void after_forward() noexcept;
+  // A forward's argument: a tensor cast to the mixed precision's param_dtype when it asks for
+  // that; anything else as it is.
+  template <typename T>
+  decltype(auto) cast_forward_input(T&& arg) const {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      return cast_tensor_input(arg);
+    } else {
+      return std::forward<T>(arg);
+    }
+  }
+  at::Tensor cast_tensor_input(const at::Tensor& input) const;
 
  private:
   std::unique_ptr<detail::FsdpCore> core_;
@@ -263,7 +309,7 @@ class FullyShardedDataParallel : public FullyShardedDataParallelBase {
       FullyShardedDataParallel* self;
       ~After() { self->after_forward(); }
     } after{this};
-    return module_->forward(std::forward<Args>(args)...);
+    return module_->forward(cast_forward_input(std::forward<Args>(args))...);
   }
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {

@@ -39,6 +39,25 @@
 // which is the same for the same graph.
 // Unit order is forward order as far as registration order tells it: units sorted by the
 // position of their first parameter in module->parameters().
+//
+// Note [FSDP mixed precision]
+// With a param_dtype other than the parameters' own, `shard` keeps the parameters' dtype (the
+// optimizer steps it there, as FSDP1 keeps its sharded flat parameter in full precision) and
+// `full` is a param_dtype tensor: a gather first casts the shard into `shard_lp` (FSDP1's
+// _mp_shard) and all-gathers that. The module's parameters are param_dtype for good: set_data
+// with another dtype would drop a parameter's gradient accumulator, and with it our hook, so
+// they change dtype once, at construction, before the accumulators are made (at their full
+// shapes, as above), and from then on only view `full` (gathered) or `shard_lp` (between
+// steps). Their gradients come in param_dtype; launch() copies them into a reduce_dtype flat
+// gradient (fp32: the sum of the ranks' low-precision gradients without rounding in between),
+// and complete_reduce() adds the average to the shard's .grad in the shard's dtype. A group that
+// cannot sum reduce_dtype (Gloo in LibTorch 1.13 has no bfloat16 sum) gets the gradients rounded
+// to it, widened to float32 for the wire, and the sum rounded back: what a bfloat16 reduction
+// that accumulates in float (ours over shm) gives, at twice the bytes. Whole
+// parameters for a checkpoint or for full_parameters() are all-gathered from the shards
+// themselves, never from `full`: a model saved under mixed precision loses nothing (FSDP1's
+// state_dict gathers at full precision too). Under no_sync the gradients accumulate on the
+// parameters, in param_dtype (FSDP1 keeps them there as well).
 #include "ddp/fully_sharded_data_parallel.h"
 
 #include <algorithm>
@@ -57,12 +76,15 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
 
 #include "base/check.h"
 #include "ddp/distributed.h"
 #include "ddp/error.h"
 #include "ddp/stateful.h"  // IncompatibleStateError
 #include "parallel/fsdp_buffers.h"
+#include "process_group/transport/tensors.h"    // dtype_of
+#include "process_group/transport/transport.h"  // capabilities_of
 
 namespace ddp {
 namespace detail {
@@ -79,7 +101,14 @@ struct FsdpUnit {
   int64_t shard_numel = 0;
   ShardedBase* sharded = nullptr;  // a ddp::Sharded unit: gathers itself (ZeRO-3)
   at::Tensor shard;  // [shard_numel], a leaf: this rank's part, stepped by the optimizer
-  at::Tensor full;   // [padded]: its storage has bytes only while gathered
+  // Mixed precision: [shard_numel] in param_dtype, the shard as cast for the last gather; what
+  // the module's parameters view between steps. Undefined without (they view `shard`).
+  at::Tensor shard_lp;
+  at::Tensor full;  // [padded], in param_dtype: its storage has bytes only while gathered
+  // What the gradients are summed in (Note [FSDP mixed precision]), and what they travel in:
+  // the same, or float32 where the group cannot sum it (Gloo in LibTorch 1.13 and bfloat16).
+  at::ScalarType reduce_dtype = at::kFloat;
+  at::ScalarType wire_dtype = at::kFloat;
   State state = State::kSharded;
   std::optional<Work> gathering;
   // This backward's state.
@@ -101,6 +130,7 @@ class FsdpCore {
   at::Tensor after_unit_forward(size_t k, at::Tensor out);
   void unit_forward_failed(size_t k) noexcept;
   void before_unit_backward(size_t k);
+  at::Tensor cast_input(const at::Tensor& input) const;
   std::vector<at::Tensor> shards() const;
   void for_each_full_parameter(const FullyShardedDataParallelBase::FullParameterVisitor& each);
   std::vector<FullyShardedDataParallelBase::LocalShard> local_shards();
@@ -117,9 +147,11 @@ class FsdpCore {
  private:
   // The constructor's part that may fail after units are bound (a broadcast): undone by it.
   void construct();
+  void check_mixed_precision() const;
   void form_units(const std::shared_ptr<torch::nn::Module>& module,
                   const std::vector<std::shared_ptr<torch::nn::Module>>& wrapped);
   void shard_unit(FsdpUnit& u, bool sync);
+  at::Tensor gather_source(FsdpUnit& u);
   void start_gather(FsdpUnit& u);
   void finish_gather(FsdpUnit& u);
   void reshard(FsdpUnit& u) noexcept;
@@ -236,6 +268,7 @@ FsdpCore::FsdpCore(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions
   world_ = group_->size();
   rank_ = group_->rank();
   form_units(module, options_.units);
+  check_mixed_precision();
   // Idle buffers kept: a step's working set, so that a steady step maps nothing new: the units
   // gathered for the whole step (every unit under ZeRO-2) plus four of the largest (ZeRO-3's two
   // gathered units, two flat gradients). Bounded by four of the largest alone, ZeRO-2 mapped
@@ -273,6 +306,33 @@ FsdpCore::FsdpCore(const std::shared_ptr<torch::nn::Module>& module, FSDPOptions
   }
 }
 
+void FsdpCore::check_mixed_precision() const {
+  const MixedPrecision& mp = options_.mixed_precision;
+  for (const auto& [what, dtype] :
+       {std::pair{"param_dtype", mp.param_dtype}, std::pair{"reduce_dtype", mp.reduce_dtype},
+        std::pair{"buffer_dtype", mp.buffer_dtype}}) {
+    DDP_CHECK(!dtype || at::isFloatingType(*dtype), ConfigError,
+              "FullyShardedDataParallel: mixed_precision.{} is {}; it must be a floating-point "
+              "dtype (torch::kBFloat16, torch::kHalf, torch::kFloat)",
+              what, c10::toString(*dtype));
+  }
+  if (!mp.param_dtype) return;
+  for (const FsdpUnit& u : units_) {
+    const at::Tensor& p = u.params.front();
+    DDP_CHECK(p.is_floating_point(), ConfigError,
+              "FullyShardedDataParallel: mixed_precision.param_dtype casts parameters, and unit "
+              "'{}' holds {} ones ('{}'); leave param_dtype unset",
+              u.name, c10::toString(p.scalar_type()), u.param_names.front());
+#if TORCH_VERSION_MAJOR < 2
+    DDP_CHECK(*mp.param_dtype != at::kHalf || !p.device().is_cpu(), ConfigError,
+              "FullyShardedDataParallel: mixed_precision.param_dtype fp16 on the CPU: LibTorch "
+              "{} has no fp16 matrix products there ('addmm_impl_cpu_' not implemented for "
+              "'Half'); use torch::kBFloat16, or CUDA",
+              TORCH_VERSION);
+#endif
+  }
+}
+
 void FsdpCore::construct() {
   for (size_t k = 0; k < units_.size(); ++k) {
     if (units_[k].sharded != nullptr) {
@@ -280,8 +340,31 @@ void FsdpCore::construct() {
       units_[k].sharded->unit_ = k;
     }
   }
-  // The gradient accumulators first, while every parameter has its full shape: an accumulator
-  // checks incoming gradients against the shape its parameter had when it was made.
+  // The collectives first (rank 0's values to every rank), changing nothing of the module, so a
+  // failed construction leaves it as it was.
+  const bool sync = options_.sync_module_states && world_ > 1;
+  for (FsdpUnit& u : units_) shard_unit(u, sync);
+  // The buffers too (PyTorch's sync_module_states broadcasts both): every rank starts from rank
+  // 0's running statistics; from then on each rank's are its own.
+  if (sync) {
+    at::NoGradGuard no_grad;
+    for (auto& [name, b] : buffers_) group_->broadcast(b, 0).wait();
+  }
+  if (const auto& dtype = options_.mixed_precision.buffer_dtype) {
+    for (auto& [name, b] : buffers_) {
+      if (b.is_floating_point()) b.set_data(b.detach().to(*dtype));
+    }
+  }
+  // Every parameter a full-shaped view of its unit's `full` (param_dtype), then the gradient
+  // accumulators, while the parameters have their full shapes and final dtype: an accumulator
+  // checks incoming gradients against the shape its parameter had when it was made, and
+  // set_data with another dtype would drop it (Note [FSDP mixed precision]).
+  for (FsdpUnit& u : units_) {
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const int64_t n = c10::multiply_integers(u.shapes[i]);
+      u.params[i].set_data(u.full.narrow(0, u.offsets[i], n).view(u.shapes[i]));
+    }
+  }
   for (size_t k = 0; k < units_.size(); ++k) {
     for (const at::Tensor& p : units_[k].params) {
       auto acc = torch::autograd::impl::grad_accumulator(p);
@@ -297,13 +380,8 @@ void FsdpCore::construct() {
       accumulators_.push_back(std::move(acc));
     }
   }
-  for (FsdpUnit& u : units_) shard_unit(u, options_.sync_module_states && world_ > 1);
-  // The buffers too (PyTorch's sync_module_states broadcasts both): every rank starts from rank
-  // 0's running statistics; from then on each rank's are its own.
-  if (options_.sync_module_states && world_ > 1) {
-    at::NoGradGuard no_grad;
-    for (auto& [name, b] : buffers_) group_->broadcast(b, 0).wait();
-  }
+  for (FsdpUnit& u : units_) reshard(u);
+  peak_gathered_ = 0;
 }
 
 FsdpCore::~FsdpCore() {
@@ -416,24 +494,44 @@ void FsdpCore::form_units(const std::shared_ptr<torch::nn::Module>& module,
   }
 }
 
+// u's flat parameter from the module's parameters (rank 0's with `sync`), this rank's shard cut
+// from it, and `full` made in param_dtype, gathered (its values the flat parameter's, cast);
+// the module's parameters untouched.
 void FsdpCore::shard_unit(FsdpUnit& u, bool sync) {
   const at::Tensor& first = u.params.front();
   u.padded = std::max<int64_t>(round_up(u.numel, world_), world_);
   u.shard_numel = u.padded / world_;
-  u.full = flat_zeros(u.padded, first.options().requires_grad(false), *pool_);
+  at::Tensor flat = flat_zeros(u.padded, first.options().requires_grad(false), *pool_);
   {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < u.params.size(); ++i) {
-      u.full.narrow(0, u.offsets[i], c10::multiply_integers(u.shapes[i]))
+      flat.narrow(0, u.offsets[i], c10::multiply_integers(u.shapes[i]))
           .copy_(u.params[i].reshape({-1}));
     }
   }
-  if (sync) group_->broadcast(u.full, 0).wait();
-  u.shard = u.full.narrow(0, rank_ * u.shard_numel, u.shard_numel).clone().set_requires_grad(true);
+  if (sync) group_->broadcast(flat, 0).wait();
+  u.shard = flat.narrow(0, rank_ * u.shard_numel, u.shard_numel).clone().set_requires_grad(true);
+  const std::optional<at::ScalarType>& dtype = options_.mixed_precision.param_dtype;
+  if (dtype && *dtype != first.scalar_type()) {
+    u.shard_lp = at::empty({u.shard_numel}, first.options().dtype(*dtype).requires_grad(false));
+    u.full = flat_empty(u.padded, u.shard_lp.options(), *pool_);
+    u.full.copy_(flat);
+  } else {
+    u.full = flat;
+  }
   u.state = FsdpUnit::State::kGathered;
   gathered_ += static_cast<int64_t>(u.full.nbytes());
-  reshard(u);
-  peak_gathered_ = 0;
+  u.reduce_dtype = options_.mixed_precision.reduce_dtype.value_or(u.full.scalar_type());
+  const Capabilities& caps = capabilities_of(*group_, first.device().type());
+  u.wire_dtype = caps.can_reduce(transport::dtype_of(u.reduce_dtype)) ? u.reduce_dtype : at::kFloat;
+}
+
+// What a gather sends of u: its shard, cast to param_dtype first under mixed precision.
+at::Tensor FsdpCore::gather_source(FsdpUnit& u) {
+  if (!u.shard_lp.defined()) return u.shard.detach();
+  at::NoGradGuard no_grad;
+  u.shard_lp.copy_(u.shard.detach());
+  return u.shard_lp;
 }
 
 void FsdpCore::start_gather(FsdpUnit& u) {
@@ -441,7 +539,7 @@ void FsdpCore::start_gather(FsdpUnit& u) {
   allocate_storage(u.full, *pool_);
   gathered_ += static_cast<int64_t>(u.full.nbytes());
   peak_gathered_ = std::max(peak_gathered_, gathered_);
-  u.gathering = group_->all_gather_into_tensor(u.full, u.shard.detach());
+  u.gathering = group_->all_gather_into_tensor(u.full, gather_source(u));
   u.state = FsdpUnit::State::kGathering;
 }
 
@@ -468,7 +566,7 @@ void FsdpCore::reshard(FsdpUnit& u) noexcept {
   if (u.state == FsdpUnit::State::kSharded) return;
   const int64_t begin = rank_ * u.shard_numel;
   const int64_t end = begin + u.shard_numel;
-  const at::Tensor data = u.shard.detach();
+  const at::Tensor data = u.shard_lp.defined() ? u.shard_lp : u.shard.detach();
   for (size_t i = 0; i < u.params.size(); ++i) {
     const int64_t a = std::max(begin, u.offsets[i]);
     const int64_t b = std::min(end, u.offsets[i] + c10::multiply_integers(u.shapes[i]));
@@ -524,6 +622,15 @@ void FsdpCore::after_forward() noexcept {
   for (FsdpUnit& u : units_) reshard(u);
 }
 
+at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {
+  const MixedPrecision& mp = options_.mixed_precision;
+  if (!mp.param_dtype || !mp.cast_forward_inputs || !input.defined() ||
+      !input.is_floating_point() || input.scalar_type() == *mp.param_dtype) {
+    return input;
+  }
+  return input.to(*mp.param_dtype);
+}
+
 void FsdpCore::before_unit_forward(size_t k) {
   FsdpUnit& u = units_[k];
   start_gather(u);
@@ -577,11 +684,14 @@ void FsdpCore::launch(FsdpUnit& u) {
   // backward; its full-size gradient goes before this one's is made, so a backward holds at
   // most two units' full gradients, not the model's.
   if (in_flight_ != nullptr) complete_reduce(*in_flight_);
-  u.grad_in = flat_zeros(u.padded, u.shard.options().requires_grad(false), *pool_);
+  u.grad_in =
+      flat_zeros(u.padded, u.shard.options().dtype(u.wire_dtype).requires_grad(false), *pool_);
   for (size_t i = 0; i < u.params.size(); ++i) {
     at::Tensor& g = u.params[i].mutable_grad();
     if (g.defined()) {
-      u.grad_in.narrow(0, u.offsets[i], g.numel()).copy_(g.reshape({-1}));
+      at::Tensor flat = g.reshape({-1});
+      if (flat.scalar_type() != u.reduce_dtype) flat = flat.to(u.reduce_dtype);  // rounded so
+      u.grad_in.narrow(0, u.offsets[i], g.numel()).copy_(flat);
       g = at::Tensor();  // the full-size gradient is not kept
     }
   }
@@ -611,12 +721,14 @@ void FsdpCore::complete_reduce(FsdpUnit& u) {
   u.work->wait();
   u.work.reset();
   u.grad_in = at::Tensor();
+  if (u.grad_out.scalar_type() != u.reduce_dtype) u.grad_out = u.grad_out.to(u.reduce_dtype);
   if (world_ > 1) u.grad_out.div_(world_);
   at::Tensor& g = u.shard.mutable_grad();
   if (g.defined()) {
     g.add_(u.grad_out);
   } else {
-    g = u.grad_out;
+    g = u.grad_out.scalar_type() == u.shard.scalar_type() ? u.grad_out
+                                                          : u.grad_out.to(u.shard.scalar_type());
   }
   u.grad_out = at::Tensor();
 }
@@ -636,9 +748,21 @@ void FsdpCore::for_each_full_parameter(
   // One unit whole at a time, so the model is never whole twice over (the first GPU run read a
   // ZeRO-3 peak of the whole model here).
   for (FsdpUnit& u : units_) {
-    finish_gather(u);
+    // The shards' own values: under mixed precision `full` holds them cast (Note [FSDP mixed
+    // precision]), so they are gathered apart.
+    at::Tensor whole;
+    if (u.shard_lp.defined()) {
+      whole = flat_empty(u.padded, u.shard.options().requires_grad(false), *pool_);
+      group_->all_gather_into_tensor(whole, u.shard.detach()).wait();
+    } else {
+      finish_gather(u);
+      whole = u.full;
+    }
     try {
-      for (size_t i = 0; i < u.params.size(); ++i) each(u.param_names[i], u.params[i].detach());
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        const int64_t n = c10::multiply_integers(u.shapes[i]);
+        each(u.param_names[i], whole.narrow(0, u.offsets[i], n).view(u.shapes[i]));
+      }
     } catch (...) {
       reshard(u);
       throw;
@@ -728,6 +852,7 @@ void FsdpCore::load_full(const std::vector<std::pair<std::string, at::Tensor>>& 
       const at::Tensor flat = by_name.at(u.param_names[i])->reshape({-1});
       u.shard.detach().narrow(0, a - begin, b - a).copy_(flat.narrow(0, a - u.offsets[i], b - a));
     }
+    if (u.shard_lp.defined()) gather_source(u);  // the module's parameters show what was loaded
   }
 }
 
@@ -757,6 +882,7 @@ FSDPMemoryStats FsdpCore::memory_stats() const {
   FSDPMemoryStats s;
   for (const FsdpUnit& u : units_) {
     s.shard_bytes += static_cast<int64_t>(u.shard.nbytes());
+    if (u.shard_lp.defined()) s.shard_bytes += static_cast<int64_t>(u.shard_lp.nbytes());
     s.full_bytes += u.numel * static_cast<int64_t>(u.shard.element_size());
   }
   s.peak_gathered_bytes = peak_gathered_;
@@ -780,6 +906,10 @@ at::Tensor ShardedBase::after_unit_forward(at::Tensor out) {
 
 void ShardedBase::unit_forward_failed() noexcept {
   if (core_ != nullptr) core_->unit_forward_failed(unit_);
+}
+
+at::Tensor ShardedBase::cast_input(const at::Tensor& input) const {
+  return core_ != nullptr ? core_->cast_input(input) : input;
 }
 
 }  // namespace detail
@@ -851,5 +981,9 @@ ProcessGroup& FullyShardedDataParallelBase::process_group() { return core_->grou
 void FullyShardedDataParallelBase::before_forward() { core_->before_forward(); }
 
 void FullyShardedDataParallelBase::after_forward() noexcept { core_->after_forward(); }
+
+at::Tensor FullyShardedDataParallelBase::cast_tensor_input(const at::Tensor& input) const {
+  return core_->cast_input(input);
+}
 
 }  // namespace ddp

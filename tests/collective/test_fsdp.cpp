@@ -868,6 +868,282 @@ TEST(FsdpCheckpoint, EachRanksBuffersComeBackAsItsOwn) {
   fs::remove_all(dir);
 }
 
+// One process doing by hand what FSDP's ranks should, DDP's semantics: the fp32 model stepped by
+// the optimizer; each step each rank's slice of the batch (from `batch_of`), in `accum`
+// micro-batches whose losses are divided by `accum`, goes through a copy of it (in `low` and
+// with its inputs cast, under mixed precision), the gradients accumulating on the copy; each
+// rank's gradient rounded to `reduce`, summed over the ranks (in float, then rounded to `reduce`
+// once, as the transports do), divided by the world size and cast back to fp32. Without
+// BatchNorm and with fp32 this is one process on the global batch; with BatchNorm (statistics
+// per micro-batch, as each rank has them) it is what DDP computes.
+template <typename Holder>
+std::vector<at::Tensor> emulated(Opt o, uint64_t seed, int world, at::Tensor (*batch_of)(int),
+                                 int accum = 1, at::ScalarType low = torch::kFloat,
+                                 at::ScalarType reduce = torch::kFloat) {
+  Holder master = seeded<Holder>(seed);
+  auto opt = make_optimizer(o, master->parameters());
+  const std::vector<at::Tensor> params = master->parameters();
+  const int per_rank = kGlobalBatch / world;
+  const int per_micro = per_rank / accum;
+  for (int s = 0; s < kSteps; ++s) {
+    const at::Tensor x = batch_of(s);
+    std::vector<at::Tensor> sum(params.size());
+    for (int r = 0; r < world; ++r) {
+      Holder copy = seeded<Holder>(seed);
+      const std::vector<at::Tensor> copy_params = copy->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        copy_params[i].set_data(params[i].detach().to(low));
+      }
+      for (at::Tensor& b : copy->buffers()) {
+        if (b.is_floating_point()) b.set_data(b.to(low));  // FSDP's buffer_dtype
+      }
+      for (int m = 0; m < accum; ++m) {
+        const at::Tensor slice = x.narrow(0, r * per_rank + m * per_micro, per_micro).to(low);
+        (copy(slice).pow(2).mean() / accum).backward();
+      }
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor g = copy_params[i].grad().to(reduce).to(torch::kFloat);
+        sum[i] = r == 0 ? g : sum[i] + g;
+      }
+    }
+    opt->zero_grad();
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].mutable_grad() = (sum[i].to(reduce) / world).to(torch::kFloat);
+    }
+    opt->step();
+  }
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+// `got` (every rank's) against `want`: every rank alike; to the bit at world 1 and 2 (where a
+// sum of two is the same in any order), else within `rtol`.
+void expect_as_emulated(const std::vector<std::vector<at::Tensor>>& got,
+                        const std::vector<at::Tensor>& want, double rtol = 1e-4) {
+  const size_t world = got.size();
+  for (size_t r = 0; r < world; ++r) {
+    ASSERT_EQ(got[r].size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[r][i].scalar_type(), want[i].scalar_type());
+      EXPECT_TRUE(torch::equal(got[r][i], got[0][i])) << "parameter " << i << ", rank " << r;
+      const double diff = (got[r][i] - want[i]).abs().max().item<double>();
+      if (world <= 2) {
+        EXPECT_TRUE(torch::equal(got[r][i], want[i]))
+            << "parameter " << i << ": max |diff| " << diff;
+      } else {
+        EXPECT_TRUE(torch::allclose(got[r][i], want[i], rtol, rtol / 10))
+            << "parameter " << i << ": max |diff| " << diff;
+      }
+    }
+  }
+}
+
+// bf16 compute, fp32 (or bf16) gradient reduction, fp32 shards stepped by Adam; ZeRO-2 and
+// ZeRO-3, world sizes 1-4. Each rank computes exactly what the emulation does, so at world 1
+// and 2 (where a sum of two is the same in any order) the result is the same to the bit; at 3
+// and 4 the transport sums in its own order. What the ranks hold is checked on the way: the
+// module's parameters are bf16 during the forward and backward, the shards and their gradients
+// fp32, a gathered unit half the bytes, and full_parameters() the fp32 values.
+TEST(FsdpMixedPrecision, ComputesInBf16AndStepsTheFp32ShardsAsOneProcessDoingItByHand) {
+  struct Case {
+    bool zero3;
+    at::ScalarType reduce;
+    std::vector<int> worlds;
+  };
+  for (const Case& c :
+       {Case{false, torch::kFloat, {1, 2, 3, 4}}, Case{true, torch::kFloat, {1, 2, 3, 4}},
+        Case{false, torch::kBFloat16, {2, 3}}}) {
+    const auto fp32 =
+        c.zero3 ? single_process<ShardedMlp>(Opt::kAdam, 21) : single_process<Mlp>(Opt::kAdam, 11);
+    for (int world : c.worlds) {
+      SCOPED_TRACE(fmt::format("{}, reduced in {}, at world {}", c.zero3 ? "ZeRO-3" : "ZeRO-2",
+                               c10::toString(c.reduce), world));
+      const auto want =
+          c.zero3
+              ? emulated<ShardedMlp>(Opt::kAdam, 21, world, batch, 1, torch::kBFloat16, c.reduce)
+              : emulated<Mlp>(Opt::kAdam, 11, world, batch, 1, torch::kBFloat16, c.reduce);
+      std::vector<std::vector<at::Tensor>> got(static_cast<size_t>(world));
+      const int port = testing::free_port();
+      auto errors = testing::run_threads(world, [&](int r) {
+        auto pg = make_process_group(testing::thread_rank(r, world, port));
+        const FSDPOptions options{.process_group = pg,
+                                  .sharding_strategy = c.zero3 ? ShardingStrategy::kFullShard
+                                                               : ShardingStrategy::kShardGradOp,
+                                  .mixed_precision = {.param_dtype = torch::kBFloat16,
+                                                      .reduce_dtype = c.reduce}};
+        std::vector<at::Tensor> params;
+        auto train = [&](auto& model) {
+          auto opt = make_optimizer(Opt::kAdam, model.parameters());
+          train_steps(model, *opt, r, world, 0, kSteps);
+          for (const at::Tensor& shard : model.parameters()) {
+            EXPECT_EQ(shard.scalar_type(), torch::kFloat);
+            EXPECT_EQ(shard.grad().scalar_type(), torch::kFloat);
+          }
+          for (const auto& part : model.local_shards()) {
+            EXPECT_EQ(part.data.scalar_type(), torch::kFloat) << part.name;
+          }
+          got[r] = values_of(model.full_parameters());
+        };
+        if (c.zero3) {
+          ShardedMlp net = seeded<ShardedMlp>(r == 0 ? 21 : 300 + r);
+          FullyShardedDataParallel model(net, options);
+          bool probed = false;
+          net->probe = [&](at::Tensor& h) {
+            EXPECT_EQ(h.scalar_type(), torch::kBFloat16) << "a's output";
+            EXPECT_EQ(net->a->module->weight.scalar_type(), torch::kBFloat16);
+            probed = true;
+          };
+          train(model);
+          EXPECT_TRUE(probed);
+          // The most gathered at once (the root, a, and b prefetched) at 2 bytes an element.
+          model.reset_peak_memory_stats();
+          model(torch::randn({2, 6})).sum().backward();
+          auto padded = [world](int64_t n) {
+            return std::max<int64_t>((n + world - 1) / world * world, world);
+          };
+          EXPECT_EQ(model.memory_stats().peak_gathered_bytes,
+                    (padded(3) + padded(42) + padded(49)) * 2);
+          EXPECT_EQ(model.memory_stats().full_bytes, (3 + 42 + 49 + 24) * 4) << "fp32, as DDP's";
+        } else {
+          Mlp net = seeded<Mlp>(r == 0 ? 11 : 100 + r);
+          FullyShardedDataParallel model(net, options);
+          train(model);
+          EXPECT_EQ(net->a->weight.scalar_type(), torch::kBFloat16);
+          const at::Tensor out = model(torch::randn({2, 6}));
+          EXPECT_EQ(out.scalar_type(), torch::kBFloat16) << "the forward computes in bf16";
+        }
+        pg->barrier().wait();
+      });
+      expect_no_errors(errors);
+      expect_as_emulated(got, want);
+      // bf16 compute moved the result off the fp32 one, not far.
+      double off = 0;
+      for (size_t i = 0; i < fp32.size(); ++i) {
+        off = std::max(off, (got[0][i] - fp32[i]).abs().max().item<double>());
+      }
+      EXPECT_GT(off, 0) << "the same as fp32: was it computed in bf16?";
+      EXPECT_LT(off, 0.05);
+    }
+  }
+}
+
+// Buffers cast to buffer_dtype (what LibTorch 1.13's CPU BatchNorm needs with bf16 inputs),
+// and a model saved under mixed precision holds the fp32 shards, loading into a wrapper
+// without it to the bit.
+TEST(FsdpMixedPrecision, BuffersTakeBufferDtypeAndCheckpointsHoldTheFp32Values) {
+  const fs::path dir = testing::make_temp_dir("fsdp_mixed");
+  std::vector<std::vector<at::Tensor>> saved(2);
+  int port = testing::free_port();
+  auto errors = testing::run_threads(2, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 2, port));
+    Normed net = seeded<Normed>(5);
+    FullyShardedDataParallel model(net, {.process_group = pg,
+                                         .mixed_precision = {.param_dtype = torch::kBFloat16,
+                                                             .reduce_dtype = torch::kFloat,
+                                                             .buffer_dtype = torch::kBFloat16}});
+    EXPECT_EQ(net->bn->running_mean.scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(net->bn->num_batches_tracked.scalar_type(), torch::kLong) << "not floating point";
+    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1));
+    train_steps(model, opt, r, 2, 0, 2);
+    TrainingState state;
+    state.add("model", model);
+    Checkpointer(dir, {.sharded = true}).save(state, {.step = 2}, *pg);
+    saved[r] = values_of(model.full_parameters());
+    pg->barrier().wait();
+  });
+  expect_no_errors(errors);
+  port = testing::free_port();
+  errors = testing::run_threads(2, [&](int r) {
+    auto pg = make_process_group(testing::thread_rank(r, 2, port));
+    Normed net = seeded<Normed>(6);
+    for (auto& b : net->buffers()) {
+      if (b.is_floating_point()) b.set_data(b.to(torch::kBFloat16));  // the saved buffers' dtype
+    }
+    FullyShardedDataParallel model(net, {.process_group = pg});
+    TrainingState state;
+    state.add("model", model);
+    Checkpointer ckpt(dir, {.sharded = true});
+    ckpt.load(*ckpt.latest_valid(*pg).path, state, *pg);
+    const auto full = values_of(model.full_parameters());
+    ASSERT_EQ(full.size(), saved[0].size());
+    for (size_t i = 0; i < full.size(); ++i) {
+      EXPECT_TRUE(torch::equal(full[i], saved[0][i])) << "parameter " << i << ", rank " << r;
+    }
+  });
+  expect_no_errors(errors);
+  fs::remove_all(dir);
+}
+
+// A CNN with BatchNorm, each layer a Sharded unit: ZeRO-2 and ZeRO-3, world sizes 1-4, one
+// micro-batch a step or two (no_sync on the first), fp32 and bf16, against the emulation of what
+// DDP computes (BatchNorm's statistics per rank and micro-batch).
+struct ConvNetImpl : torch::nn::Module {
+  ConvNetImpl() {
+    conv =
+        register_module("conv", Sharded<torch::nn::Conv2dImpl>(torch::nn::Conv2dOptions(1, 3, 3)));
+    bn = register_module("bn", Sharded<torch::nn::BatchNorm2dImpl>(3));
+    fc = register_module("fc", Sharded<torch::nn::LinearImpl>(3 * 4 * 4, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc(torch::relu(bn(conv(x))).flatten(1)); }
+  Sharded<torch::nn::Conv2dImpl> conv{nullptr};
+  Sharded<torch::nn::BatchNorm2dImpl> bn{nullptr};
+  Sharded<torch::nn::LinearImpl> fc{nullptr};
+};
+TORCH_MODULE(ConvNet);
+
+at::Tensor images(int step) {
+  std::lock_guard<std::mutex> lock(g_rng);
+  torch::manual_seed(77 + 1000 * step);
+  return torch::randn({kGlobalBatch, 1, 6, 6});
+}
+
+TEST(Fsdp, ACnnWithBatchNormTrainsAsDdpWithAndWithoutAccumulationInFp32AndBf16) {
+  for (const bool bf16 : {false, true}) {
+    for (const int accum : {1, 2}) {
+      const at::ScalarType low = bf16 ? torch::kBFloat16 : torch::kFloat;
+      for (int world : {1, 2, 3, 4}) {
+        const auto want = emulated<ConvNet>(Opt::kAdam, 31, world, images, accum, low);
+        for (ShardingStrategy strategy :
+             {ShardingStrategy::kShardGradOp, ShardingStrategy::kFullShard}) {
+          SCOPED_TRACE(fmt::format("{}, {}, {} micro-batch(es), world {}",
+                                   strategy == ShardingStrategy::kFullShard ? "ZeRO-3" : "ZeRO-2",
+                                   bf16 ? "bf16" : "fp32", accum, world));
+          std::vector<std::vector<at::Tensor>> got(static_cast<size_t>(world));
+          const int port = testing::free_port();
+          auto errors = testing::run_threads(world, [&](int r) {
+            auto pg = make_process_group(testing::thread_rank(r, world, port));
+            ConvNet net = seeded<ConvNet>(r == 0 ? 31 : 400 + r);
+            FSDPOptions options{.process_group = pg, .sharding_strategy = strategy};
+            if (bf16) {
+              options.mixed_precision = {.param_dtype = low,
+                                         .reduce_dtype = torch::kFloat,
+                                         .buffer_dtype = low};
+            }
+            FullyShardedDataParallel model(net, options);
+            auto opt = make_optimizer(Opt::kAdam, model.parameters());
+            const int per_rank = kGlobalBatch / world, per_micro = per_rank / accum;
+            for (int s = 0; s < kSteps; ++s) {
+              const at::Tensor x = images(s);
+              opt->zero_grad();
+              for (int m = 0; m < accum; ++m) {
+                const FSDPNoSyncGuard no_sync = model.no_sync(/*enabled=*/m + 1 < accum);
+                (model(x.narrow(0, r * per_rank + m * per_micro, per_micro)).pow(2).mean() / accum)
+                    .backward();
+              }
+              opt->step();
+            }
+            got[r] = values_of(model.full_parameters());
+            pg->barrier().wait();
+          });
+          expect_no_errors(errors);
+          expect_as_emulated(got, want);
+        }
+      }
+    }
+  }
+}
+
 TEST(Fsdp, MistakesAreNamed) {
   auto pg = make_process_group(testing::one_rank_options());
   Nested net;
@@ -900,6 +1176,18 @@ TEST(Fsdp, MistakesAreNamed) {
         << e.what();
   }
   EXPECT_EQ(first(torch::randn({2, 6})).sizes(), (std::vector<int64_t>{2, 3}));
+  Mlp whole;
+  try {
+    FullyShardedDataParallel model(whole, {.process_group = pg,
+                                           .mixed_precision = {.param_dtype = torch::kInt}});
+    ADD_FAILURE() << "an integer param_dtype was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("mixed_precision.param_dtype is Int; it must be a "
+                                         "floating-point dtype"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(whole->a->weight.dim(), 2) << "a refused construction left the module as it was";
   Mlp plain;
   try {
     FullyShardedDataParallel model(plain, {.process_group = pg,
