@@ -422,6 +422,33 @@ TEST_F(TrainTest, FsdpTrainsSavesTheWholeModelAndResumesBitwise) {
                                     dir_ / "rn_cut" / "model_state.pt");
 }
 
+// --fsdp with --precision bf16: FSDP's mixed precision (units gathered and computed in bf16,
+// gradients summed in fp32, fp32 shards stepped). It learns about as fp32 does, and stopped and
+// resumed it ends on the uninterrupted run's bytes (the checkpoints hold the fp32 shards).
+TEST_F(TrainTest, FsdpInBf16LearnsAndResumesBitwise) {
+  const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1",    "--no-plots",
+                                           "--seed",  "6",   "--fsdp",   "zero2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = common;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  Result fp32 = run_command(train("fp32", common));
+  ASSERT_TRUE(fp32.exited(0)) << fp32.describe();
+  Result bf16 = run_command(train("bf16", with({"--precision", "bf16"})));
+  ASSERT_TRUE(bf16.exited(0)) << bf16.describe();
+  EXPECT_NE(bf16.out.find("ZeRO-2, gathered in bf16, gradients summed in fp32"), std::string::npos)
+      << bf16.out;
+  EXPECT_NEAR(reported_accuracy(bf16.out).first, reported_accuracy(fp32.out).first, 30)
+      << bf16.out << fp32.out;
+  ASSERT_TRUE(
+      run_command(train("cut", with({"--precision", "bf16", "--max-steps", "10"}))).exited(0));
+  Result rest = run_command(train("cut", with({"--precision", "bf16", "--resume", "auto"})));
+  ASSERT_TRUE(rest.exited(0)) << rest.describe();
+  ddp::testing::expect_same_weights(dir_ / "bf16" / "model_state.pt",
+                                    dir_ / "cut" / "model_state.pt");
+}
+
 TEST_F(TrainTest, ResumingAFinishedRunReportsItAndTrainsNothing) {
   const std::vector<std::string> common = {"--model", "mlp", "--epochs", "1", "--no-plots"};
   Result done = run_command(train("run", common));

@@ -118,6 +118,10 @@ void add_train(CLI::App& app, TrainOptions& t) {
                   "unit, whole only inside its own forward and backward); prints the bytes each "
                   "rank holds")
       ->check(CLI::IsMember({"zero2", "zero3"}));
+  sub->add_option("--fsdp-precision", t.fsdp_precision,
+                  "with --fsdp: bf16 gathers the units and computes in bf16, gradients summed "
+                  "in fp32, the fp32 shards stepped (FSDP's MixedPrecision)")
+      ->check(CLI::IsMember({"bf16"}));
   sub->add_option("--comm-hook", t.comm_hook,
                   "none | fp16 | bf16 | powersgd[:RANK] (PyTorch's PowerSGD, compressing from "
                   "the third step; prints the compression rate)")

@@ -58,6 +58,9 @@ struct TrainOptions {
   // FullyShardedDataParallel instead of DDP: "" (DDP), "zero2" (a unit per child) or "zero3"
   // (the model's layers as ddp::Sharded units).
   std::string fsdp;
+  // With fsdp: "bf16" gathers and computes in bf16, gradients summed in fp32 (FSDP's
+  // MixedPrecision); "" (fp32) does not.
+  std::string fsdp_precision;
   // none | fp16 | bf16 | powersgd (matrix_approximation_rank powersgd_rank, compressing from
   // the third step: every timed step once --warmup >= 2)
   std::string comm_hook = "none";

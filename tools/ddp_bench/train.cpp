@@ -134,10 +134,15 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
   std::optional<DistributedDataParallel<ModelImpl>> ddp;
   std::optional<FullyShardedDataParallel<ModelImpl>> fsdp;
   if (!local && !o.fsdp.empty()) {
+    MixedPrecision mixed;
+    if (o.fsdp_precision == "bf16") {
+      mixed = {.param_dtype = at::kBFloat16, .reduce_dtype = at::kFloat};
+    }
     fsdp.emplace(net, FSDPOptions{.process_group = group,
                                   .sharding_strategy = o.fsdp == "zero3"
                                                            ? ShardingStrategy::kFullShard
-                                                           : ShardingStrategy::kShardGradOp});
+                                                           : ShardingStrategy::kShardGradOp,
+                                  .mixed_precision = mixed});
   } else if (!local) {
     ddp.emplace(net, DDPOptions{.process_group = group,
                                 .bucket_cap_mb = o.bucket_cap_mb,
@@ -248,9 +253,9 @@ TrainRow measure(ProcessGroup& pg, std::shared_ptr<const Dataset> data, const Tr
     pg.all_reduce(total, ReduceOp::kSum).wait();
     pg.all_reduce(most, ReduceOp::kMax).wait();
     // Parameters and gradients held between steps: whole under DDP, a shard under FSDP.
-    int64_t held = 0;
+    int64_t held = fsdp ? fsdp->memory_stats().shard_bytes : 0;  // with bf16 copies
     for (const at::Tensor& p : fsdp ? fsdp->parameters() : net->parameters()) {
-      held += static_cast<int64_t>(p.nbytes());
+      if (!fsdp) held += static_cast<int64_t>(p.nbytes());
       if (p.grad().defined()) held += static_cast<int64_t>(p.grad().nbytes());
     }
     at::Tensor held_most = at::full({1}, static_cast<double>(held), at::kDouble).to(device);
@@ -356,6 +361,9 @@ int run_train(const TrainOptions& o) {
         "--fsdp shards parameters, gradients and optimizer state itself: it takes none of "
         "--zero, --zero-overlap, --comm-hook, --no-ddp or --gradient-as-bucket-view");
   }
+  if (!o.fsdp_precision.empty() && o.fsdp.empty()) {
+    throw ConfigError("--fsdp-precision is FSDP's mixed precision: give it with --fsdp");
+  }
   if (o.lockstep && !o.no_ddp && !o.compare) {
     throw ConfigError("--lockstep is a ceiling: give it with --no-ddp (or --compare, which adds it)");
   }
@@ -386,6 +394,8 @@ int run_train(const TrainOptions& o) {
     std::printf("%s\n", text.c_str());
     std::fflush(stdout);
   };
+  const std::string fsdp_precision =
+      o.fsdp_precision.empty() ? "" : ", gathered in " + o.fsdp_precision + ", summed in fp32";
   say(
       fmt::format("# ddp-bench train: {} on Fashion-MNIST, global batch {} ({} per rank), {} "
                   "rank{} x {} thread{} on {}, backend {}, SGD lr {} momentum {}, {} steps after "
@@ -397,9 +407,11 @@ int run_train(const TrainOptions& o) {
                   o.gradient_as_bucket_view ? ", gradients as bucket views" : "",
                   o.zero_overlap ? "; optimizer: ZeroRedundancyOptimizer(SGD) stepped in DDP's hook"
                   : o.zero       ? "; optimizer: ZeroRedundancyOptimizer(SGD)"
-                  : o.fsdp == "zero2" ? "; FullyShardedDataParallel (ZeRO-2) instead of DDP"
-                  : o.fsdp == "zero3" ? "; FullyShardedDataParallel (ZeRO-3) instead of DDP"
-                                      : "",
+                  : o.fsdp == "zero2"
+                      ? "; FullyShardedDataParallel (ZeRO-2) instead of DDP" + fsdp_precision
+                  : o.fsdp == "zero3"
+                      ? "; FullyShardedDataParallel (ZeRO-3) instead of DDP" + fsdp_precision
+                      : std::string(),
                   o.comm_hook == "none" ? ""
                   : o.comm_hook == "powersgd"
                       ? fmt::format("; comm hook powersgd:{}", o.powersgd_rank)

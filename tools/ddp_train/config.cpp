@@ -181,7 +181,9 @@ bool parse_args(int argc, char** argv, TrainConfig& c) {
       ->check(number_in(0, false));
   app.add_flag("--scale-lr", c.scale_lr, "multiply the learning rate by the world size");
   app.add_option("--precision", precision.text,
-                 "fp32 | bf16 (autocast; CPU or CUDA) | fp16 (CUDA only, with a gradient scaler)")
+                 "fp32 | bf16 (autocast; CPU or CUDA) | fp16 (CUDA only, with a gradient "
+                 "scaler). With --fsdp also its mixed precision: the units gathered in it, the "
+                 "gradients summed in fp32, the shards stepped in fp32")
       ->check(CLI::IsMember(precision.allowed()));
   app.add_flag("--sync-bn", c.sync_bn, "BatchNorm statistics over all ranks (ddp::SyncBatchNorm)");
   app.add_flag("--zero", c.zero,

@@ -808,10 +808,19 @@ std::string Run::device_text() const {
 
 // How gradients travel, when not the plain all-reduce: for the header.
 void Run::build_fsdp() {
+  // --precision bf16|fp16: FSDP's mixed precision, under the same autocast as DDP's (the loss in
+  // fp32): units gathered and computed in it, buffers kept in it (LibTorch 1.13's CPU BatchNorm
+  // wants them in its input's dtype), gradients summed in fp32, the shards stepped in fp32.
+  MixedPrecision mixed;
+  if (c_.precision != Precision::kFp32) {
+    const at::ScalarType low = c_.precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
+    mixed = {.param_dtype = low, .reduce_dtype = at::kFloat, .buffer_dtype = low};
+  }
   fsdp_ = std::make_unique<FullyShardedDataParallel<ModelImpl>>(
       net_, FSDPOptions{.process_group = pg_,
                         .sharding_strategy = c_.fsdp == "zero3" ? ShardingStrategy::kFullShard
-                                                                : ShardingStrategy::kShardGradOp});
+                                                                : ShardingStrategy::kShardGradOp,
+                        .mixed_precision = mixed});
 }
 
 std::vector<at::Tensor> Run::trained_parameters() const {
@@ -843,8 +852,12 @@ std::shared_ptr<ModelImpl> Run::gathered_model() {
 
 std::string Run::hook_text() const {
   if (!c_.fsdp.empty()) {
-    return fmt::format(" (FullyShardedDataParallel, {})",
-                       c_.fsdp == "zero3" ? "ZeRO-3: each layer a unit" : "ZeRO-2");
+    return fmt::format(" (FullyShardedDataParallel, {}{})",
+                       c_.fsdp == "zero3" ? "ZeRO-3: each layer a unit" : "ZeRO-2",
+                       c_.precision == Precision::kFp32
+                           ? ""
+                           : fmt::format(", gathered in {}, gradients summed in fp32",
+                                         to_string(c_.precision)));
   }
   switch (c_.comm_hook) {
     case CommHook::kNone:
