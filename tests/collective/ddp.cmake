@@ -20,12 +20,16 @@ set_tests_properties(test_ddp_equivalence_hier PROPERTIES LABELS collective TIME
 # ZeroRedundancyOptimizer: sharded optimizer state, equal to the unsharded optimizer.
 ddp_add_test(NAME test_zero SOURCES test_zero.cpp LABEL collective LIBS ddp TIMEOUT 300)
 
-# FullyShardedDataParallel (ZeRO-2): equal to one process on the global batch at world 1-4,
-# over the test backend and over shm.
+# FullyShardedDataParallel (ZeRO-2 and ZeRO-3, mixed precision, checkpoints): equal to one
+# process at world 1-4, over the test backend (Gloo), over shm, and over the hierarchy (4 ranks
+# as 2 hosts x 2: shm inside, Gloo between; 2 and 3 ranks one per host).
 ddp_add_test(NAME test_fsdp SOURCES test_fsdp.cpp LABEL collective LIBS ddp TIMEOUT 300)
 add_test(NAME test_fsdp_shm COMMAND test_fsdp)
 set_tests_properties(test_fsdp_shm PROPERTIES LABELS collective TIMEOUT 300
   ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};DDP_TEST_BACKEND=shm")
+add_test(NAME test_fsdp_hier COMMAND test_fsdp)
+set_tests_properties(test_fsdp_hier PROPERTIES LABELS collective TIMEOUT 300
+  ENVIRONMENT "DDP_BUILD_DIR=${PROJECT_BINARY_DIR};DDP_TEST_BACKEND=shm+gloo;DDP_TEST_HOSTS=2")
 
 # The PowerSGD hook: equal to python3-torch's powerSGD_hook on the same gradients; resume.
 ddp_add_test(NAME test_powersgd SOURCES test_powersgd.cpp LABEL collective LIBS ddp TIMEOUT 300)

@@ -1080,8 +1080,10 @@ TEST(FsdpMixedPrecision, BuffersTakeBufferDtypeAndCheckpointsHoldTheFp32Values) 
 // DDP computes (BatchNorm's statistics per rank and micro-batch).
 struct ConvNetImpl : torch::nn::Module {
   ConvNetImpl() {
-    conv =
-        register_module("conv", Sharded<torch::nn::Conv2dImpl>(torch::nn::Conv2dOptions(1, 3, 3)));
+    // No bias before BatchNorm (as CNNs have it): its gradient would be rounding noise, which
+    // Adam scales up to full steps, so the order of a sum would decide its value.
+    conv = register_module("conv", Sharded<torch::nn::Conv2dImpl>(
+                                       torch::nn::Conv2dOptions(1, 3, 3).bias(false)));
     bn = register_module("bn", Sharded<torch::nn::BatchNorm2dImpl>(3));
     fc = register_module("fc", Sharded<torch::nn::LinearImpl>(3 * 4 * 4, 3));
   }
